@@ -1,0 +1,17 @@
+"""GPU readers: NVML on real GPUs, a simulated fleet where none exist."""
+from __future__ import annotations
+
+from typing import Mapping, Protocol
+
+from ..snapshot import GpuReading
+
+
+class GpuReader(Protocol):
+    def read(self) -> list[GpuReading]:
+        """One reading per GPU. A failing GPU yields a reading with up=False; it
+        never raises for one GPU's sake."""
+
+    def mig_devices(self) -> Mapping[str, tuple[str, float]]:
+        """MIG device UUID -> (parent GPU UUID, share of the GPU), for attribution."""
+
+    def close(self) -> None: ...

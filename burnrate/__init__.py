@@ -1,0 +1,1 @@
+"""The `burnrate` command: one entry point for every part."""

@@ -1,0 +1,44 @@
+"""`burnrate <command>`: dispatches to the part that owns the command.
+
+Only the chosen command's module is imported, so that `burnrate agent` on a GPU node
+never loads pandas, Dash or torch.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command -> (module with add_arguments(parser) and run(args) -> int, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "agent": ("agent.cli", "the node agent: GPU metrics, pod attribution, training telemetry"),
+    "train": ("trainer.cli", "the instrumented reference DDP trainer"),
+}
+
+
+class UserError(Exception):
+    """A mistake in the user's input: printed as one line, no traceback."""
+
+
+def _parser(command: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="burnrate", description="GPU cost and waste, per training job.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if name == command:
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = _parser(command if command in COMMANDS else None).parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except UserError as exc:
+        print(f"burnrate {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,1 @@
+"""The Prometheus face of burnrate: the metric catalog, the collector and /metrics."""

@@ -1,0 +1,165 @@
+"""Every metric burnrate exposes, as plain data: the single source for the collector,
+the metrics doc, the alert-rule checks and the recording schema.
+
+No third-party imports here: agent, analyzer, trainer and tests all read this table.
+Adding a metric is one entry; `source` and `field` tell the collector where in a
+Snapshot its value lives.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import labels as L
+
+GAUGE = "gauge"
+COUNTER = "counter"
+
+# Where a value lives in a Snapshot (see agent.snapshot).
+GPU_FIELD = "gpu_field"          # GpuReading.fields[field]; absent key -> no series
+GPU_UP = "gpu_up"
+GPU_LAST_XID = "gpu_last_xid"
+GPU_XID_COUNTS = "gpu_xid_counts"
+GPU_NVLINK_BYTES = "gpu_nvlink_bytes"
+ALLOCATION = "allocation"
+NODE_INFO = "node_info"
+NODE_HOST = "node_host"          # HostReading attribute
+POD_HOST = "pod_host"            # HostReading.pod_cpu_seconds
+RANK = "rank"                    # RankState.values[field]
+AGENT = "agent"                  # AgentStats attribute
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    type: str
+    unit: str
+    help: str
+    labels: tuple[str, ...]
+    source: str
+    field: str = ""
+    dcgm: bool = False
+
+    @property
+    def sample_name(self) -> str:
+        """The name samples carry. dcgm-exporter's counters have no `_total` suffix."""
+        if self.type == COUNTER and not self.dcgm and not self.name.endswith("_total"):
+            return self.name + "_total"
+        return self.name
+
+
+DEVICE = L.DEVICE_LABELS
+DEVICE_POD = L.DEVICE_LABELS + L.POD_LABELS
+T = L.RANK_LABELS
+
+
+def _dcgm(name: str, type_: str, unit: str, help_: str, field: str) -> MetricSpec:
+    return MetricSpec(name, type_, unit, help_, DEVICE_POD, GPU_FIELD, field, dcgm=True)
+
+
+def _train(name: str, type_: str, unit: str, help_: str, field: str) -> MetricSpec:
+    return MetricSpec(name, type_, unit, help_, T, RANK, field)
+
+
+CATALOG: tuple[MetricSpec, ...] = (
+    # --- Device metrics: dcgm-exporter 4.8 names, units and labels ---------------
+    _dcgm("DCGM_FI_DEV_GPU_UTIL", GAUGE, "%", "GPU utilization (in %).", "gpu_util"),
+    _dcgm("DCGM_FI_DEV_MEM_COPY_UTIL", GAUGE, "%", "Memory utilization (in %).", "mem_copy_util"),
+    _dcgm("DCGM_FI_DEV_FB_USED", GAUGE, "MiB", "Framebuffer memory used (in MiB).", "fb_used_mib"),
+    _dcgm("DCGM_FI_DEV_FB_FREE", GAUGE, "MiB", "Framebuffer memory free (in MiB).", "fb_free_mib"),
+    _dcgm("DCGM_FI_DEV_POWER_USAGE", GAUGE, "W", "Power draw (in W).", "power_w"),
+    _dcgm("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", COUNTER, "mJ",
+          "Total energy consumption since boot (in mJ).", "energy_mj"),
+    _dcgm("DCGM_FI_DEV_GPU_TEMP", GAUGE, "°C", "GPU temperature (in C).", "temp_c"),
+    _dcgm("DCGM_FI_DEV_SM_CLOCK", GAUGE, "MHz", "SM clock frequency (in MHz).", "sm_clock_mhz"),
+    _dcgm("DCGM_FI_DEV_MEM_CLOCK", GAUGE, "MHz", "Memory clock frequency (in MHz).", "mem_clock_mhz"),
+    _dcgm("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", COUNTER, "MB/s",
+          "Total NVLink bandwidth over the last interval, all lanes (in MB/s; a rate, typed as a counter "
+          "like dcgm-exporter does; use burnrate_gpu_nvlink_bytes_total for rate()).", "nvlink_bandwidth_mbps"),
+    MetricSpec("DCGM_FI_DEV_XID_ERRORS", GAUGE, "code",
+               "Value of the last XID error encountered (see burnrate_gpu_xid_errors_total for counts).",
+               DEVICE_POD, GPU_LAST_XID, dcgm=True),
+    _dcgm("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", GAUGE, "ratio",
+          "Ratio of cycles the tensor (HMMA) pipe is active.", "tensor_active"),
+    _dcgm("DCGM_FI_PROF_GR_ENGINE_ACTIVE", GAUGE, "ratio",
+          "Ratio of time the graphics engine is active.", "gr_engine_active"),
+    _dcgm("DCGM_FI_PROF_DRAM_ACTIVE", GAUGE, "ratio",
+          "Ratio of cycles the device memory interface is active sending or receiving data.", "dram_active"),
+    _dcgm("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", GAUGE, "bitmask",
+          "Current clock throttle reasons (NVML clocks-event reasons bitmask).", "throttle_reasons"),
+    _dcgm("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", COUNTER, "errors",
+          "Total number of single-bit volatile ECC errors.", "ecc_sbe_volatile"),
+    _dcgm("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", COUNTER, "errors",
+          "Total number of double-bit volatile ECC errors.", "ecc_dbe_volatile"),
+    _dcgm("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", COUNTER, "rows",
+          "Number of remapped rows for correctable errors.", "remapped_rows_correctable"),
+    _dcgm("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", COUNTER, "rows",
+          "Number of remapped rows for uncorrectable errors.", "remapped_rows_uncorrectable"),
+    _dcgm("DCGM_FI_DEV_ROW_REMAP_FAILURE", GAUGE, "bool",
+          "Whether remapping of rows has failed.", "row_remap_failure"),
+    # --- burnrate's own per-GPU series -----------------------------------------------
+    MetricSpec("burnrate_gpu_up", GAUGE, "bool",
+               "1 while NVML answers for this GPU, 0 once it fails or is lost.", DEVICE, GPU_UP),
+    MetricSpec("burnrate_gpu_allocated", GAUGE, "bool",
+               "1 for each GPU allocated to a running pod.", DEVICE_POD, ALLOCATION, "allocated"),
+    MetricSpec("burnrate_gpu_allocation_share_ratio", GAUGE, "ratio",
+               "Fraction of the GPU the pod holds: 1 for a whole GPU, slices/7 for a MIG slice, "
+               "replicas held/replicas for a time-sliced GPU.", DEVICE_POD, ALLOCATION, "share"),
+    MetricSpec("burnrate_gpu_nvlink_bytes_total", COUNTER, "bytes",
+               "NVLink data bytes, a true counter.", DEVICE + ("direction",), GPU_NVLINK_BYTES),
+    MetricSpec("burnrate_gpu_xid_errors_total", COUNTER, "events",
+               "XID events, counted per code.", DEVICE + ("xid",), GPU_XID_COUNTS),
+    MetricSpec("burnrate_node_info", GAUGE, "info",
+               "Node facts used for pricing; always 1.", L.NODE_INFO_LABELS, NODE_INFO),
+    MetricSpec("burnrate_node_cpu_utilization_ratio", GAUGE, "ratio",
+               "Node CPU busy share over the last interval (a starving loader often shows here).",
+               (L.HOSTNAME,), NODE_HOST, "cpu_utilization"),
+    MetricSpec("burnrate_pod_cpu_seconds_total", COUNTER, "seconds",
+               "CPU time used by a pod that holds a GPU, read from its cgroup.",
+               (L.NAMESPACE, L.POD, L.HOSTNAME), POD_HOST),
+    # --- Training telemetry (CONTRACT §3), per rank ----------------------------------
+    _train("burnrate_train_steps_total", COUNTER, "steps", "Completed optimizer steps.", "steps"),
+    _train("burnrate_train_step_seconds_total", COUNTER, "seconds", "Wall time of those steps.", "step_s"),
+    _train("burnrate_train_data_wait_seconds_total", COUNTER, "seconds",
+           "Time blocked waiting for the next batch.", "data_wait_s"),
+    _train("burnrate_train_compute_seconds_total", COUNTER, "seconds",
+           "This rank's own compute, without time spent waiting for other ranks.", "compute_s"),
+    _train("burnrate_train_samples_total", COUNTER, "samples", "Samples processed.", "samples"),
+    _train("burnrate_train_tokens_total", COUNTER, "tokens", "Tokens processed.", "tokens"),
+    _train("burnrate_train_flops_total", COUNTER, "FLOPs", "Model FLOPs done (the MFU numerator).", "flops"),
+    _train("burnrate_train_mfu_ratio", GAUGE, "ratio",
+           "Model FLOPs utilization, 0 to 1, over the last window.", "mfu"),
+    _train("burnrate_train_loss", GAUGE, "loss", "Last reported training loss (NaN kept as NaN).", "loss"),
+    _train("burnrate_train_grad_norm", GAUGE, "norm", "Last reported gradient norm (NaN kept as NaN).",
+           "grad_norm"),
+    _train("burnrate_train_last_step_timestamp_seconds", GAUGE, "seconds",
+           "Unix time of the last completed step.", "last_step_time"),
+    _train("burnrate_train_world_size", GAUGE, "ranks", "Ranks in the job.", "world_size"),
+    _train("burnrate_train_last_checkpoint_timestamp_seconds", GAUGE, "seconds",
+           "Unix time of the last checkpoint saved.", "last_checkpoint_time"),
+    # --- The agent on itself -----------------------------------------------------------
+    MetricSpec("burnrate_agent_telemetry_received_total", COUNTER, "messages",
+               "Telemetry datagrams received.", (L.HOSTNAME,), AGENT, "telemetry_received"),
+    MetricSpec("burnrate_agent_telemetry_rejected_total", COUNTER, "messages",
+               "Telemetry datagrams dropped, by reason.", (L.HOSTNAME, "reason"), AGENT, "telemetry_rejected"),
+    MetricSpec("burnrate_agent_telemetry_ranks", GAUGE, "ranks",
+               "Ranks whose telemetry the agent holds now.", (L.HOSTNAME,), AGENT, "telemetry_ranks"),
+    MetricSpec("burnrate_agent_collection_errors_total", COUNTER, "errors",
+               "Collection errors, by collector.", (L.HOSTNAME, "collector"), AGENT, "collection_errors"),
+    MetricSpec("burnrate_agent_collection_duration_seconds", GAUGE, "seconds",
+               "Duration of the last collection, by collector.", (L.HOSTNAME, "collector"), AGENT,
+               "collection_seconds"),
+    MetricSpec("burnrate_agent_last_collection_timestamp_seconds", GAUGE, "seconds",
+               "Unix time of the snapshot being served.", (L.HOSTNAME,), AGENT, "time"),
+)
+
+BY_NAME = {m.name: m for m in CATALOG}
+
+# Training fields carried per rank, in catalog order (also the recording's rank columns).
+RANK_FIELDS = tuple(m.field for m in CATALOG if m.source == RANK)
+# Device fields a GPU reader may report, in catalog order (also the recording's gpu columns).
+GPU_FIELDS = tuple(m.field for m in CATALOG if m.source == GPU_FIELD)
+
+
+def sample_names() -> set[str]:
+    """Every series name that can appear in the exposition."""
+    return {m.sample_name for m in CATALOG}

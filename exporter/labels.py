@@ -1,0 +1,21 @@
+"""Label names, in one place. Device labels are dcgm-exporter's, camelCase included,
+so that its dashboards and `on(UUID)` joins keep working."""
+
+GPU = "gpu"
+UUID = "UUID"
+PCI_BUS_ID = "pci_bus_id"
+DEVICE = "device"
+MODEL_NAME = "modelName"
+HOSTNAME = "Hostname"
+
+NAMESPACE = "namespace"
+POD = "pod"
+CONTAINER = "container"
+# Never `job`: Prometheus owns that label.
+TRAINING_JOB = "training_job"
+RANK = "rank"
+
+DEVICE_LABELS = (GPU, UUID, PCI_BUS_ID, DEVICE, MODEL_NAME, HOSTNAME)
+POD_LABELS = (NAMESPACE, POD, CONTAINER, TRAINING_JOB)
+RANK_LABELS = (NAMESPACE, POD, TRAINING_JOB, RANK, HOSTNAME)
+NODE_INFO_LABELS = (HOSTNAME, "instance_type", "capacity_type", "zone", "gpu_model", "gpu_count")
