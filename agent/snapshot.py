@@ -13,6 +13,10 @@ UNKNOWN = "unknown"
 _EMPTY: Mapping = MappingProxyType({})
 
 
+def _empty() -> Mapping:
+    return _EMPTY
+
+
 @dataclass(frozen=True)
 class GpuIdentity:
     index: int
@@ -32,9 +36,9 @@ class GpuReading:
 
     identity: GpuIdentity
     up: bool
-    fields: Mapping[str, float] = _EMPTY
-    nvlink_bytes: Mapping[str, float] = _EMPTY   # {"tx": bytes, "rx": bytes}, cumulative
-    xid_counts: Mapping[int, int] = _EMPTY       # cumulative events per XID code
+    fields: Mapping[str, float] = field(default_factory=_empty)
+    nvlink_bytes: Mapping[str, float] = field(default_factory=_empty)   # {"tx": bytes, "rx": bytes}, cumulative
+    xid_counts: Mapping[int, int] = field(default_factory=_empty)       # cumulative events per XID code
     last_xid: int | None = None
     error: str = ""                              # why the GPU is down, when it is
 
@@ -88,16 +92,16 @@ class RankState:
 class HostReading:
     cpu_utilization: float | None = None
     # (namespace, pod) -> CPU seconds used by that pod's cgroup
-    pod_cpu_seconds: Mapping[tuple[str, str], float] = _EMPTY
+    pod_cpu_seconds: Mapping[tuple[str, str], float] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)
 class AgentStats:
     telemetry_received: int = 0
-    telemetry_rejected: Mapping[str, int] = _EMPTY
+    telemetry_rejected: Mapping[str, int] = field(default_factory=_empty)
     telemetry_ranks: int = 0
-    collection_errors: Mapping[str, int] = _EMPTY
-    collection_seconds: Mapping[str, float] = _EMPTY
+    collection_errors: Mapping[str, int] = field(default_factory=_empty)
+    collection_seconds: Mapping[str, float] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)

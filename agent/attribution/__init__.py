@@ -1,0 +1,17 @@
+"""Pod attribution: which pod and training job holds each GPU, and what the node costs.
+
+`attributor.Attributor` combines the kubelet's pod-resources API (`kubelet`) with the
+Kubernetes API (`kube`) on its own thread; `attributor.StaticAttributor` serves fixed
+allocations where there is no cluster. Both hand out an `Attribution`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.snapshot import Allocation, NodeInfo
+
+
+@dataclass(frozen=True)
+class Attribution:
+    allocations: tuple[Allocation, ...]
+    node: NodeInfo

@@ -1,0 +1,186 @@
+"""`burnrate agent`: wire the readers, the sampler, the recorder and the HTTP server."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from contextlib import ExitStack
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.process_collector import ProcessCollector
+
+from burnrate.cli import UserError
+from exporter import webconfig
+from exporter.collector import SnapshotCollector
+from exporter.render import Exposition
+from exporter.server import MetricsServer
+
+from .gpu import GpuReader
+from .local import local_allocations
+from .sampler import Sampler
+from .snapshot import NodeInfo
+
+log = logging.getLogger("burnrate.agent")
+DEFAULT_SOCKET = "/run/burnrate/telemetry.sock"
+DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=("auto", "nvml", "simulated"), default="auto",
+                   help="GPU reader: NVML, simulated GPUs, or NVML when a driver answers (default)")
+    p.add_argument("--gpus", type=int, default=8, help="simulated GPUs on this node (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="simulated backend seed (default 0)")
+    p.add_argument("--listen", default="0.0.0.0:9400", metavar="HOST:PORT",
+                   help="where /metrics and /healthz are served (default 0.0.0.0:9400, dcgm-exporter's port)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="collection interval (default 1 s)")
+    p.add_argument("--telemetry-socket", default=os.environ.get("BURNRATE_TELEMETRY_SOCKET", DEFAULT_SOCKET),
+                   metavar="PATH", help=f"Unix datagram socket trainers send to (default {DEFAULT_SOCKET}; "
+                   "'' disables)")
+    p.add_argument("--forget-after", type=float, default=300.0, metavar="S",
+                   help="forget a rank silent this long (default 300 s)")
+    p.add_argument("--node", default=os.environ.get("NODE_NAME") or socket.gethostname(),
+                   help="this node's name (default $NODE_NAME, else the host name)")
+    p.add_argument("--attribution", choices=("auto", "kubelet", "local"), default="auto",
+                   help="who holds each GPU: the kubelet pod-resources API, or the local training ranks "
+                   "(default: kubelet when its socket exists)")
+    p.add_argument("--kubelet-socket", default=DEFAULT_KUBELET_SOCKET, metavar="PATH")
+    p.add_argument("--refresh", type=float, default=10.0, metavar="S", help="attribution refresh (default 10 s)")
+    p.add_argument("--record", metavar="DIR", help="also append every snapshot to a local recording")
+    p.add_argument("--web-config", metavar="FILE", help="TLS and basic auth, exporter-toolkit format")
+    p.add_argument("--once", action="store_true",
+                   help="take one sample (after draining pending telemetry), print the exposition, exit")
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UserError(f"--listen wants HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _reader(args: argparse.Namespace, telemetry) -> GpuReader:
+    if args.backend in ("auto", "nvml"):
+        try:
+            from .gpu.nvml import NvmlReader
+            return NvmlReader()
+        except Exception as exc:  # no driver, no libnvidia-ml: the usual case off GPU nodes
+            if args.backend == "nvml":
+                raise UserError(f"NVML is not available: {exc}") from exc
+            log.info("NVML not available (%s): serving %d simulated GPUs", exc, args.gpus)
+    from .gpu.simulated import RankWorkload, SimulatedReader
+    if args.gpus < 1:
+        raise UserError("--gpus must be at least 1")
+    workload = RankWorkload(telemetry.ranks, args.gpus) if telemetry else None
+    return SimulatedReader(args.gpus, seed=args.seed, workload=workload, idle_when_undriven=workload is not None)
+
+
+def _attribution(args: argparse.Namespace, reader: GpuReader, telemetry, sampler_ref: list):
+    from .attribution.attributor import Attributor, StaticAttributor
+    use_kubelet = args.attribution == "kubelet" or (
+        args.attribution == "auto" and os.path.exists(args.kubelet_socket))
+    if use_kubelet:
+        from .attribution.kube import KubeClient
+        try:
+            kube = KubeClient.from_environment()
+        except Exception as exc:  # no service account and no kubeconfig: allocations stay unenriched
+            log.warning("Kubernetes API not configured (%s): pods are not enriched", exc)
+            kube = None
+        return Attributor(args.node, args.kubelet_socket, kube, mig_devices=reader.mig_devices,
+                          refresh_s=args.refresh)
+
+    def allocations():
+        latest = sampler_ref[0].latest if sampler_ref else None
+        return local_allocations(telemetry.ranks() if telemetry else (), latest.gpus if latest else ())
+
+    return StaticAttributor(NodeInfo(args.node), allocations)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    if args.interval <= 0:
+        raise UserError("--interval must be positive")
+    host, port = _listen(args.listen)
+    web = None
+    if args.web_config:
+        try:
+            web = webconfig.load(args.web_config)
+        except webconfig.WebConfigError as exc:
+            raise UserError(str(exc)) from exc
+
+    from .attribution.attributor import Attributor
+    from .host import HostReader
+    from .telemetry.inbox import TelemetryInbox
+
+    with ExitStack() as stack:
+        telemetry = None
+        if args.telemetry_socket:
+            try:
+                telemetry = TelemetryInbox(args.telemetry_socket, forget_after_s=args.forget_after)
+            except OSError as exc:
+                raise UserError(f"cannot open the telemetry socket {args.telemetry_socket}: {exc.strerror or exc}"
+                                " (pick another with --telemetry-socket PATH, or '' to disable)") from exc
+            stack.callback(telemetry.close)
+        reader = _reader(args, telemetry)
+        stack.callback(reader.close)
+        sampler_ref: list[Sampler] = []
+        attribution = _attribution(args, reader, telemetry, sampler_ref)
+        registry = CollectorRegistry()
+        registry.register(SnapshotCollector(lambda: sampler_ref[0].latest))
+        ProcessCollector(registry=registry)
+        exposition = Exposition(registry)
+        sinks = {"render": lambda snap: exposition.refresh()}
+        if args.record:
+            from .recording import Recorder
+            recorder = Recorder(args.record)
+            stack.callback(recorder.close)
+            sinks["record"] = recorder.write
+        sampler = Sampler(node_name=args.node, reader=reader, attribution=attribution, telemetry=telemetry,
+                          host=HostReader(), sinks=sinks)
+        sampler_ref.append(sampler)
+
+        if args.once:
+            if telemetry:
+                telemetry.wait_idle(timeout=2.0)
+            if isinstance(attribution, Attributor):
+                attribution.refresh()
+            sampler.collect()
+            sys.stdout.buffer.write(exposition.bodies()[0])
+            return 0
+
+        try:
+            server = MetricsServer(host, port, exposition, _health(sampler, args.interval), web)
+        except OSError as exc:
+            raise UserError(f"cannot listen on {args.listen}: {exc.strerror or exc} "
+                            "(choose another with --listen HOST:PORT)") from exc
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        attribution.start()
+        stack.callback(attribution.stop)
+        sampler.collect()
+        server.start()
+        stack.callback(server.stop)
+        log.info("serving http%s://%s:%d/metrics (%s, %d GPUs)", "s" if web and web.tls else "",
+                 host, server.port, type(reader).__name__, len(sampler.latest.gpus))
+        sampler.run(args.interval, stop)
+    return 0
+
+
+def _health(sampler: Sampler, interval: float):
+    def health() -> tuple[bool, str]:
+        snap = sampler.latest
+        if snap is None:
+            return False, "no snapshot yet"
+        age = time.time() - snap.time
+        if age > max(3 * interval, 10.0):
+            return False, f"last snapshot is {age:.0f}s old"
+        down = [g.identity.index for g in snap.gpus if not g.up]
+        return True, "ok" + (f" (GPUs down: {down})" if down else "")
+
+    return health

@@ -1,0 +1,67 @@
+"""Tensor, graphics and DRAM activity from NVML GPM (GPU Performance Monitoring, Hopper
+and newer): the same signals as DCGM's profiling fields, without a DCGM host engine.
+
+GPM metrics are computed from two samples of the GPU's counters, so each read takes a
+new sample and pairs it with the previous read's one: the values cover the interval.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def gpm_supported(nvml: Any, handle: Any) -> bool:
+    try:
+        return bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+    except nvml.NVMLError as exc:
+        if exc.value in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+            return False
+        raise
+
+
+class GpmSampler:
+    """Two GPM sample buffers for one GPU, used in turn."""
+
+    def __init__(self, nvml: Any, handle: Any) -> None:
+        self._nvml = nvml
+        self._handle = handle
+        # field key -> GPM metric id; NVML reports these three in percent (0.0 - 100.0).
+        self._metrics = (
+            ("tensor_active", nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
+            ("gr_engine_active", nvml.NVML_GPM_METRIC_GRAPHICS_UTIL),
+            ("dram_active", nvml.NVML_GPM_METRIC_DRAM_BW_UTIL),
+        )
+        self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+        self._next = 0
+        self._have_previous = False
+
+    def read(self) -> dict[str, float]:
+        """Ratios (0-1) over the time since the previous call; empty on the first call."""
+        nvml = self._nvml
+        current = self._samples[self._next]
+        previous = self._samples[1 - self._next]
+        nvml.nvmlGpmSampleGet(self._handle, current)
+        self._next = 1 - self._next
+        if not self._have_previous:
+            self._have_previous = True
+            return {}
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(self._metrics)
+        request.sample1 = previous
+        request.sample2 = current
+        for i, (_, metric_id) in enumerate(self._metrics):
+            request.metrics[i].metricId = metric_id
+        nvml.nvmlGpmMetricsGet(request)
+        return {
+            key: request.metrics[i].value / 100.0
+            for i, (key, _) in enumerate(self._metrics)
+            if request.metrics[i].nvmlReturn == nvml.NVML_SUCCESS
+        }
+
+    def close(self) -> None:
+        for sample in self._samples:
+            try:
+                self._nvml.nvmlGpmSampleFree(sample)
+            except self._nvml.NVMLError:
+                pass  # shutting down: nothing more to do with a buffer NVML refuses to free
+        self._samples = []

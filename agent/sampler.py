@@ -1,0 +1,111 @@
+"""The sampler: on its own interval, ask every collector once and build one Snapshot.
+
+Scrapes never wait on it; they read the last finished Snapshot. Every collector is
+timed and its failures counted, and one failing collector leaves the others' parts
+of the Snapshot intact.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Iterable, Mapping, Protocol, TypeVar
+
+from .gpu import GpuReader
+from .snapshot import (AgentStats, Allocation, HostReading, NodeInfo, PodRef, RankState, Snapshot,
+                       frozen)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class AttributionSource(Protocol):
+    errors: dict[str, int]
+
+    def current(self): ...  # -> agent.attribution.Attribution
+
+
+class TelemetrySource(Protocol):
+    received: int
+    rejected: dict[str, int]
+
+    def ranks(self) -> tuple[RankState, ...]: ...
+
+
+class HostSource(Protocol):
+    def read(self, pods: Iterable[PodRef]) -> HostReading: ...
+
+
+class Sampler:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        reader: GpuReader,
+        attribution: AttributionSource,
+        telemetry: TelemetrySource | None = None,
+        host: HostSource | None = None,
+        sinks: Mapping[str, Callable[[Snapshot], object]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._node_name = node_name
+        self._reader = reader
+        self._attribution = attribution
+        self._telemetry = telemetry
+        self._host = host
+        self._sinks = dict(sinks or {})  # name -> consumer (recorder, renderer), timed like collectors
+        self._clock = clock
+        self._errors: dict[str, int] = {}
+        self._seconds: dict[str, float] = {}
+        self.latest: Snapshot | None = None
+
+    def _timed(self, name: str, fn: Callable[[], T], fallback: T) -> T:
+        self._errors.setdefault(name, 0)  # a counter exists from the start, so rate() sees its first error
+        start = time.perf_counter()
+        try:
+            return fn()
+        except Exception:  # a broken collector must not take the others down
+            self._errors[name] = self._errors.get(name, 0) + 1
+            log.exception("collector %s failed", name)
+            return fallback
+        finally:
+            self._seconds[name] = time.perf_counter() - start
+
+    def collect(self) -> Snapshot:
+        ranks = self._timed("telemetry", self._telemetry.ranks, ()) if self._telemetry else ()
+        gpus = tuple(self._timed("gpu", self._reader.read, []))
+        attribution = self._timed("attribution", self._attribution.current, None)
+        node = attribution.node if attribution else NodeInfo(self._node_name)
+        present = {g.identity.uuid for g in gpus}
+        allocations: tuple[Allocation, ...] = tuple(
+            a for a in (attribution.allocations if attribution else ()) if a.gpu_uuid in present)
+        pods = {a.pod for a in allocations}
+        host = self._timed("host", lambda: self._host.read(pods), HostReading()) if self._host else HostReading()
+        errors = dict(self._errors)
+        for source, count in self._attribution.errors.items():
+            errors[source] = errors.get(source, 0) + count
+        stats = AgentStats(
+            telemetry_received=self._telemetry.received if self._telemetry else 0,
+            telemetry_rejected=frozen(self._telemetry.rejected if self._telemetry else {}),
+            telemetry_ranks=len(ranks),
+            collection_errors=frozen(errors),
+            collection_seconds=frozen(self._seconds),
+        )
+        if node.hostname != self._node_name:
+            node = NodeInfo(self._node_name, node.instance_type, node.capacity_type, node.zone)
+        snap = Snapshot(self._clock(), node, gpus, allocations, tuple(ranks), host, stats)
+        self.latest = snap
+        for name, sink in self._sinks.items():
+            self._timed(name, lambda: sink(snap), None)
+        return snap
+
+    def run(self, interval: float, stop: threading.Event) -> None:
+        """Collect every `interval` seconds on a fixed cadence until `stop` is set."""
+        next_at = time.monotonic()
+        while not stop.is_set():
+            self.collect()
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # overran: skip the missed ticks rather than bursting
+                next_at, delay = time.monotonic(), 0.0
+            stop.wait(delay)

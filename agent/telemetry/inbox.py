@@ -1,0 +1,174 @@
+"""The agent's end of the telemetry socket: one reader thread, validation, bounded state.
+
+The reader blocks in recv rather than draining at sample time because the kernel
+queues only a handful of unix datagrams per socket (net.unix.max_dgram_qlen, often
+10); past that, trainers' non-blocking sends fail and their telemetry is lost.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import stat
+import struct
+import termios
+import threading
+import time
+from pathlib import Path
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+from ..snapshot import RankState
+from .schema import MAX_MESSAGE_BYTES, Rejection, validate
+from .state import RankTable
+
+CARDINALITY = "cardinality"   # a new rank beyond max_ranks, max_jobs or max_ranks_per_job
+INTERNAL = "internal"         # handling the datagram raised; the reader goes on
+
+_POLL_S = 0.2                 # how soon close() is noticed by a reader waiting in recv
+_log = logging.getLogger(__name__)
+
+
+class TelemetryInbox:
+    """Binds the socket at `path` and accumulates what trainers send until close()."""
+
+    def __init__(self, path: str | os.PathLike[str], *, max_ranks: int = 4096,
+                 max_ranks_per_job: int = 1024, max_jobs: int = 256,
+                 forget_after_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+        self._path = Path(path)
+        self._clock = clock
+        self._table = RankTable(max_ranks, max_ranks_per_job, max_jobs, forget_after_s)
+        self._cond = threading.Condition()
+        self._received = 0
+        self._rejected: dict[str, int] = {}
+        self._busy = False
+        self._last_done = time.monotonic()
+        self._closing = threading.Event()
+        self._sock, self._inode = _bind(self._path)
+        self._reader = threading.Thread(target=self._read_loop, name="burnrate-telemetry", daemon=True)
+        self._reader.start()
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def received(self) -> int:
+        """Datagrams read from the socket, valid or not."""
+        with self._cond:
+            return self._received
+
+    @property
+    def rejected(self) -> Mapping[str, int]:
+        """Datagrams dropped, by reason (schema REASONS, cardinality, internal)."""
+        with self._cond:
+            return MappingProxyType(dict(self._rejected))
+
+    def ranks(self) -> tuple[RankState, ...]:
+        """The ranks heard from within forget_after_s, as an immutable copy."""
+        with self._cond:
+            self._table.forget_silent(self._clock())
+            return self._table.states()
+
+    def wait_idle(self, timeout: float, quiet_s: float = 0.02) -> bool:
+        """Block until the socket queue is empty and nothing has been handled for `quiet_s`,
+        so that everything sent before the call is folded in; or until `timeout`.
+        True when idle was reached."""
+        start = time.monotonic()
+        deadline = start + timeout
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                # Counting from the call too gives a reader just woken by a datagram time to take it.
+                idle_for = now - max(start, self._last_done)
+                if not self._busy and idle_for >= quiet_s and not self._queued():
+                    return True
+                if now >= deadline:
+                    return False
+                self._cond.wait(min(deadline - now, max(quiet_s - idle_for, 0.001)))
+
+    def close(self) -> None:
+        """Stop the reader and remove the socket file, unless another process has replaced it."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self._reader.join(timeout=2 * _POLL_S + 1.0)
+        self._sock.close()
+        try:
+            if os.lstat(self._path).st_ino == self._inode:
+                os.unlink(self._path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> TelemetryInbox:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _read_loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                # One byte over the limit is enough to tell an oversized datagram; the kernel drops the rest.
+                payload = self._sock.recv(MAX_MESSAGE_BYTES + 1)
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._closing.is_set():
+                    return
+                _log.warning("telemetry socket read failed", exc_info=True)
+                time.sleep(_POLL_S)  # a persistent socket error must not spin a core
+                continue
+            with self._cond:
+                self._busy = True
+            reason = self._handle(payload)
+            with self._cond:
+                self._received += 1
+                if reason:
+                    self._rejected[reason] = self._rejected.get(reason, 0) + 1
+                self._busy = False
+                self._last_done = time.monotonic()
+                self._cond.notify_all()
+
+    def _handle(self, payload: bytes) -> str:
+        """The rejection reason, or "" when the message was folded in."""
+        try:
+            result = validate(payload)
+            if isinstance(result, Rejection):
+                return result.reason
+            with self._cond:
+                return "" if self._table.add(result, self._clock()) else CARDINALITY
+        except Exception:
+            _log.debug("telemetry datagram could not be handled", exc_info=True)
+            return INTERNAL
+
+    def _queued(self) -> bool:
+        """Whether a datagram waits in the kernel queue (FIONREAD gives the next one's size)."""
+        try:
+            answer = fcntl.ioctl(self._sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:  # closed: nothing more will be read
+            return False
+        return struct.unpack("i", answer)[0] > 0
+
+
+def _bind(path: Path) -> tuple[socket.socket, int]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(mode):
+            raise FileExistsError(f"{path} exists and is not a socket; refusing to remove it")
+        os.unlink(path)  # left behind by an agent that did not shut down cleanly
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind(str(path))
+        # Training pods run as other, often non-root, users.
+        os.chmod(path, 0o666)
+        sock.settimeout(_POLL_S)
+        return sock, os.lstat(path).st_ino
+    except BaseException:
+        sock.close()
+        raise

@@ -1,0 +1,1 @@
+"""The analyzer: time series in, findings and dollars out."""

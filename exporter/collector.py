@@ -1,0 +1,150 @@
+"""A prometheus_client custom collector that renders one agent Snapshot.
+
+It reads only the finished Snapshot it is handed: a scrape never calls NVML or the
+kubelet. Families are built fresh each time, so GPUs and pods that went away
+vanish by themselves.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator
+
+from prometheus_client.metrics_core import Metric
+
+from agent.snapshot import Allocation, GpuReading, Snapshot
+
+from . import catalog as C
+from . import labels as L
+
+Row = tuple[dict[str, str], float]
+
+
+def device_labels(gpu: GpuReading, hostname: str) -> dict[str, str]:
+    ident = gpu.identity
+    return {
+        L.GPU: str(ident.index), L.UUID: ident.uuid, L.PCI_BUS_ID: ident.pci_bus_id,
+        L.DEVICE: ident.device, L.MODEL_NAME: ident.model_name, L.HOSTNAME: hostname,
+    }
+
+
+def pod_labels(alloc: Allocation) -> dict[str, str]:
+    pod = alloc.pod
+    return {L.NAMESPACE: pod.namespace, L.POD: pod.pod, L.CONTAINER: pod.container,
+            L.TRAINING_JOB: pod.training_job}
+
+
+class _View:
+    """Per-render lookups shared by every family."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.host = snap.node.hostname
+        self.gpus = [(g, device_labels(g, self.host)) for g in snap.gpus]
+        by_uuid: dict[str, list[Allocation]] = {}
+        for a in snap.allocations:
+            by_uuid.setdefault(a.gpu_uuid, []).append(a)
+        self.allocs = by_uuid
+
+    def device_pod_labels(self, gpu: GpuReading, labels: dict[str, str]) -> dict[str, str]:
+        # Pod labels only when one pod holds the GPU: a shared GPU's device series
+        # cannot belong to one pod (its holders are in burnrate_gpu_allocated).
+        allocs = self.allocs.get(gpu.identity.uuid, ())
+        return {**labels, **pod_labels(allocs[0])} if len(allocs) == 1 else labels
+
+
+def _gpu_field(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+    for gpu, labels in v.gpus:
+        if gpu.up and spec.field in gpu.fields:
+            yield v.device_pod_labels(gpu, labels), gpu.fields[spec.field]
+
+
+def _gpu_up(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+    for gpu, labels in v.gpus:
+        yield labels, 1.0 if gpu.up else 0.0
+
+
+def _gpu_last_xid(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+    for gpu, labels in v.gpus:
+        yield v.device_pod_labels(gpu, labels), float(gpu.last_xid or 0)
+
+
+def _gpu_xid_counts(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+    for gpu, labels in v.gpus:
+        for code, count in sorted(gpu.xid_counts.items()):
+            yield {**labels, "xid": str(code)}, count
+
+
+def _gpu_nvlink(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+    for gpu, labels in v.gpus:
+        for direction, value in sorted(gpu.nvlink_bytes.items()):
+            yield {**labels, "direction": direction}, value
+
+
+def _allocation(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+    for gpu, labels in v.gpus:
+        for alloc in v.allocs.get(gpu.identity.uuid, ()):
+            yield {**labels, **pod_labels(alloc)}, 1.0 if spec.field == "allocated" else alloc.share
+
+
+def _node_info(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+    n = v.snap.node
+    yield {L.HOSTNAME: v.host, "instance_type": n.instance_type, "capacity_type": n.capacity_type,
+           "zone": n.zone, "gpu_model": v.snap.gpu_model, "gpu_count": str(len(v.snap.gpus))}, 1.0
+
+
+def _node_host(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+    value = getattr(v.snap.host, spec.field)
+    if value is not None:
+        yield {L.HOSTNAME: v.host}, value
+
+
+def _pod_host(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+    for (namespace, pod), seconds in sorted(v.snap.host.pod_cpu_seconds.items()):
+        yield {L.NAMESPACE: namespace, L.POD: pod, L.HOSTNAME: v.host}, seconds
+
+
+def _rank(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+    for state in v.snap.ranks:
+        if spec.field in state.values:
+            k = state.key
+            yield {L.NAMESPACE: k.namespace, L.POD: k.pod, L.TRAINING_JOB: k.training_job,
+                   L.RANK: str(k.rank), L.HOSTNAME: v.host}, state.values[spec.field]
+
+
+def _agent(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+    if spec.field == "time":
+        yield {L.HOSTNAME: v.host}, v.snap.time
+        return
+    value = getattr(v.snap.stats, spec.field)
+    if isinstance(value, (int, float)):
+        yield {L.HOSTNAME: v.host}, value
+        return
+    key = "reason" if spec.field == "telemetry_rejected" else "collector"
+    for name, count in sorted(value.items()):
+        yield {L.HOSTNAME: v.host, key: name}, count
+
+
+_ROWS: dict[str, Callable[[_View, C.MetricSpec], Iterable[Row]]] = {
+    C.GPU_FIELD: _gpu_field, C.GPU_UP: _gpu_up, C.GPU_LAST_XID: _gpu_last_xid,
+    C.GPU_XID_COUNTS: _gpu_xid_counts, C.GPU_NVLINK_BYTES: _gpu_nvlink, C.ALLOCATION: _allocation,
+    C.NODE_INFO: _node_info, C.NODE_HOST: _node_host, C.POD_HOST: _pod_host, C.RANK: _rank,
+    C.AGENT: _agent,
+}
+
+
+class SnapshotCollector:
+    """Renders the snapshot `source()` returns; nothing at all before the first one."""
+
+    def __init__(self, source: Callable[[], Snapshot | None]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._source()
+        if snap is None:
+            return
+        view = _View(snap)
+        for spec in C.CATALOG:
+            family = Metric(spec.name, spec.help, spec.type)
+            for labels, value in _ROWS[spec.source](view, spec):
+                family.add_sample(spec.sample_name, labels, float(value))
+            if family.samples:
+                yield family

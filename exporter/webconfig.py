@@ -1,0 +1,118 @@
+"""Prometheus exporter-toolkit style web config: TLS and basic auth for /metrics.
+
+The same YAML file Prometheus' own exporters take (`--web.config.file`), so a
+platform team reuses its existing certificates, hashes and habits:
+
+    tls_server_config:
+      cert_file: server.crt
+      key_file: server.key
+      client_ca_file: ca.crt                  # optional: mutual TLS
+      client_auth_type: RequireAndVerifyClientCert
+      min_version: TLS12
+    basic_auth_users:
+      prometheus: $2y$10$...                  # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':')
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import ssl
+import threading
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import bcrypt
+import yaml
+
+_TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version"}
+_CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "RequestClientCert": ssl.CERT_OPTIONAL,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+
+
+class WebConfigError(ValueError):
+    """The web config file is unreadable or wrong; the message says where."""
+
+
+@dataclass
+class WebConfig:
+    tls: ssl.SSLContext | None = None
+    users: Mapping[str, bytes] = field(default_factory=dict)
+    _verified: set[bytes] = field(default_factory=set, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def authorized(self, header: str | None) -> bool:
+        """True when no users are configured, or the Basic credentials match a hash."""
+        if not self.users:
+            return True
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        hashed = self.users.get(user)
+        if hashed is None:
+            return False
+        # bcrypt costs ~100 ms by design; remember credentials already verified so
+        # that a scrape every few seconds stays fast (exporter-toolkit caches too).
+        token = hashlib.sha256(user.encode() + b"\0" + password.encode() + b"\0" + hashed).digest()
+        with self._lock:
+            if token in self._verified:
+                return True
+        ok = bcrypt.checkpw(password.encode(), hashed)
+        if ok:
+            with self._lock:
+                self._verified.add(token)
+        return ok
+
+
+def _tls_context(conf: dict, base: str) -> ssl.SSLContext:
+    unknown = set(conf) - _TLS_KEYS
+    if unknown:
+        raise WebConfigError(f"unknown tls_server_config keys: {', '.join(sorted(unknown))}")
+    if not conf.get("cert_file") or not conf.get("key_file"):
+        raise WebConfigError("tls_server_config needs cert_file and key_file")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    version = conf.get("min_version", "TLS12")
+    if version not in _VERSIONS:
+        raise WebConfigError(f"min_version must be one of {', '.join(_VERSIONS)}")
+    ctx.minimum_version = _VERSIONS[version]
+    path = lambda p: os.path.join(base, p)  # noqa: E731 - relative to the config file, as exporter-toolkit does
+    try:
+        ctx.load_cert_chain(path(conf["cert_file"]), path(conf["key_file"]))
+        auth = conf.get("client_auth_type", "NoClientCert")
+        if auth not in _CLIENT_AUTH:
+            raise WebConfigError(f"client_auth_type must be one of {', '.join(_CLIENT_AUTH)}")
+        ctx.verify_mode = _CLIENT_AUTH[auth]
+        if conf.get("client_ca_file"):
+            ctx.load_verify_locations(path(conf["client_ca_file"]))
+        elif ctx.verify_mode != ssl.CERT_NONE:
+            raise WebConfigError(f"client_auth_type {auth} needs client_ca_file")
+    except (OSError, ssl.SSLError) as exc:
+        raise WebConfigError(f"cannot load TLS files: {exc}") from exc
+    return ctx
+
+
+def load(path: str) -> WebConfig:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise WebConfigError(f"cannot read web config {path}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise WebConfigError(f"web config {path} must be a mapping")
+    unknown = set(doc) - {"tls_server_config", "basic_auth_users", "http_server_config"}
+    if unknown:
+        raise WebConfigError(f"unknown web config keys: {', '.join(sorted(unknown))}")
+    base = os.path.dirname(os.path.abspath(path))
+    tls = _tls_context(doc["tls_server_config"], base) if doc.get("tls_server_config") else None
+    users = doc.get("basic_auth_users") or {}
+    if not isinstance(users, dict) or not all(isinstance(h, str) and h.startswith("$2") for h in users.values()):
+        raise WebConfigError("basic_auth_users must map user names to bcrypt hashes")
+    return WebConfig(tls=tls, users={str(u): h.encode() for u, h in users.items()})

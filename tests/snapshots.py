@@ -1,0 +1,35 @@
+"""A fixed, fully deterministic snapshot built from the real simulated reader and sampler."""
+import itertools
+
+from agent.attribution.attributor import StaticAttributor
+from agent.gpu.simulated import SimulatedReader
+from agent.sampler import Sampler
+from agent.snapshot import Allocation, NodeInfo, PodRef, RankKey, RankState, frozen
+from exporter.catalog import RANK_FIELDS
+
+
+class FixedTelemetry:
+    received = 12
+    rejected = {"malformed": 2}
+
+    def ranks(self):
+        values = dict(zip(RANK_FIELDS, (120, 60.0, 3.0, 55.5, 960, 983040, 7.2e14, 0.41, 2.75,
+                                        1.5, 1700000000.0, 2, 1699999000.0)))
+        return tuple(RankState(RankKey("ml", f"llm-worker-{r}", "llm", r), frozen(values), r, 1700000000.0)
+                     for r in range(2))
+
+
+def fixed_snapshot(gpus: int = 2):
+    ticks = itertools.count(0.0, 15.0)
+    reader = SimulatedReader(gpus, seed=7, clock=lambda: next(ticks), hot_gpus=[1])
+    reader.inject_xid(1, 79)
+    node = NodeInfo("gpu-node-1", "p5.48xlarge", "spot", "us-east-1a")
+    uuid0 = reader.read()[0].identity.uuid
+    attribution = StaticAttributor(node, lambda: [Allocation(uuid0, uuid0, PodRef("ml", "llm-worker-0", "trainer", "llm"))])
+    sampler = Sampler(node_name="gpu-node-1", reader=reader, attribution=attribution,
+                      telemetry=FixedTelemetry(), clock=lambda: 1700000000.0)
+    for _ in range(20):
+        snap = sampler.collect()
+    # Durations are wall-clock measurements: pin them so the text is reproducible.
+    stats = snap.stats.__class__(**{**snap.stats.__dict__, "collection_seconds": frozen({"gpu": 0.001})})
+    return snap.__class__(**{**snap.__dict__, "stats": stats})

@@ -1,0 +1,485 @@
+"""The telemetry inbox: validation, accumulation over a real Unix datagram socket, limits,
+and survival under hostile input."""
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import random
+import socket
+import stat
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+import pytest
+
+from agent.snapshot import RankKey
+from agent.telemetry import (CARDINALITY, INTERNAL, MAX_MESSAGE_BYTES, REASONS, Record, Rejection,
+                             TelemetryInbox, send_bytes, send_datagram, socket_path, validate)
+from exporter.catalog import RANK_FIELDS
+
+T0 = 1_763_700_000.0
+_ABSENT = object()  # message(field=_ABSENT) leaves the field out
+
+
+def message(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "v": 1, "training_job": "llm-7b", "namespace": "ml", "pod": "llm-7b-worker-0",
+        "rank": 0, "world_size": 4, "step": 10, "time": T0,
+        "steps": 2, "step_s": 1.5, "data_wait_s": 0.25, "compute_s": 1.0,
+        "samples": 64, "tokens": 65536, "flops": 3.5e15,
+        "loss": 2.5, "grad_norm": 0.75, "mfu": 0.42,
+    }
+    base.update(overrides)
+    return {k: v for k, v in base.items() if v is not _ABSENT}
+
+
+def encode(msg: Any) -> bytes:
+    return json.dumps(msg, allow_nan=True).encode()
+
+
+class Clock:
+    """An injected wall clock the test moves by hand; `fail_next` makes its next reading raise."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+        self.fail_next = False
+
+    def __call__(self) -> float:
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("clock unreadable")
+        return self.now
+
+
+class Sender:
+    """A blocking sender: waits while the agent's short kernel queue is full, so nothing is lost."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.settimeout(10)
+        self.sent = 0
+
+    def send(self, payload: bytes) -> bool:
+        try:
+            self.sock.sendto(payload, self.path)
+        except OSError as err:
+            if err.errno == errno.EMSGSIZE:  # larger than the kernel takes in one datagram
+                return False
+            raise
+        self.sent += 1
+        return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    # pytest's tmp_path can exceed the 108-byte limit of a Unix socket path.
+    with tempfile.TemporaryDirectory(prefix="br-", dir="/tmp") as d:
+        yield Path(d)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def inbox(sock_dir: Path, clock: Clock) -> Iterator[TelemetryInbox]:
+    box = TelemetryInbox(sock_dir / "telemetry.sock", clock=clock)
+    yield box
+    box.close()
+
+
+@pytest.fixture
+def sender(inbox: TelemetryInbox) -> Iterator[Sender]:
+    s = Sender(inbox.path)
+    yield s
+    s.close()
+
+
+def deliver(inbox: TelemetryInbox, sender: Sender, *msgs: dict[str, Any]) -> None:
+    for msg in msgs:
+        assert sender.send(encode(msg))
+    assert inbox.wait_idle(timeout=10)
+
+
+def only_rank(inbox: TelemetryInbox) -> Any:
+    ranks = inbox.ranks()
+    assert len(ranks) == 1
+    return ranks[0]
+
+
+# --- validation ----------------------------------------------------------------------------
+
+def padded(size: int) -> bytes:
+    body = encode(message(pad=""))
+    return encode(message(pad="x" * (size - len(body))))
+
+
+REJECTED: list[tuple[str, bytes]] = [
+    ("oversized", padded(MAX_MESSAGE_BYTES + 1)),
+    ("oversized", b"x" * 70_000),
+    ("malformed", b""),
+    ("malformed", b"\xff\xfe{}"),
+    ("malformed", b'{"v": 1,'),
+    ("malformed", b"[" * MAX_MESSAGE_BYTES),
+    ("malformed", b"1" * 5000),
+    ("malformed", encode(message())[:-1]),
+    ("not_object", b"[]"),
+    ("not_object", b"null"),
+    ("not_object", b'"v"'),
+    ("not_object", b"NaN"),
+    ("unsupported_version", encode(message(v=2))),
+    ("unsupported_version", encode(message(v=0))),
+    ("missing_field", encode(message(v=_ABSENT))),
+    ("missing_field", encode(message(rank=_ABSENT))),
+    ("missing_field", encode(message(flops=_ABSENT))),
+    ("missing_field", encode(message(loss=_ABSENT))),
+    ("missing_field", encode(message(mfu=_ABSENT))),
+    ("wrong_type", encode(message(v="1"))),
+    ("wrong_type", encode(message(v=True))),
+    ("wrong_type", encode(message(rank=True))),
+    ("wrong_type", encode(message(rank=1.0))),
+    ("wrong_type", encode(message(step="10"))),
+    ("wrong_type", encode(message(steps=None))),
+    ("wrong_type", encode(message(time="now"))),
+    ("wrong_type", encode(message(step_s=None))),
+    ("wrong_type", encode(message(tokens=[1]))),
+    ("wrong_type", encode(message(loss="nan"))),
+    ("wrong_type", encode(message(grad_norm=False))),
+    ("wrong_type", encode(message(mfu={"value": 0.5}))),
+    ("wrong_type", encode(message(training_job=7))),
+    ("wrong_type", encode(message(pod=None))),
+    ("wrong_type", encode(message(local_rank=1.5))),
+    ("wrong_type", encode(message(checkpoint_time="yesterday"))),
+    ("bad_value", encode(message(rank=-1))),
+    ("bad_value", encode(message(rank=4, world_size=4))),
+    ("bad_value", encode(message(world_size=0, rank=0))),
+    ("bad_value", encode(message(world_size=65537))),
+    ("bad_value", encode(message(step=-3))),
+    ("bad_value", encode(message(steps=2**60))),
+    ("bad_value", encode(message(step_s=-0.1))),
+    ("bad_value", encode(message(data_wait_s=math.nan))),
+    ("bad_value", encode(message(compute_s=math.inf))),
+    ("bad_value", encode(message(flops=-math.inf))),
+    ("bad_value", encode(message(samples=1e31))),
+    ("bad_value", encode(message(tokens=10**400))),
+    ("bad_value", encode(message()).replace(b'"step_s": 1.5', b'"step_s": 1e400')),
+    ("bad_value", encode(message(time=math.nan))),
+    ("bad_value", encode(message(mfu=1.5))),
+    ("bad_value", encode(message(mfu=math.nan))),
+    ("bad_value", encode(message(loss=10**400))),
+    ("bad_value", encode(message(training_job=""))),
+    ("bad_value", encode(message(namespace="n" * 254))),
+    ("bad_value", encode(message(pod="worker\n0"))),
+    ("bad_value", encode(message(pod="worker\x7f"))),
+    ("bad_value", encode(message(pod="worker\x85"))),
+    ("bad_value", encode(message()).replace(b'"llm-7b-worker-0"', b'"\\ud800"')),
+    ("bad_value", encode(message(local_rank=-1))),
+    ("bad_value", encode(message(local_rank=4))),
+    ("bad_value", encode(message(checkpoint_time=-1.0))),
+    ("bad_value", encode(message(checkpoint_s=math.nan))),
+]
+
+
+@pytest.mark.parametrize("reason,payload", REJECTED,
+                         ids=[f"{i}-{reason}" for i, (reason, _) in enumerate(REJECTED)])
+def test_validate_rejects_with_reason(reason: str, payload: bytes) -> None:
+    result = validate(payload)
+    assert isinstance(result, Rejection)
+    assert result.reason == reason
+
+
+def test_every_schema_reason_is_exercised() -> None:
+    assert {reason for reason, _ in REJECTED} == set(REASONS)
+
+
+def test_rejection_names_the_field() -> None:
+    assert validate(encode(message(rank=9))) == Rejection("bad_value", "rank")
+    assert validate(encode(message(tokens="many"))) == Rejection("wrong_type", "tokens")
+
+
+@pytest.mark.parametrize("loss,grad_norm", [(math.nan, math.inf), (math.inf, math.nan),
+                                            (-math.inf, -math.inf)])
+def test_validate_keeps_nan_and_infinite_loss(loss: float, grad_norm: float) -> None:
+    payload = encode(message(loss=loss, grad_norm=grad_norm))
+    assert b"NaN" in payload or b"Infinity" in payload
+    record = validate(payload)
+    assert isinstance(record, Record)
+    assert repr(record.loss) == repr(loss) and repr(record.grad_norm) == repr(grad_norm)
+
+
+def test_validate_accepts_a_full_message() -> None:
+    record = validate(encode(message(local_rank=3, checkpoint_time=T0 - 60, checkpoint_s=4.5,
+                                     added_in_a_later_trainer={"x": 1})))
+    assert record == Record(
+        training_job="llm-7b", namespace="ml", pod="llm-7b-worker-0", rank=0, world_size=4, step=10,
+        time=T0, steps=2, step_s=1.5, data_wait_s=0.25, compute_s=1.0, samples=64.0, tokens=65536.0,
+        flops=3.5e15, loss=2.5, grad_norm=0.75, mfu=0.42, local_rank=3, checkpoint_time=T0 - 60,
+        checkpoint_s=4.5)
+    assert record.key == RankKey("ml", "llm-7b-worker-0", "llm-7b", 0)
+
+
+def test_validate_accepts_unknowns_and_edges() -> None:
+    record = validate(encode(message(loss=None, grad_norm=None, mfu=None, local_rank=None,
+                                     checkpoint_time=None, checkpoint_s=None, step_s=0, mfu_=1)))
+    assert isinstance(record, Record)
+    assert (record.loss, record.grad_norm, record.mfu, record.local_rank, record.checkpoint_time) == (None,) * 5
+    assert record.checkpoint_s == 0.0 and isinstance(record.step_s, float)
+    edges = validate(encode(message(training_job="j" * 253, pod="träger-ø-0", mfu=1, rank=65535,
+                                    world_size=65536)))
+    assert isinstance(edges, Record) and edges.mfu == 1.0
+    assert isinstance(validate(padded(MAX_MESSAGE_BYTES)), Record)
+
+
+def test_validate_never_raises_on_noise() -> None:
+    rng = random.Random(7)
+    valid = encode(message())
+    for _ in range(5000):
+        choice = rng.randrange(4)
+        if choice == 0:
+            payload = rng.randbytes(rng.randrange(0, 300))
+        elif choice == 1:
+            payload = valid[:rng.randrange(len(valid))]
+        elif choice == 2:
+            mutated = bytearray(valid)
+            for _ in range(rng.randrange(1, 6)):
+                mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+            payload = bytes(mutated)
+        else:
+            field = rng.choice(list(message()))
+            junk = rng.choice([None, True, -1, 2**70, "", "x", [], {}, math.nan, -math.inf, 1e308])
+            payload = encode(message(**{field: junk}))
+        assert isinstance(validate(payload), (Record, Rejection))
+
+
+def test_socket_path_from_environment() -> None:
+    assert socket_path({}) == "/run/burnrate/telemetry.sock"
+    assert socket_path({"BURNRATE_TELEMETRY_SOCKET": "/tmp/t.sock"}) == "/tmp/t.sock"
+
+
+# --- accumulation over the socket ------------------------------------------------------------
+
+def test_counters_accumulate_and_gauges_keep_last(inbox: TelemetryInbox, sender: Sender,
+                                                  clock: Clock) -> None:
+    deliver(inbox, sender, message(local_rank=1, loss=None, grad_norm=None, mfu=None))
+    first = only_rank(inbox)
+    assert first.key == RankKey("ml", "llm-7b-worker-0", "llm-7b", 0)
+    assert first.local_rank == 1 and first.last_seen == T0
+    # Gauges never reported have no value, so the exporter emits no series for them.
+    assert {"loss", "grad_norm", "mfu", "last_checkpoint_time"}.isdisjoint(first.values)
+
+    clock.now = T0 + 30
+    deliver(inbox, sender,
+            message(step=12, time=T0 + 20, loss=2.0, grad_norm=math.nan, mfu=0.4, checkpoint_time=T0 + 15),
+            message(step=14, time=T0 + 25, loss=math.inf, grad_norm=None, mfu=None, world_size=8),
+            # No step completed in this interval: the last step time stays where it was.
+            message(step=14, time=T0 + 29, steps=0, step_s=0, data_wait_s=3.0, compute_s=0,
+                    samples=0, tokens=0, flops=0, loss=None, grad_norm=None, mfu=None, world_size=8))
+    state = only_rank(inbox)
+    values = state.values
+    assert set(values) <= set(RANK_FIELDS)
+    assert values["steps"] == 2 + 2 + 2 + 0
+    assert values["step_s"] == pytest.approx(1.5 * 3)
+    assert values["data_wait_s"] == pytest.approx(0.25 * 3 + 3.0)
+    assert values["compute_s"] == pytest.approx(3.0)
+    assert values["samples"] == 64 * 3 and values["tokens"] == 65536 * 3
+    assert values["flops"] == pytest.approx(3 * 3.5e15)
+    assert values["loss"] == math.inf
+    assert math.isnan(values["grad_norm"])
+    assert values["mfu"] == 0.4
+    assert values["world_size"] == 8
+    assert values["last_step_time"] == T0 + 25
+    assert values["last_checkpoint_time"] == T0 + 15
+    assert state.local_rank == 1 and state.last_seen == T0 + 30
+    assert inbox.received == 4 and dict(inbox.rejected) == {}
+
+
+def test_ranks_are_kept_apart_and_ordered(inbox: TelemetryInbox, sender: Sender) -> None:
+    deliver(inbox, sender, message(rank=1, pod="w-1"), message(rank=0, pod="w-0"),
+            message(rank=0, pod="w-0", namespace="aa"), message(rank=0, pod="w-0"))
+    keys = [(r.key.namespace, r.key.rank) for r in inbox.ranks()]
+    assert keys == [("aa", 0), ("ml", 0), ("ml", 1)]
+    assert inbox.ranks()[1].values["steps"] == 4
+
+
+def test_snapshot_copy_does_not_change(inbox: TelemetryInbox, sender: Sender) -> None:
+    deliver(inbox, sender, message())
+    before = inbox.ranks()
+    deliver(inbox, sender, message())
+    assert before[0].values["steps"] == 2
+    assert inbox.ranks()[0].values["steps"] == 4
+    with pytest.raises(TypeError):
+        before[0].values["steps"] = 0  # type: ignore[index]
+
+
+def test_silent_ranks_are_forgotten(sock_dir: Path, clock: Clock) -> None:
+    with TelemetryInbox(sock_dir / "t.sock", forget_after_s=60, clock=clock) as box:
+        sender = Sender(box.path)
+        deliver(box, sender, message(rank=0), message(rank=1))
+        clock.now = T0 + 40
+        deliver(box, sender, message(rank=1))
+        clock.now = T0 + 60
+        assert [r.key.rank for r in box.ranks()] == [1]
+        clock.now = T0 + 100
+        assert box.ranks() == ()
+        # A rank that comes back starts its counters afresh.
+        deliver(box, sender, message(rank=1))
+        assert only_rank(box).values["steps"] == 2
+        sender.close()
+
+
+@pytest.mark.parametrize("limits,msgs", [
+    ({"max_ranks": 3}, [message(rank=r, training_job=f"j{r % 2}") for r in range(4)]),
+    ({"max_jobs": 2}, [message(training_job=f"j{i}") for i in range(3)]),
+    ({"max_ranks_per_job": 2}, [message(rank=r) for r in range(3)]),
+])
+def test_new_ranks_beyond_limits_are_rejected(sock_dir: Path, clock: Clock, limits: dict[str, int],
+                                              msgs: list[dict[str, Any]]) -> None:
+    with TelemetryInbox(sock_dir / "t.sock", clock=clock, **limits) as box:
+        sender = Sender(box.path)
+        deliver(box, sender, *msgs)
+        assert len(box.ranks()) == len(msgs) - 1
+        assert dict(box.rejected) == {CARDINALITY: 1}
+        # Ranks already held keep updating.
+        deliver(box, sender, msgs[0])
+        assert box.ranks()[0].values["steps"] == 4
+        assert dict(box.rejected) == {CARDINALITY: 1}
+        # Forgetting silent ranks makes room again.
+        clock.now = T0 + 301
+        deliver(box, sender, msgs[-1])
+        assert [r.key for r in box.ranks()] == [validate(encode(msgs[-1])).key]  # type: ignore[union-attr]
+        sender.close()
+
+
+def test_a_failure_while_handling_is_counted_and_the_reader_goes_on(inbox: TelemetryInbox, sender: Sender,
+                                                                    clock: Clock) -> None:
+    clock.fail_next = True
+    deliver(inbox, sender, message())
+    assert dict(inbox.rejected) == {INTERNAL: 1}
+    deliver(inbox, sender, message())
+    assert only_rank(inbox).values["steps"] == 2
+    assert inbox.received == 2
+
+
+# --- the socket itself --------------------------------------------------------------------
+
+def test_socket_is_created_writable_and_removed_on_close(sock_dir: Path) -> None:
+    path = sock_dir / "run" / "burnrate" / "telemetry.sock"
+    box = TelemetryInbox(path)
+    mode = os.stat(path).st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o666
+    readers = [t for t in threading.enumerate() if t.name == "burnrate-telemetry"]
+    assert len(readers) == 1 and readers[0].daemon
+    assert send_datagram(path, message(loss=math.nan))
+    assert box.wait_idle(timeout=10)
+    assert math.isnan(box.ranks()[0].values["loss"])
+    box.close()
+    assert not path.exists()
+    assert not readers[0].is_alive()
+    box.close()
+    assert send_datagram(path, message()) is False
+
+
+def test_stale_socket_is_replaced(sock_dir: Path) -> None:
+    path = sock_dir / "t.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stale.bind(str(path))
+    stale.close()
+    with TelemetryInbox(path) as box:
+        assert send_datagram(path, message())
+        assert box.wait_idle(timeout=10) and box.received == 1
+
+
+@pytest.mark.parametrize("make", [lambda p: p.write_text("keep me"), lambda p: p.mkdir(),
+                                  lambda p: p.symlink_to("/etc/hostname")])
+def test_a_path_that_is_not_a_socket_is_refused(sock_dir: Path, make: Any) -> None:
+    path = sock_dir / "t.sock"
+    make(path)
+    with pytest.raises(FileExistsError, match="not a socket"):
+        TelemetryInbox(path)
+    assert path.exists() or path.is_symlink()
+
+
+def test_close_leaves_a_socket_another_agent_bound(sock_dir: Path) -> None:
+    path = sock_dir / "t.sock"
+    first = TelemetryInbox(path)
+    second = TelemetryInbox(path)
+    first.close()
+    assert path.exists()
+    assert send_datagram(path, message())
+    assert second.wait_idle(timeout=10) and second.received == 1
+    second.close()
+    assert not path.exists()
+
+
+def test_send_without_listener_returns_false(sock_dir: Path) -> None:
+    assert send_datagram(sock_dir / "nobody.sock", message()) is False
+    assert send_bytes(sock_dir / "nobody.sock", b"{}") is False
+    assert send_datagram(sock_dir / "missing-dir" / "t.sock", message()) is False
+
+
+# --- hostile input over the socket ----------------------------------------------------------
+
+def test_fuzz_over_the_socket(inbox: TelemetryInbox, sender: Sender) -> None:
+    rng = random.Random(1234)
+    valid = encode(message())
+    valid_sent = 0
+    for _ in range(1500):
+        sender.send(rng.randbytes(rng.randrange(0, 2000)))
+        sender.send(valid[:rng.randrange(len(valid))])
+        # Wrong for every field, so none of these can pass validation by chance.
+        field = rng.choice([f for f in message() if f not in ("training_job", "namespace", "pod")])
+        sender.send(encode(message(**{field: rng.choice(["7", True, [], {}])})))
+    for field in ("steps", "step_s", "data_wait_s", "compute_s", "samples", "tokens", "flops"):
+        for bad in (math.nan, math.inf, -math.inf):
+            sender.send(encode(message(**{field: bad})))
+    huge_sent = sum(sender.send(b"{" + b" " * (size - 2) + b"}")
+                    for size in (MAX_MESSAGE_BYTES + 1, 60_000, 65_536, 65_537, 200_000, 1 << 20, 1 << 24))
+    assert huge_sent >= 4
+    for i in range(10_000):
+        valid_sent += sender.send(encode(message(training_job=f"job-{i:05d}", pod=f"job-{i:05d}-w")))
+    assert inbox.wait_idle(timeout=20)
+    deliver(inbox, sender, message(training_job="after-the-flood"))
+    valid_sent += 1
+
+    rejected = dict(inbox.rejected)
+    assert inbox.received == sender.sent
+    assert set(rejected) <= set(REASONS) | {CARDINALITY}
+    assert rejected["oversized"] == huge_sent
+    passed_validation = inbox.received - sum(n for r, n in rejected.items() if r != CARDINALITY)
+    assert passed_validation == valid_sent
+    ranks = inbox.ranks()
+    assert len(ranks) == 256 and len({(r.key.namespace, r.key.training_job) for r in ranks}) == 256
+    assert rejected[CARDINALITY] == valid_sent - 256
+    # The limit was reached by the flood, so the late job was refused; a known rank still updates.
+    held = ranks[0].key
+    deliver(inbox, sender, message(training_job=held.training_job, pod=held.pod, namespace=held.namespace))
+    assert inbox.rejected[CARDINALITY] == rejected[CARDINALITY]
+    assert [r.values["steps"] for r in inbox.ranks() if r.key == held] == [4]
+
+
+def test_memory_stays_bounded_under_a_flood_of_names(sock_dir: Path, clock: Clock) -> None:
+    process = psutil.Process()
+    with TelemetryInbox(sock_dir / "t.sock", max_jobs=1_000_000, clock=clock) as box:
+        sender = Sender(box.path)
+        deliver(box, sender, *(message(training_job=f"warm-{i}") for i in range(200)))
+        before = process.memory_info().rss
+        for i in range(50_000):
+            name = f"{i:06d}-" + "n" * 60
+            sender.send(encode(message(training_job=name, pod=name, namespace=name)))
+        assert box.wait_idle(timeout=30)
+        after = process.memory_info().rss
+        assert len(box.ranks()) == 4096
+        assert box.received == sender.sent
+        assert box.rejected[CARDINALITY] == 50_000 + 200 - 4096
+        assert after - before < 20 * 1024 * 1024
+        sender.close()

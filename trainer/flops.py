@@ -1,0 +1,84 @@
+"""Model FLOPs per token (the MFU numerator) and peak FLOP/s by device (the denominator).
+
+Model FLOPs follow PaLM (Chowdhery et al. 2022, appendix B): per token, 6·N for the
+forward and backward matmuls over the N non-embedding parameters, plus 12·L·H·Q·T for
+attention scores and values (L layers, H heads, Q head size, T sequence length).
+Recomputation is not counted: MFU, unlike hardware FLOPs utilization, credits only the
+work the model needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+# Dense bf16 tensor-core peaks (no 2:4 sparsity), FLOP/s, from NVIDIA's datasheets.
+# Matched by substring against torch.cuda.get_device_name(), most specific first.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("GH200", 989e12),
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),   # SXM5
+    ("H800", 989e12),
+    ("B200", 2250e12),
+    ("B100", 1750e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+    ("V100", 125e12),   # fp16 tensor cores: V100 has no bf16
+    ("T4", 65e12),      # fp16 tensor cores
+)
+
+# A rough CPU figure, so that a CPU run still reports a comparable MFU; it is labelled
+# `cpu-estimate` wherever it is used and should be overridden for real measurements.
+DEFAULT_CPU_PEAK_FLOPS = 100e9
+
+
+def palm_flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6·N + 12·L·H·Q·T, N without embedding parameters."""
+    return 6.0 * n_params + 12.0 * n_layer * n_head * head_dim * seq_len
+
+
+def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """PaLM FLOPs per token for any module.
+
+    N excludes `nn.Embedding` weights. The attention term needs the sizes, read from
+    `model.config` when it has nanoGPT / Hugging Face GPT-2 names (n_layer, n_head,
+    n_embd); without them only 6·N is counted.
+    """
+    embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    n = sum(p.numel() for p in model.parameters() if id(p) not in embedding)
+    cfg = getattr(model, "config", None)
+    if cfg is not None and all(hasattr(cfg, a) for a in ("n_layer", "n_head", "n_embd")):
+        return palm_flops_per_token(n, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, seq_len)
+    return 6.0 * n
+
+
+@dataclass(frozen=True)
+class Peak:
+    flops: float
+    source: str   # "override", "table:<model>", "cpu-estimate", or "unknown-gpu"
+    device: str
+
+
+def peak_flops(device: torch.device, override: float | None = None) -> Peak:
+    """The peak FLOP/s to divide by on `device`; `override` wins when given."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        if override:
+            return Peak(override, "override", name)
+        for key, value in PEAK_BF16_FLOPS:
+            if key in name:
+                return Peak(value, f"table:{key}", name)
+        # An unknown GPU gets no MFU rather than a made-up one.
+        return Peak(0.0, "unknown-gpu", name)
+    if override:
+        return Peak(override, "override", device.type)
+    return Peak(DEFAULT_CPU_PEAK_FLOPS, "cpu-estimate", device.type)
