@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
@@ -16,6 +16,7 @@ from .kube import KubeClient, PodInfo
 from .kubelet import KubeletError, MigDevices, PodResourcesClient
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 KUBELET = "kubelet"
 KUBERNETES = "kubernetes"
@@ -96,8 +97,8 @@ class Attributor:
             if held is not None:
                 self._held = held
             if self._kube is not None:
-                kube = self._kube
-                seen = self._attempt(KUBERNETES, lambda: (kube.pods(self.node_name), kube.node(self.node_name)))
+                kube, node = self._kube, self.node_name
+                seen = self._attempt(KUBERNETES, lambda: (kube.pods(node), kube.node(node)))
                 if seen is not None:
                     self._pods, self._node = seen
             self._current = Attribution(enrich(self._held, self._pods),
@@ -127,7 +128,7 @@ class Attributor:
             due = max(due + self.refresh_s, self._clock())
             self._stopping.wait(max(0.0, due - self._clock()))
 
-    def _attempt(self, source: str, read: Callable):
+    def _attempt(self, source: str, read: Callable[[], T]) -> T | None:
         # Any failure is contained here: attribution is optional and must never stop
         # the agent or its refresh thread.
         try:
@@ -163,5 +164,5 @@ class StaticAttributor:
     def start(self) -> None:
         """Nothing runs in the background: allocations are read on demand."""
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 5.0) -> None:
         """Nothing to stop."""

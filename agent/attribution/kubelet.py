@@ -153,9 +153,15 @@ class PodResourcesClient:
                   listed: api_pb2.ListPodResourcesResponse) -> dict[str, int]:
         # Only time-slicing needs the allocatable list; skipping it otherwise keeps
         # attribution working on kubelets that disable GetAllocatableResources.
-        if not any(REPLICA_SEPARATOR in i for p in listed.pod_resources for c in p.containers
-                   for d in c.devices if is_gpu_resource(d.resource_name) for i in d.device_ids):
+        if not _has_replicas(listed):
             return {}
         allocatable = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(),
                                                    timeout=self.timeout_s)
         return replica_counts(allocatable.devices)
+
+
+def _has_replicas(listed: api_pb2.ListPodResourcesResponse) -> bool:
+    return any(REPLICA_SEPARATOR in device_id
+               for pod in listed.pod_resources for container in pod.containers
+               for dev in container.devices if is_gpu_resource(dev.resource_name)
+               for device_id in dev.device_ids)

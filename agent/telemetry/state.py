@@ -48,10 +48,6 @@ class RankTable:
     def __len__(self) -> int:
         return len(self._ranks)
 
-    @property
-    def jobs(self) -> int:
-        return len(self._job_ranks)
-
     def add(self, record: Record, now: float) -> bool:
         """Fold one message in. False when it would start a rank beyond the limits."""
         self.forget_silent(now)
@@ -87,10 +83,14 @@ class RankTable:
                 del self._job_ranks[job]
 
     def states(self) -> tuple[RankState, ...]:
-        ordered = sorted(self._ranks.items(),
-                         key=lambda item: (item[0].namespace, item[0].training_job, item[0].rank, item[0].pod))
+        ordered = sorted(self._ranks.items(), key=_by_job_then_rank)
         return tuple(RankState(key, frozen(rank.values), rank.local_rank, rank.last_seen)
                      for key, rank in ordered)
+
+
+def _by_job_then_rank(item: tuple[RankKey, _Rank]) -> tuple[str, str, int, str]:
+    key = item[0]
+    return key.namespace, key.training_job, key.rank, key.pod
 
 
 def _apply(rank: _Rank, record: Record) -> None:

@@ -1,0 +1,94 @@
+"""Real processes for integration tests: the agent and a Prometheus server, on loopback."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+from tests.conftest import PYTHON, ROOT, free_port, require
+
+
+def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+@contextlib.contextmanager
+def agent(tmp_path, *extra: str):
+    """`burnrate agent` as a user runs it; yields (base URL, telemetry socket path, process)."""
+    port = free_port()
+    sock = str(tmp_path / "telemetry.sock")
+    log = open(tmp_path / "agent.log", "wb")
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "burnrate", "agent", "--backend", "simulated", "--gpus", "2",
+         "--listen", f"127.0.0.1:{port}", "--telemetry-socket", sock, "--node", "node-a", *extra],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+        yield f"http://127.0.0.1:{port}", sock, proc
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+class Prometheus:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def get(self, path: str, **params) -> dict:
+        query = urllib.parse.urlencode(params, doseq=True)
+        with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=10) as resp:
+            body = json.load(resp)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, promql: str) -> list[dict]:
+        return self.get("/api/v1/query", query=promql)["result"]
+
+    def wait_for(self, promql: str, timeout: float = 40.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = self.query(promql)
+            if result:
+                return result
+            time.sleep(0.5)
+        raise TimeoutError(f"no data for {promql} within {timeout}s")
+
+
+@contextlib.contextmanager
+def prometheus(tmp_path, targets: list[str] = (), storage: str | None = None, extra_args: tuple[str, ...] = ()):
+    """Debian's Prometheus on a free loopback port, scraping `targets` every second."""
+    binary = require("prometheus")
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    scrape = ""
+    if targets:
+        scrape = ("scrape_configs:\n  - job_name: burnrate\n    static_configs:\n"
+                  f"      - targets: [{', '.join(repr(t) for t in targets)}]\n")
+    config.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{scrape}")
+    data = storage or str(tmp_path / "tsdb")
+    log = open(tmp_path / "prometheus.log", "wb")
+    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
+                             f"--web.listen-address=127.0.0.1:{port}", *extra_args],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path))
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc)
+        yield Prometheus(f"http://127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        log.close()

@@ -1,0 +1,78 @@
+"""`burnrate agent` as a user runs it: --once, clear one-line errors, clean shutdown."""
+import signal
+import socket
+import subprocess
+
+from tests.conftest import PYTHON, ROOT
+from tests.processes import agent
+
+
+def burnrate(*args, timeout=60):
+    return subprocess.run([PYTHON, "-m", "burnrate", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_once_prints_one_exposition(tmp_path):
+    proc = burnrate("agent", "--backend", "simulated", "--gpus", "4", "--once",
+                    "--telemetry-socket", str(tmp_path / "t.sock"))
+    assert proc.returncode == 0, proc.stderr
+    util = [line for line in proc.stdout.splitlines() if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+    assert len(util) == 4
+    assert "burnrate_node_info{" in proc.stdout
+
+
+def test_once_drains_pending_telemetry(tmp_path):
+    """Datagrams queued before the sample are in the exposition."""
+    from agent.telemetry.send import send_datagram
+    import threading
+    import time
+
+    sock = tmp_path / "t.sock"
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(proc=burnrate(
+        "agent", "--backend", "simulated", "--gpus", "2", "--once", "--telemetry-socket", str(sock))))
+    thread.start()
+    deadline = time.monotonic() + 20
+    message = {"v": 1, "training_job": "j", "namespace": "ml", "pod": "p", "rank": 0, "world_size": 1,
+               "step": 5, "time": time.time(), "steps": 5, "step_s": 1.0, "data_wait_s": 0.1,
+               "compute_s": 0.8, "samples": 5, "tokens": 500, "flops": 1e9, "loss": 2.0, "grad_norm": 1.0,
+               "mfu": 0.1}
+    while time.monotonic() < deadline and not send_datagram(str(sock), message):
+        time.sleep(0.005)
+    thread.join(60)
+    out = result["proc"].stdout
+    assert 'burnrate_train_steps_total{Hostname=' in out
+    assert 'training_job="j"} 5' in out
+
+
+def test_bad_listen_is_one_line():
+    proc = burnrate("agent", "--backend", "simulated", "--listen", "nowhere")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "burnrate agent: error: --listen wants HOST:PORT, got 'nowhere'"
+
+
+def test_port_in_use_is_one_line(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = burnrate("agent", "--backend", "simulated", "--listen", f"127.0.0.1:{port}",
+                        "--telemetry-socket", str(tmp_path / "t.sock"))
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"burnrate agent: error: cannot listen on 127.0.0.1:{port}") and "Traceback" not in proc.stderr
+
+
+def test_nvml_backend_without_a_gpu_is_one_line(tmp_path):
+    proc = burnrate("agent", "--backend", "nvml", "--once", "--telemetry-socket", str(tmp_path / "t.sock"))
+    if proc.returncode == 0:  # a machine with a GPU: the real reader answered
+        assert "DCGM_FI_DEV_GPU_UTIL{" in proc.stdout
+        return
+    assert proc.returncode == 2 and "NVML is not available" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_sigterm_stops_cleanly(tmp_path):
+    with agent(tmp_path) as (_, sock, proc):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    assert not (tmp_path / "telemetry.sock").exists()

@@ -1,0 +1,473 @@
+"""Pod attribution end to end, over the real wire protocols.
+
+No kubelet and no API server run here, so the tests start faithful local stand-ins:
+a real gRPC server implementing the kubelet pod-resources v1 service (List and
+GetAllocatableResources, from the same api.proto) on a temporary Unix socket, and an
+`http.server` answering the two Kubernetes API paths the agent uses with real
+Kubernetes JSON (a PodList of full pod objects, a Node), which the official client
+parses as it would a real API server's answer.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import grpc
+import kubernetes.client
+import pytest
+from kubernetes.client import V1OwnerReference
+
+from agent.attribution import Attribution
+from agent.attribution.attributor import Attributor, StaticAttributor
+from agent.attribution.kube import KubeClient, node_info, training_job
+from agent.attribution.kubelet import mig_profile_share
+from agent.attribution.podresources.v1 import api_pb2, api_pb2_grpc
+from agent.snapshot import Allocation, NodeInfo, PodRef
+
+NODE = "ip-10-0-12-34.us-west-2.compute.internal"
+GPU_A = "GPU-3f1b2c9e-6d0a-4e55-9c1e-7b2f8a9d0e11"
+GPU_B = "GPU-8a7d6c5b-4e3f-4a1b-9c8d-0e1f2a3b4c5d"
+GPU_C = "GPU-c0ffee00-1234-4abc-8def-0123456789ab"
+GPU_D = "GPU-deadbeef-0000-4000-8000-00000000000d"
+MIG_KNOWN = "MIG-1d2e3f40-5a6b-5c7d-8e9f-0a1b2c3d4e5f"
+MIG_UNKNOWN = "MIG-9e8d7c6b-5a49-5382-9170-6f5e4d3c2b1a"
+
+
+# --- the kubelet stand-in -----------------------------------------------------------
+
+def container(name: str, *devices: tuple[str, list[str]]) -> api_pb2.ContainerResources:
+    return api_pb2.ContainerResources(
+        name=name,
+        devices=[api_pb2.ContainerDevices(
+            resource_name=r, device_ids=ids,
+            topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=0)])) for r, ids in devices],
+        cpu_ids=[2, 3])
+
+
+def pod_resources(namespace: str, name: str, *containers) -> api_pb2.PodResources:
+    return api_pb2.PodResources(namespace=namespace, name=name, containers=containers)
+
+
+LISTED = api_pb2.ListPodResourcesResponse(pod_resources=[
+    pod_resources("ml", "llm-7b-worker-0",
+                  container("pytorch", ("nvidia.com/gpu", [GPU_A])),
+                  container("log-shipper")),
+    pod_resources("ml", "sweep-3-x7k2p",
+                  container("trainer", ("nvidia.com/gpu", [f"{GPU_B}::0", f"{GPU_B}::1"]))),
+    pod_resources("ml", "eval-legacy-8xq4d", container("eval", ("nvidia.com/gpu", [f"{GPU_B}::2"]))),
+    pod_resources("ml", "finetune-lora-0", container("train", ("nvidia.com/mig-1g.10gb", [MIG_KNOWN]))),
+    pod_resources("ml", "finetune-full-0", container("train", ("nvidia.com/mig-3g.40gb", [MIG_UNKNOWN]))),
+    pod_resources("research", "notebook-7d9f8b6c4d-qwz5x",
+                  container("jupyter", ("nvidia.com/gpu", [GPU_C]), ("example.com/fpga", ["fpga-0"]))),
+    pod_resources("ml", "old-run-0", container("pytorch", ("nvidia.com/gpu", [GPU_D]))),
+    pod_resources("kube-system", "coredns-5d78c9869d-abcde", container("coredns")),
+])
+ALLOCATABLE = api_pb2.AllocatableResourcesResponse(
+    devices=[api_pb2.ContainerDevices(resource_name="nvidia.com/gpu",
+                                      device_ids=[GPU_A, GPU_C, GPU_D] + [f"{GPU_B}::{i}" for i in range(4)]),
+             api_pb2.ContainerDevices(resource_name="nvidia.com/mig-1g.10gb", device_ids=[MIG_KNOWN]),
+             api_pb2.ContainerDevices(resource_name="nvidia.com/mig-3g.40gb", device_ids=[MIG_UNKNOWN])],
+    cpu_ids=list(range(64)))
+MIG_DEVICES = {MIG_KNOWN: ("GPU-11111111-2222-4333-8444-555555555555", 1 / 7)}
+
+
+class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
+    def __init__(self) -> None:
+        self.listed = LISTED
+        self.calls: list[str] = []
+
+    def List(self, request, context):
+        self.calls.append("List")
+        return self.listed
+
+    def GetAllocatableResources(self, request, context):
+        self.calls.append("GetAllocatableResources")
+        return ALLOCATABLE
+
+
+@pytest.fixture
+def socket_dir():
+    # Unix socket paths are limited to ~108 bytes; pytest's tmp_path can be longer.
+    path = Path(tempfile.mkdtemp(prefix="kl", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(socket_dir):
+    servicer = FakeKubelet()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+    socket = socket_dir / "kubelet.sock"
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    servicer.socket = str(socket)
+    servicer.server = server
+    yield servicer
+    server.stop(None)
+
+
+# --- the API server stand-in --------------------------------------------------------
+
+def k8s_pod(name: str, namespace: str = "ml", labels=None, owners=(), phase: str = "Running",
+            uid: str = "") -> dict:
+    return {
+        "metadata": {
+            "name": name, "namespace": namespace, "uid": uid or f"uid-{name}",
+            "resourceVersion": "48213377", "creationTimestamp": "2026-11-21T02:14:07Z",
+            "labels": labels or {},
+            "ownerReferences": [
+                {"apiVersion": api, "kind": kind, "name": owner, "uid": f"uid-{owner}",
+                 "controller": True, "blockOwnerDeletion": True} for api, kind, owner in owners],
+        },
+        "spec": {
+            "nodeName": NODE,
+            "restartPolicy": "Never",
+            "schedulerName": "default-scheduler",
+            "containers": [{
+                "name": "main", "image": "ghcr.io/example/trainer:1.4.2",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}},
+            }],
+        },
+        "status": {
+            "phase": phase, "hostIP": "10.0.12.34", "podIP": "10.0.13.7", "qosClass": "Burstable",
+            "startTime": "2026-11-21T02:14:09Z",
+            "conditions": [{"type": "Ready", "status": "True" if phase == "Running" else "False",
+                            "lastTransitionTime": "2026-11-21T02:14:31Z"}],
+            "containerStatuses": [{
+                "name": "main", "image": "ghcr.io/example/trainer:1.4.2",
+                "imageID": "ghcr.io/example/trainer@sha256:5b0d6a3c", "ready": phase == "Running",
+                "restartCount": 0, "started": phase == "Running",
+                "state": {"running": {"startedAt": "2026-11-21T02:14:30Z"}} if phase == "Running" else
+                         {"terminated": {"exitCode": 0, "reason": "Completed",
+                                         "startedAt": "2026-11-21T02:14:30Z",
+                                         "finishedAt": "2026-11-21T04:02:11Z"}},
+            }],
+        },
+    }
+
+
+POD_LIST = {
+    "kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "48213400"},
+    "items": [
+        k8s_pod("llm-7b-worker-0", uid="0c7e9b1a-2f4d-4e8b-9a6c-3d5e7f9a1b2c",
+                labels={"training.kubeflow.org/job-name": "llm-7b",
+                        "training.kubeflow.org/replica-type": "worker",
+                        "training.kubeflow.org/replica-index": "0",
+                        "training.kubeflow.org/operator-name": "pytorchjob-controller"},
+                owners=[("kubeflow.org/v1", "PyTorchJob", "llm-7b")]),
+        k8s_pod("sweep-3-x7k2p",
+                labels={"batch.kubernetes.io/job-name": "sweep-3", "job-name": "sweep-3",
+                        "batch.kubernetes.io/controller-uid": "uid-sweep-3", "controller-uid": "uid-sweep-3"},
+                owners=[("batch/v1", "Job", "sweep-3")]),
+        # A Job from a cluster older than 1.27: only the legacy label.
+        k8s_pod("eval-legacy-8xq4d", labels={"job-name": "eval-legacy", "controller-uid": "uid-eval-legacy"},
+                owners=[("batch/v1", "Job", "eval-legacy")]),
+        # A JobSet-like owner without job labels: named by its controller.
+        k8s_pod("finetune-lora-0", owners=[("jobset.x-k8s.io/v1alpha2", "JobSet", "finetune-lora")]),
+        # A bare pod: named after itself.
+        k8s_pod("finetune-full-0"),
+        k8s_pod("notebook-7d9f8b6c4d-qwz5x", namespace="research",
+                labels={"app": "notebook", "pod-template-hash": "7d9f8b6c4d"},
+                owners=[("apps/v1", "ReplicaSet", "notebook-7d9f8b6c4d")]),
+        k8s_pod("old-run-0", phase="Succeeded",
+                labels={"training.kubeflow.org/job-name": "old-run"},
+                owners=[("kubeflow.org/v1", "PyTorchJob", "old-run")]),
+    ],
+}
+
+EKS_LABELS = {
+    "kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+    "node.kubernetes.io/instance-type": "p4d.24xlarge", "beta.kubernetes.io/instance-type": "p4d.24xlarge",
+    "topology.kubernetes.io/region": "us-west-2", "topology.kubernetes.io/zone": "us-west-2b",
+    "eks.amazonaws.com/nodegroup": "gpu-spot", "eks.amazonaws.com/capacityType": "SPOT",
+    "nvidia.com/gpu.present": "true",
+}
+
+
+def k8s_node(labels: dict) -> dict:
+    return {
+        "kind": "Node", "apiVersion": "v1",
+        "metadata": {"name": NODE, "uid": "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9",
+                     "resourceVersion": "48213011", "creationTimestamp": "2026-11-20T18:00:00Z",
+                     "labels": labels},
+        "spec": {"providerID": "aws:///us-west-2b/i-0abc123def4567890"},
+        "status": {
+            "capacity": {"cpu": "96", "memory": "1176521332Ki", "nvidia.com/gpu": "8", "pods": "110"},
+            "allocatable": {"cpu": "95690m", "memory": "1165424756Ki", "nvidia.com/gpu": "8", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "lastHeartbeatTime": "2026-11-21T04:00:00Z",
+                            "lastTransitionTime": "2026-11-20T18:01:00Z"}],
+            "nodeInfo": {"architecture": "amd64", "bootID": "b1",
+                         "containerRuntimeVersion": "containerd://1.7.22", "kernelVersion": "6.1.112",
+                         "kubeProxyVersion": "v1.31.2", "kubeletVersion": "v1.31.2",
+                         "machineID": "m1", "operatingSystem": "linux", "osImage": "Amazon Linux 2023",
+                         "systemUUID": "ec2-1"},
+        },
+    }
+
+
+class FakeApiServer:
+    def __init__(self) -> None:
+        self.status = 200
+        self.node_labels = dict(EKS_LABELS)
+        self.requests: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.requests.append(self.path)
+                url = urlparse(self.path)
+                if outer.status != 200:
+                    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "message": "etcdserver: request timed out", "reason": "InternalError",
+                            "code": outer.status}
+                    return self.reply(outer.status, body)
+                selector = parse_qs(url.query).get("fieldSelector")
+                if url.path == "/api/v1/pods" and selector == [f"spec.nodeName={NODE}"]:
+                    return self.reply(200, POD_LIST)
+                if url.path == f"/api/v1/nodes/{NODE}":
+                    return self.reply(200, k8s_node(outer.node_labels))
+                self.reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                 "reason": "NotFound", "code": 404})
+
+            def reply(self, code: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def pod_lists(self) -> int:
+        return sum(1 for r in self.requests if r.startswith("/api/v1/pods"))
+
+
+@pytest.fixture
+def apiserver():
+    server = FakeApiServer()
+    yield server
+    server.httpd.shutdown()
+    server.httpd.server_close()
+
+
+def kube_client(server: FakeApiServer) -> KubeClient:
+    return KubeClient(kubernetes.client.Configuration(host=server.url), timeout_s=2.0)
+
+
+def by_pod(attribution: Attribution) -> dict[str, Allocation]:
+    return {a.pod.pod: a for a in attribution.allocations}
+
+
+def attributor(kubelet_socket: str, kube: KubeClient | None) -> Attributor:
+    return Attributor(NODE, kubelet_socket, kube, mig_devices=lambda: MIG_DEVICES)
+
+
+# --- the tests ----------------------------------------------------------------------
+
+def test_refresh_attributes_each_gpu_to_its_pod_and_job(kubelet, apiserver):
+    got = attributor(kubelet.socket, kube_client(apiserver)).refresh()
+    allocs = by_pod(got)
+
+    whole = allocs["llm-7b-worker-0"]
+    assert (whole.gpu_uuid, whole.device_id, whole.share) == (GPU_A, GPU_A, 1.0)
+    assert whole.pod == PodRef("ml", "llm-7b-worker-0", "pytorch", "llm-7b",
+                               "0c7e9b1a-2f4d-4e8b-9a6c-3d5e7f9a1b2c")
+
+    # Time-slicing: 4 replicas of GPU_B; two held by one container, one by another.
+    assert (allocs["sweep-3-x7k2p"].gpu_uuid, allocs["sweep-3-x7k2p"].share) == (GPU_B, 0.5)
+    assert allocs["sweep-3-x7k2p"].device_id == f"{GPU_B}::0"
+    assert (allocs["eval-legacy-8xq4d"].gpu_uuid, allocs["eval-legacy-8xq4d"].share) == (GPU_B, 0.25)
+
+    # MIG: parent and share from NVML when it knows the device, else from the profile.
+    lora, full = allocs["finetune-lora-0"], allocs["finetune-full-0"]
+    assert (lora.gpu_uuid, lora.device_id) == (MIG_DEVICES[MIG_KNOWN][0], MIG_KNOWN)
+    assert lora.share == pytest.approx(1 / 7)
+    assert (full.gpu_uuid, full.device_id) == (MIG_UNKNOWN, MIG_UNKNOWN)
+    assert full.share == pytest.approx(3 / 7)
+
+    # training_job from each source.
+    assert {name: a.pod.training_job for name, a in allocs.items()} == {
+        "llm-7b-worker-0": "llm-7b",              # training.kubeflow.org/job-name
+        "sweep-3-x7k2p": "sweep-3",               # batch.kubernetes.io/job-name
+        "eval-legacy-8xq4d": "eval-legacy",       # legacy job-name
+        "finetune-lora-0": "finetune-lora",       # controller owner
+        "finetune-full-0": "finetune-full-0",     # no owner: the pod itself
+        "notebook-7d9f8b6c4d-qwz5x": "notebook",  # ReplicaSet owner -> Deployment
+    }
+    # The Succeeded pod no longer holds GPU_D; non-GPU devices and pods are ignored.
+    assert "old-run-0" not in allocs
+    mig_parent = MIG_DEVICES[MIG_KNOWN][0]
+    assert {a.gpu_uuid for a in got.allocations} == {GPU_A, GPU_B, mig_parent, MIG_UNKNOWN, GPU_C}
+
+    assert got.node == NodeInfo(NODE, "p4d.24xlarge", "spot", "us-west-2b")
+    assert kubelet.calls == ["List", "GetAllocatableResources"]
+    # One pod list for the whole node per refresh, and one node read.
+    assert apiserver.pod_lists() == 1
+    assert sum(1 for r in apiserver.requests if r.startswith("/api/v1/nodes/")) == 1
+
+
+def test_allocatable_is_not_asked_without_time_slicing(kubelet):
+    kubelet.listed = api_pb2.ListPodResourcesResponse(pod_resources=[LISTED.pod_resources[0]])
+    got = attributor(kubelet.socket, None).refresh()
+    assert [a.gpu_uuid for a in got.allocations] == [GPU_A]
+    assert kubelet.calls == ["List"]
+
+
+@pytest.mark.parametrize("labels, expected", [
+    ({"eks.amazonaws.com/capacityType": "SPOT"}, "spot"),
+    ({"eks.amazonaws.com/capacityType": "ON_DEMAND"}, "on-demand"),
+    ({"karpenter.sh/capacity-type": "spot"}, "spot"),
+    ({"karpenter.sh/capacity-type": "on-demand"}, "on-demand"),
+    ({"cloud.google.com/gke-spot": "true"}, "spot"),
+    ({"cloud.google.com/gke-preemptible": "true"}, "spot"),
+    ({"kubernetes.azure.com/scalesetpriority": "spot"}, "spot"),
+    ({"kubernetes.io/os": "linux"}, "unknown"),
+])
+def test_capacity_type_from_each_provider_label(apiserver, labels, expected):
+    apiserver.node_labels = {"kubernetes.io/hostname": NODE, **labels}
+    assert kube_client(apiserver).node(NODE).capacity_type == expected
+
+
+def test_node_facts_fall_back_to_beta_labels_then_unknown():
+    beta = node_info(NODE, {"beta.kubernetes.io/instance-type": "a2-highgpu-8g",
+                            "failure-domain.beta.kubernetes.io/zone": "us-central1-a",
+                            "cloud.google.com/gke-spot": "true"})
+    assert beta == NodeInfo(NODE, "a2-highgpu-8g", "spot", "us-central1-a")
+    assert node_info(NODE, None) == NodeInfo(NODE, "unknown", "unknown", "unknown")
+
+
+def owner(kind: str, name: str, controller: bool = True) -> V1OwnerReference:
+    return V1OwnerReference(api_version="v1", kind=kind, name=name, uid="u", controller=controller)
+
+
+def test_training_job_label_precedence_and_owner_fallbacks():
+    labels = {"training.kubeflow.org/job-name": "kf", "batch.kubernetes.io/job-name": "batch",
+              "job-name": "old"}
+    assert training_job("p", labels, [owner("Job", "j")]) == "kf"
+    del labels["training.kubeflow.org/job-name"]
+    assert training_job("p", labels, [owner("Job", "j")]) == "batch"
+    del labels["batch.kubernetes.io/job-name"]
+    assert training_job("p", labels, [owner("Job", "j")]) == "old"
+    # Only the controller counts among several owners.
+    owners = [owner("ConfigMap", "cm", controller=False), owner("StatefulSet", "ss")]
+    assert training_job("p", {}, owners) == "ss"
+    # A ReplicaSet not made by a Deployment keeps its own name.
+    assert training_job("p", {}, [owner("ReplicaSet", "standalone-rs")]) == "standalone-rs"
+    assert training_job("p", {"pod-template-hash": "5f6d7"}, [owner("ReplicaSet", "web-5f6d7")]) == "web"
+    assert training_job("p", {}, [owner("ConfigMap", "cm", controller=False)]) == "p"
+
+
+def test_mig_profile_shares():
+    assert mig_profile_share("nvidia.com/mig-1g.10gb") == pytest.approx(1 / 7)
+    assert mig_profile_share("nvidia.com/mig-3g.40gb") == pytest.approx(3 / 7)
+    assert mig_profile_share("nvidia.com/mig-7g.80gb") == pytest.approx(1.0)
+    assert mig_profile_share("nvidia.com/mig-1g.10gb+me.shared") == pytest.approx(1 / 7)
+    assert mig_profile_share("nvidia.com/mig-2g.12gb") == pytest.approx(2 / 4)  # A30: 4 slices
+    assert mig_profile_share("nvidia.com/gpu") is None
+
+
+def test_kubelet_socket_missing_is_counted_and_unenriched_served(socket_dir, apiserver, caplog):
+    att = attributor(str(socket_dir / "absent.sock"), None)
+    with caplog.at_level(logging.WARNING, logger="agent.attribution"):
+        first = att.refresh()
+        att.refresh()
+    assert first == Attribution((), NodeInfo(NODE))
+    assert att.current() == first
+    assert dict(att.errors) == {"kubelet": 2, "kubernetes": 0}
+    # Logged once per change, not once per refresh.
+    assert len([r for r in caplog.records if "kubelet unavailable" in r.getMessage()]) == 1
+
+    # With the API up, node facts are still served.
+    att = attributor(str(socket_dir / "absent.sock"), kube_client(apiserver))
+    assert att.refresh() == Attribution((), NodeInfo(NODE, "p4d.24xlarge", "spot", "us-west-2b"))
+    assert dict(att.errors) == {"kubelet": 1, "kubernetes": 0}
+
+
+def test_kubelet_going_away_keeps_the_last_good_allocations(kubelet):
+    att = attributor(kubelet.socket, None)
+    good = att.refresh()
+    assert len(good.allocations) == 7  # old-run-0 too: nothing says it finished
+    kubelet.server.stop(None).wait()
+    assert att.refresh() == good
+    assert att.errors["kubelet"] == 1
+
+
+def test_api_returning_500_is_counted_and_allocations_still_served(kubelet, apiserver, caplog):
+    apiserver.status = 500
+    att = attributor(kubelet.socket, kube_client(apiserver))
+    with caplog.at_level(logging.WARNING, logger="agent.attribution"):
+        got = att.refresh()
+        att.refresh()
+    assert dict(att.errors) == {"kubelet": 0, "kubernetes": 2}
+    assert len([r for r in caplog.records if "kubernetes unavailable" in r.getMessage()]) == 1
+    allocs = by_pod(got)
+    # Unenriched: every kubelet allocation, no job names, node facts unknown.
+    assert len(allocs) == 7
+    assert {a.pod.training_job for a in got.allocations} == {""}
+    assert got.node == NodeInfo(NODE)
+
+    # Once the API has answered, an outage keeps serving what it said.
+    apiserver.status = 200
+    good = att.refresh()
+    apiserver.status = 500
+    assert att.refresh() == good
+    assert by_pod(good)["llm-7b-worker-0"].pod.training_job == "llm-7b"
+    assert att.errors["kubernetes"] == 3
+
+
+def test_current_serves_the_cache_without_io(kubelet, apiserver):
+    att = attributor(kubelet.socket, kube_client(apiserver))
+    assert att.current() == Attribution((), NodeInfo(NODE))  # before any refresh
+    refreshed = att.refresh()
+    calls, requests = len(kubelet.calls), len(apiserver.requests)
+    kubelet.server.stop(None).wait()
+    apiserver.status = 500
+    started = time.perf_counter()
+    for _ in range(1000):
+        assert att.current() is refreshed
+    assert time.perf_counter() - started < 0.5
+    assert (len(kubelet.calls), len(apiserver.requests)) == (calls, requests)
+
+
+def test_start_refreshes_on_its_own_thread_until_stopped(kubelet, apiserver):
+    att = Attributor(NODE, kubelet.socket, kube_client(apiserver), mig_devices=lambda: MIG_DEVICES,
+                     refresh_s=0.05)
+    att.start()
+    try:
+        deadline = time.monotonic() + 5
+        while apiserver.pod_lists() < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert apiserver.pod_lists() >= 3
+        assert by_pod(att.current())["llm-7b-worker-0"].pod.training_job == "llm-7b"
+    finally:
+        att.stop()
+    settled = apiserver.pod_lists()
+    time.sleep(0.2)
+    assert apiserver.pod_lists() == settled
+    assert dict(att.errors) == {"kubelet": 0, "kubernetes": 0}
+
+
+def test_static_attributor_serves_local_allocations():
+    node = NodeInfo("workstation", "local", "on-demand", "local")
+    alloc = Allocation(GPU_A, GPU_A, PodRef("local", "demo-trainer", "trainer", "demo"))
+    static = StaticAttributor(node, lambda: [alloc])
+    static.start()
+    assert static.current() == Attribution((alloc,), node)
+    assert dict(static.errors) == {}
+    static.stop()

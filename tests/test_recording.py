@@ -1,0 +1,94 @@
+"""The recording: what the agent writes, pandas reads back; a crash loses nothing already written."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from agent.recording import Recorder
+from analyzer.recording import RecordingError, load_table
+from tests.conftest import PYTHON, ROOT
+from tests.snapshots import fixed_snapshot
+
+
+def record(root, snaps):
+    recorder = Recorder(str(root))
+    for snap in snaps:
+        recorder.write(snap)
+    recorder.close()
+
+
+def shifted(snap, dt):
+    return snap.__class__(**{**snap.__dict__, "time": snap.time + dt})
+
+
+def test_round_trip(tmp_path):
+    snap = fixed_snapshot()
+    record(tmp_path, [shifted(snap, i * 15.0) for i in range(4)])
+    gpu = load_table(str(tmp_path), "gpu")
+    assert len(gpu) == 8
+    assert list(gpu["t"].unique()) == [snap.time + i * 15.0 for i in range(4)]
+    first = gpu[gpu["gpu"] == "0"].iloc[0]
+    assert first["gpu_util"] == snap.gpus[0].fields["gpu_util"]
+    assert first["energy_mj"] == snap.gpus[0].fields["energy_mj"]   # counters kept at f8 precision
+    assert first["training_job"] == "llm" and first["Hostname"] == "gpu-node-1"
+    assert gpu[gpu["gpu"] == "1"]["training_job"].iloc[0] == ""
+    ranks = load_table(str(tmp_path), "rank", ["steps", "loss"])
+    assert list(ranks.columns[:1]) == ["t"] and set(ranks["rank"]) == {"0", "1"}
+    assert ranks["steps"].iloc[0] == 120
+    alloc = load_table(str(tmp_path), "alloc")
+    assert len(alloc) == 4 and set(alloc["pod"]) == {"llm-worker-0"}
+    xid = load_table(str(tmp_path), "xid")
+    assert set(xid["xid"]) == {"79"}
+    node = load_table(str(tmp_path), "node")
+    assert node["capacity_type"].iloc[0] == "spot"
+
+
+def test_crash_mid_write_keeps_every_complete_row(tmp_path):
+    snap = fixed_snapshot()
+    record(tmp_path, [shifted(snap, i) for i in range(5)])
+    segment = os.path.join(tmp_path, "gpu", os.listdir(tmp_path / "gpu")[0])
+    # a crash: one column got half a value more, another a torn float, keys a torn line
+    with open(os.path.join(segment, "gpu_util.f4"), "ab") as fh:
+        fh.write(b"\x00\x00")
+    with open(os.path.join(segment, "t.f8"), "ab") as fh:
+        fh.write(np.array([snap.time + 99], "<f8").tobytes() + b"\x01\x02\x03")
+    with open(os.path.join(segment, "keys.jsonl"), "a") as fh:
+        fh.write('{"key": 7, "labe')
+    gpu = load_table(str(tmp_path), "gpu")
+    assert len(gpu) == 10
+    assert gpu["t"].max() == snap.time + 4
+
+
+def test_rows_whose_key_was_lost_are_dropped(tmp_path):
+    snap = fixed_snapshot()
+    record(tmp_path, [snap])
+    segment = tmp_path / "gpu" / os.listdir(tmp_path / "gpu")[0]
+    keys = (segment / "keys.jsonl").read_text().splitlines(keepends=True)
+    (segment / "keys.jsonl").write_text(keys[0])
+    assert len(load_table(str(tmp_path), "gpu")) == 1
+
+
+def test_every_start_opens_a_new_segment(tmp_path):
+    snap = fixed_snapshot()
+    record(tmp_path, [snap])
+    record(tmp_path, [shifted(snap, 1)])
+    assert len(os.listdir(tmp_path / "gpu")) == 2
+    assert len(load_table(str(tmp_path), "gpu")) == 4
+
+
+def test_not_a_recording(tmp_path):
+    with pytest.raises(RecordingError, match="not a burnrate recording"):
+        load_table(str(tmp_path), "gpu")
+    record(tmp_path, [fixed_snapshot()])
+    with pytest.raises(RecordingError, match="unknown table"):
+        load_table(str(tmp_path), "nope")
+
+
+def test_agent_records(tmp_path):
+    out = tmp_path / "rec"
+    subprocess.run([PYTHON, "-m", "burnrate", "agent", "--backend", "simulated", "--gpus", "3", "--once",
+                    "--telemetry-socket", "", "--record", str(out)], cwd=ROOT, check=True, capture_output=True)
+    assert json.loads((out / "burnrate.json").read_text())["format"] == "burnrate-recording"
+    assert len(load_table(str(out), "gpu")) == 3

@@ -1,0 +1,120 @@
+"""The HTTP server: cached /metrics (gzip too), /healthz, TLS and basic auth from a web config."""
+import base64
+import gzip
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+
+import bcrypt
+import pytest
+from prometheus_client import CollectorRegistry
+
+from exporter import webconfig
+from exporter.collector import SnapshotCollector
+from exporter.render import Exposition
+from exporter.server import MetricsServer
+from tests.conftest import require
+from tests.snapshots import fixed_snapshot
+
+
+@pytest.fixture
+def exposition():
+    snap = fixed_snapshot()
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(lambda: snap))
+    exp = Exposition(registry)
+    exp.refresh()
+    return exp
+
+
+def serve(exposition, web=None, health=lambda: (True, "ok")):
+    server = MetricsServer("127.0.0.1", 0, exposition, health, web)
+    server.start()
+    return server
+
+
+def get(url, headers=None, context=None):
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=5, context=context) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def test_metrics_plain_and_gzip(exposition):
+    server = serve(exposition)
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        status, headers, body = get(base + "/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert body == exposition.bodies()[0] and b"DCGM_FI_DEV_GPU_UTIL{" in body
+        status, headers, packed = get(base + "/metrics", {"Accept-Encoding": "gzip"})
+        assert headers["Content-Encoding"] == "gzip" and gzip.decompress(packed) == body
+        assert get(base + "/nope")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_healthz_reports_staleness(exposition):
+    server = serve(exposition, health=lambda: (False, "last snapshot is 99s old"))
+    try:
+        status, _, body = get(f"http://127.0.0.1:{server.port}/healthz")
+        assert status == 503 and b"99s old" in body
+    finally:
+        server.stop()
+
+
+def write_config(tmp_path, text):
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_basic_auth(tmp_path, exposition):
+    # htpasswd writes $2y$ hashes; bcrypt reads them as $2b$
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$", 1)
+    web = webconfig.load(write_config(tmp_path, f"basic_auth_users:\n  prometheus: '{hashed}'\n"))
+    server = serve(exposition, web)
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        status, headers, _ = get(url)
+        assert status == 401 and headers["WWW-Authenticate"].startswith("Basic")
+        bad = base64.b64encode(b"prometheus:wrong").decode()
+        assert get(url, {"Authorization": f"Basic {bad}"})[0] == 401
+        good = base64.b64encode(b"prometheus:s3cret").decode()
+        for _ in range(3):  # verified once, then served from the cache
+            assert get(url, {"Authorization": f"Basic {good}"})[0] == 200
+    finally:
+        server.stop()
+
+
+def test_tls(tmp_path, exposition):
+    openssl = require("openssl")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(tmp_path / "key.pem"),
+                    "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True)
+    web = webconfig.load(write_config(
+        tmp_path, "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n  min_version: TLS12\n"))
+    server = serve(exposition, web)
+    try:
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
+        status, _, body = get(f"https://127.0.0.1:{server.port}/metrics", context=ctx)
+        assert status == 200 and b"DCGM_FI_DEV_GPU_UTIL" in body
+        with pytest.raises(OSError):  # plain HTTP to a TLS port gets no answer
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=3).read()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("tls_server_config:\n  cert_file: nope.pem\n  key_file: nope.pem\n", "cannot load TLS files"),
+    ("tls_server_config:\n  cert_file: a\n", "needs cert_file and key_file"),
+    ("basic_auth_users:\n  alice: plaintext\n", "bcrypt hashes"),
+    ("surprise: 1\n", "unknown web config keys: surprise"),
+    ("- a list\n", "must be a mapping"),
+])
+def test_bad_web_config_is_a_clear_error(tmp_path, text, message):
+    with pytest.raises(webconfig.WebConfigError, match=message):
+        webconfig.load(write_config(tmp_path, text))

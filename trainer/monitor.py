@@ -1,0 +1,283 @@
+"""The instrumentation library: drop it into any PyTorch loop.
+
+    mon = Monitor(model, seq_len=T)                    # once
+    for x, y in mon.wrap(loader):                      # times the wait for each batch
+        with mon.compute():                            # this rank's own compute
+            loss = model(x, y); loss.backward(); opt.step(); opt.zero_grad()
+        mon.step(samples=len(x), loss=loss)            # counts the step, reports when due
+
+Per step it measures the wait for data, this rank's own compute and the step's wall
+time, counts samples, tokens and model FLOPs, and every few steps (or seconds) sends
+the deltas since the last report to the node agent (CONTRACT §3).
+
+In DDP every rank's step takes the same wall time, because the gradient all-reduce
+waits for the slowest rank. What tells the ranks apart is how long each one computed
+before it had to wait: `watch(ddp_model)` puts a pass-through hook on the all-reduce
+that marks when this rank's last gradient bucket was ready and when the reduction
+finished; that wait is taken out of the compute phase. The straggler then shows the
+longest compute and the shortest wait.
+
+On GPU the phases are timed with CUDA events that are read back a step or more later
+(`Event.query()` never blocks); the only synchronization and `.item()` calls happen on
+report steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from .flops import Peak, model_flops_per_token, peak_flops
+from .telemetry import SCHEMA_VERSION, Identity, TelemetrySink
+
+
+@dataclass
+class _Interval:
+    """Deltas since the last report."""
+
+    steps: int = 0
+    step_s: float = 0.0
+    data_wait_s: float = 0.0
+    compute_s: float = 0.0
+    samples: int = 0
+    tokens: int = 0
+    flops: float = 0.0
+    checkpoint_s: float = 0.0
+
+
+@dataclass
+class _Phase:
+    """One compute phase whose duration may not be known yet (GPU events in flight)."""
+
+    start: Any = None
+    end: Any = None
+    ready: Any = None                       # the last gradient bucket was ready
+    done: list = field(default_factory=list)  # each bucket's all-reduce finished
+
+
+class _CpuClock:
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def ready(self, phase: _Phase) -> bool:
+        return True
+
+    def seconds(self, a: float, b: float) -> float:
+        return b - a
+
+
+class _CudaClock:
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def ready(self, phase: _Phase) -> bool:
+        return phase.end.query() and all(e.query() for e in phase.done)
+
+    def seconds(self, a: torch.cuda.Event, b: torch.cuda.Event) -> float:
+        # Only called once `ready` said so, or on report steps after synchronize().
+        return a.elapsed_time(b) / 1e3
+
+
+class Monitor:
+    """Per-step training measurements, reported to the burnrate agent."""
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        *,
+        seq_len: int | None = None,
+        flops_per_token: float | None = None,
+        device: torch.device | str | None = None,
+        peak: float | None = None,
+        every_steps: int = 0,
+        every_s: float = 1.0,
+        identity: Identity | None = None,
+        sink: TelemetrySink | None = None,
+        socket_path: str | None = None,
+        jsonl_path: str | None = None,
+        job: str = "local",
+        start_step: int = 0,
+    ) -> None:
+        """`model` and `seq_len` give the FLOPs per token (or pass `flops_per_token`);
+        `device` defaults to the model's; `peak` overrides the peak FLOP/s table.
+        Reports go out every `every_steps` steps, or when 0, every `every_s` seconds."""
+        self.seq_len = seq_len
+        if flops_per_token is None and model is not None and seq_len:
+            flops_per_token = model_flops_per_token(model, seq_len)
+        self.flops_per_token = flops_per_token or 0.0
+        if device is None:
+            device = next(model.parameters()).device if model is not None else torch.device("cpu")
+        self.device = torch.device(device)
+        self.peak: Peak = peak_flops(self.device, peak)
+        self.every_steps = every_steps
+        self.every_s = every_s
+        self.identity = identity or Identity.from_env(job)
+        self.sink = sink or TelemetrySink(socket_path, jsonl_path)
+        self.step_no = start_step
+        self.last_compute_s = 0.0
+        self.last_checkpoint_time: float | None = None
+        self._clock = _CudaClock() if self.device.type == "cuda" else _CpuClock()
+        self._interval = _Interval()
+        self._pending: deque[_Phase] = deque()
+        self._phase: _Phase | None = None
+        self._loss: Any = None
+        self._grad_norm: Any = None
+        self._step_end = time.perf_counter()
+        self._last_report = time.monotonic()
+
+    # --- the loop-facing API --------------------------------------------------------
+    def wrap(self, batches: Iterable) -> Iterator:
+        """Yield from `batches`, timing how long each `next()` blocks."""
+        it = iter(batches)
+        self._step_end = time.perf_counter()
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self._interval.data_wait_s += time.perf_counter() - t0
+            yield batch
+
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """Time this rank's forward, backward and optimizer step."""
+        phase = _Phase(start=self._clock.mark())
+        self._phase = phase
+        try:
+            yield
+        finally:
+            phase.end = self._clock.mark()
+            self._phase = None
+            self._pending.append(phase)
+
+    def step(self, samples: int, tokens: int | None = None, loss: Any = None, grad_norm: Any = None) -> None:
+        """Close a step. `loss` and `grad_norm` may be tensors: they are read only when
+        a report goes out."""
+        now = time.perf_counter()
+        if tokens is None:
+            tokens = samples * (self.seq_len or 0)
+        iv = self._interval
+        iv.steps += 1
+        iv.step_s += now - self._step_end
+        iv.samples += samples
+        iv.tokens += tokens
+        iv.flops += tokens * self.flops_per_token
+        self._step_end = now
+        self.step_no += 1
+        self._loss, self._grad_norm = loss, grad_norm
+        self._resolve(block=False)
+        if self._due():
+            self.report()
+
+    @contextlib.contextmanager
+    def checkpoint(self) -> Iterator[None]:
+        """Time a checkpoint save; its time is kept out of the step times."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - t0
+            self._interval.checkpoint_s += elapsed
+            self._step_end += elapsed
+            self.last_checkpoint_time = time.time()
+
+    def watch(self, ddp_model: nn.Module, process_group: dist.ProcessGroup | None = None) -> None:
+        """Separate waiting for other ranks from this rank's compute, by a pass-through
+        hook on DDP's gradient all-reduce (the default reduction, unchanged)."""
+        ddp_model.register_comm_hook(process_group, self._allreduce_hook)
+
+    def close(self) -> None:
+        """Send what is left and release the socket."""
+        if self._interval.steps or self._interval.checkpoint_s:
+            self.report()
+        self.sink.close()
+
+    # --- internals ----------------------------------------------------------------
+    def _allreduce_hook(self, process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future:
+        phase = self._phase
+        if phase is not None and bucket.is_last():
+            phase.ready = self._clock.mark()
+
+        def finished(fut: torch.futures.Future) -> torch.Tensor:
+            # Runs once the reduction is complete (on GPU: on a stream that waits for it).
+            if phase is not None:
+                phase.done.append(self._clock.mark())
+            return fut.value()
+
+        return allreduce_hook(process_group, bucket).then(finished)
+
+    def _resolve(self, block: bool) -> None:
+        while self._pending:
+            phase = self._pending[0]
+            if not self._clock.ready(phase):
+                if not block:
+                    return
+                phase.end.synchronize()
+                for e in phase.done:
+                    e.synchronize()
+            self._pending.popleft()
+            seconds = self._clock.seconds(phase.start, phase.end)
+            if phase.ready is not None and phase.done:
+                waited = max(self._clock.seconds(phase.ready, d) for d in phase.done)
+                seconds -= min(max(waited, 0.0), seconds)
+            self._interval.compute_s += seconds
+            self.last_compute_s = seconds
+
+    def _due(self) -> bool:
+        if self.every_steps:
+            return self.step_no % self.every_steps == 0
+        return time.monotonic() - self._last_report >= self.every_s
+
+    def report(self) -> dict:
+        """Send the deltas since the last report now (a sync point on GPU)."""
+        self._resolve(block=True)
+        iv = self._interval
+        ident = self.identity
+        mfu = iv.flops / (iv.step_s * self.peak.flops) if iv.step_s > 0 and self.peak.flops > 0 else None
+        record = {
+            "v": SCHEMA_VERSION,
+            "training_job": ident.training_job,
+            "namespace": ident.namespace,
+            "pod": ident.pod,
+            "rank": ident.rank,
+            "local_rank": ident.local_rank,
+            "world_size": ident.world_size,
+            "step": self.step_no,
+            "time": time.time(),
+            "steps": iv.steps,
+            "step_s": iv.step_s,
+            "data_wait_s": iv.data_wait_s,
+            "compute_s": iv.compute_s,
+            "samples": iv.samples,
+            "tokens": iv.tokens,
+            "flops": iv.flops,
+            "loss": _scalar(self._loss),
+            "grad_norm": _scalar(self._grad_norm),
+            "mfu": mfu,
+            "peak_flops": self.peak.flops,
+            "peak_source": self.peak.source,
+            "checkpoint_time": self.last_checkpoint_time,
+            "checkpoint_s": iv.checkpoint_s,
+        }
+        self.sink.send(record)
+        self._interval = _Interval()
+        self._last_report = time.monotonic()
+        return record
+
+
+def _scalar(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().float().item())  # a GPU sync: report steps only
+    return float(value)
