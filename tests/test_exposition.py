@@ -84,3 +84,10 @@ def test_promtool_check_metrics():
     assert unexpected == []
     # the two forced complaints are really the only kinds present
     assert any("camelCase" in c for c in complaints)
+
+
+def test_metrics_doc_matches_the_catalog():
+    from exporter import docs
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "metrics.md")
+    with open(path) as fh:
+        assert fh.read() == docs.render(), "regenerate with: python -m exporter.docs > docs/metrics.md"

@@ -422,6 +422,14 @@ def test_close_leaves_a_socket_another_agent_bound(sock_dir: Path) -> None:
     assert not path.exists()
 
 
+@pytest.mark.parametrize("limits", [{"max_ranks": 0}, {"max_jobs": 0}, {"max_ranks_per_job": -1},
+                                    {"forget_after_s": 0}])
+def test_nonsense_limits_are_refused_before_binding(sock_dir: Path, limits: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        TelemetryInbox(sock_dir / "t.sock", **limits)  # type: ignore[arg-type]
+    assert not (sock_dir / "t.sock").exists()
+
+
 def test_send_without_listener_returns_false(sock_dir: Path) -> None:
     assert send_datagram(sock_dir / "nobody.sock", message()) is False
     assert send_bytes(sock_dir / "nobody.sock", b"{}") is False

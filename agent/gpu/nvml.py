@@ -76,7 +76,7 @@ class _Gpu:
     sample_ts: dict[str, int] = field(default_factory=dict)
     nvlink_prev: tuple[float, int, int] | None = None
     mig_slices: int = 0
-    mig: Mapping[str, tuple[str, float]] = MappingProxyType({})
+    mig: Mapping[str, tuple[str, float]] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class NvmlReader:
@@ -98,6 +98,11 @@ class NvmlReader:
         self._clock = clock
         self._closed = False
         nvml.nvmlInit()
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError:
+            nvml.nvmlShutdown()
+            raise
         self._xid = XidWatcher(nvml, event_wait_ms)
         self._failures = {nvml.NVML_ERROR_GPU_IS_LOST, nvml.NVML_ERROR_RESET_REQUIRED}
         self._value_fields = {
@@ -111,7 +116,7 @@ class NvmlReader:
         }
         self._gpus = [
             _Gpu(i, _Lane(f"nvml-gpu{i}"), GpuIdentity(i, UNKNOWN, UNKNOWN, UNKNOWN))
-            for i in range(nvml.nvmlDeviceGetCount())
+            for i in range(count)
         ]
 
     # --- GpuReader ---------------------------------------------------------------------
@@ -183,9 +188,9 @@ class NvmlReader:
                       self._optional(gpu, "mem_clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM))
             self._put(fields, "throttle_reasons", self._clock_reasons(gpu))
             self._errors(gpu, fields)
-            nvlink_bytes = self._nvlink(gpu, fields)
+            nvlink_bytes = self._optional(gpu, "nvlink", self._nvlink, gpu, fields) or {}
             if gpu.gpm is not None:
-                fields.update(gpu.gpm.read())
+                fields.update(self._optional(gpu, "gpm", gpu.gpm.read) or {})
             gpu.mig = self._mig(gpu)
         except nvml.NVMLError as exc:
             return self._down(gpu, str(exc))
@@ -202,9 +207,10 @@ class NvmlReader:
             gpu.identity = GpuIdentity(gpu.index, nvml.nvmlDeviceGetUUID(h),
                                        nvml.nvmlDeviceGetPciInfo(h).busId, nvml.nvmlDeviceGetName(h))
         if not gpu.probed:
-            gpu.xid = self._xid.register(h)
-            gpu.nvlink = self._has_nvlink(h)
-            if gpm_supported(nvml, h):
+            # Optional features, looked at once; one that errors here stays off.
+            gpu.xid = bool(self._optional(gpu, "xid", self._xid.register, h))
+            gpu.nvlink = bool(self._optional(gpu, "nvlink", self._has_nvlink, h))
+            if self._optional(gpu, "gpm", gpm_supported, nvml, h):
                 gpu.gpm = GpmSampler(nvml, h)
             gpu.probed = True
 

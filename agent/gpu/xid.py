@@ -47,9 +47,10 @@ class XidWatcher:
             if exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
                 return False
             raise
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="nvml-xid", daemon=True)
-            self._thread.start()
+        with self._lock:   # GPUs register from their own threads
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="nvml-xid", daemon=True)
+                self._thread.start()
         return True
 
     @property

@@ -45,9 +45,6 @@ class RankTable:
         if min(self.max_ranks, self.max_ranks_per_job, self.max_jobs) < 1 or self.forget_after_s <= 0:
             raise ValueError("telemetry limits must be positive")
 
-    def __len__(self) -> int:
-        return len(self._ranks)
-
     def add(self, record: Record, now: float) -> bool:
         """Fold one message in. False when it would start a rank beyond the limits."""
         self.forget_silent(now)
