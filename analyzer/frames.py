@@ -1,0 +1,34 @@
+"""The tidy frames every detector and the cost model work on, whatever the source.
+
+Each frame has the columns of the recording table of the same name
+(`agent.recording.TABLES`): `t` (unix seconds, float), the label columns
+(categoricals) and the value columns. Counters stay cumulative, as the agent
+exposes them; detectors take differences. A source that cannot provide a table
+(a dcgm-exporter-only cluster has no `rank` telemetry) leaves it empty and names
+it in `missing`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float   # unix seconds
+    end: float
+
+
+@dataclass(frozen=True)
+class Frames:
+    window: Window
+    step_s: float                # sample resolution of the frames
+    gpu: pd.DataFrame
+    alloc: pd.DataFrame
+    rank: pd.DataFrame
+    node: pd.DataFrame
+    xid: pd.DataFrame
+    pod_cpu: pd.DataFrame
+    missing: tuple[str, ...] = field(default=())   # signals the source could not provide
+    simulated: bool = False                        # data came from simulated GPUs or `burnrate simulate`
