@@ -45,7 +45,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _require(self.steps > 0, "--steps must be positive")
-        parse_faults(self.faults)   # raises ConfigError-compatible ValueError with the SPEC named
+        parse_faults(self.faults)   # a ValueError that names the bad SPEC
 
 
 @dataclass
@@ -84,12 +84,18 @@ class OptimConfig:
         return self.lr * factor
 
 
+def _is_interval(text: str) -> bool:
+    if text == "young":
+        return True
+    try:
+        return float(text) >= 0
+    except ValueError:
+        return False
+
+
 def _interval(text: str) -> str:
-    if text != "young":
-        try:
-            _require(float(text) >= 0, "")
-        except (ValueError, ConfigError):
-            raise argparse.ArgumentTypeError(f"expected seconds or 'young', got {text!r}") from None
+    if not _is_interval(text):
+        raise argparse.ArgumentTypeError(f"expected seconds or 'young', got {text!r}")
     return text
 
 
@@ -105,6 +111,7 @@ class CheckpointConfig:
     resume: bool = opt(False, "resume from the newest good checkpoint in --checkpoint-dir")
 
     def __post_init__(self) -> None:
+        _require(_is_interval(self.checkpoint_every), "--checkpoint-every takes seconds or 'young'")
         _require(self.keep >= 1, "--keep must be >= 1")
         _require(self.checkpoint_every_steps >= 0, "--checkpoint-every-steps must be >= 0")
         _require(self.mtbf > 0, "--mtbf must be positive")

@@ -7,6 +7,7 @@ already consumed: the data position is just the number of completed steps.
 """
 from __future__ import annotations
 
+import signal
 import time
 from typing import Iterator
 
@@ -81,6 +82,12 @@ class _SkippingSampler(DistributedSampler):
         return iter(indices[self.skip:])
 
 
+def _ignore_sigterm(worker_id: int) -> None:
+    # torchrun signals the whole process group on shutdown. Workers that died with it would
+    # break the rank's last fetches before its emergency checkpoint; the rank ends them itself.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def batches(
     dataset: Dataset,
     *,
@@ -92,6 +99,7 @@ def batches(
     num_workers: int = 0,
     prefetch_factor: int = 2,
     delay: float = 0.0,
+    pin_memory: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless batches for this rank, resuming after `start_step` completed steps."""
     sampler = _SkippingSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
@@ -105,7 +113,8 @@ def batches(
         drop_last=True,
         num_workers=num_workers,
         prefetch_factor=prefetch_factor if num_workers else None,
-        persistent_workers=False,
+        pin_memory=pin_memory,
+        worker_init_fn=_ignore_sigterm if num_workers else None,
         collate_fn=_SlowCollate(delay) if delay else None,
     )
     epoch, offset = divmod(start_step, per_epoch)

@@ -36,9 +36,10 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("T4", 65e12),      # fp16 tensor cores
 )
 
-# A rough CPU figure, so that a CPU run still reports a comparable MFU; it is labelled
-# `cpu-estimate` wherever it is used and should be overridden for real measurements.
-DEFAULT_CPU_PEAK_FLOPS = 100e9
+# A rough fp32 figure per CPU thread (two 8-lane FMA units at ~3 GHz), so that a CPU run
+# still reports an MFU; it is labelled `cpu-estimate` wherever it is used and should be
+# overridden for real measurements.
+CPU_PEAK_FLOPS_PER_THREAD = 100e9
 
 
 def palm_flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:
@@ -81,4 +82,4 @@ def peak_flops(device: torch.device, override: float | None = None) -> Peak:
         return Peak(0.0, "unknown-gpu", name)
     if override:
         return Peak(override, "override", device.type)
-    return Peak(DEFAULT_CPU_PEAK_FLOPS, "cpu-estimate", device.type)
+    return Peak(CPU_PEAK_FLOPS_PER_THREAD * torch.get_num_threads(), "cpu-estimate", device.type)

@@ -27,7 +27,7 @@ import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -106,10 +106,12 @@ class Monitor:
         jsonl_path: str | None = None,
         job: str = "local",
         start_step: int = 0,
+        on_report: Callable[[dict], None] | None = None,
     ) -> None:
         """`model` and `seq_len` give the FLOPs per token (or pass `flops_per_token`);
         `device` defaults to the model's; `peak` overrides the peak FLOP/s table.
-        Reports go out every `every_steps` steps, or when 0, every `every_s` seconds."""
+        Reports go out every `every_steps` steps, or when 0, every `every_s` seconds;
+        `on_report` also gets each record (to print progress, say)."""
         self.seq_len = seq_len
         if flops_per_token is None and model is not None and seq_len:
             flops_per_token = model_flops_per_token(model, seq_len)
@@ -123,6 +125,7 @@ class Monitor:
         self.identity = identity or Identity.from_env(job)
         self.sink = sink or TelemetrySink(socket_path, jsonl_path)
         self.step_no = start_step
+        self.on_report = on_report
         self.last_compute_s = 0.0
         self.last_checkpoint_time: float | None = None
         self._clock = _CudaClock() if self.device.type == "cuda" else _CpuClock()
@@ -194,7 +197,12 @@ class Monitor:
     def watch(self, ddp_model: nn.Module, process_group: dist.ProcessGroup | None = None) -> None:
         """Separate waiting for other ranks from this rank's compute, by a pass-through
         hook on DDP's gradient all-reduce (the default reduction, unchanged)."""
-        ddp_model.register_comm_hook(process_group, self._allreduce_hook)
+        # Unannotated on purpose: DDP rejects a hook whose annotations are not the exact
+        # objects it expects, and this module's annotations are postponed (strings).
+        def hook(state, bucket):
+            return self._allreduce_hook(state, bucket)
+
+        ddp_model.register_comm_hook(process_group, hook)
 
     def close(self) -> None:
         """Send what is left and release the socket."""
@@ -244,6 +252,10 @@ class Monitor:
         iv = self._interval
         ident = self.identity
         mfu = iv.flops / (iv.step_s * self.peak.flops) if iv.step_s > 0 and self.peak.flops > 0 else None
+        if mfu is not None and mfu > 1:
+            # Only a wrong peak gets here (an estimate, or a bad override); the agent rejects
+            # ratios above 1, and with them the whole record.
+            mfu = None
         record = {
             "v": SCHEMA_VERSION,
             "training_job": ident.training_job,
@@ -270,6 +282,8 @@ class Monitor:
             "checkpoint_s": iv.checkpoint_s,
         }
         self.sink.send(record)
+        if self.on_report is not None:
+            self.on_report(record)
         self._interval = _Interval()
         self._last_report = time.monotonic()
         return record

@@ -1,0 +1,142 @@
+"""Agent benchmark: 8 simulated GPUs, 64 ranks sending telemetry at 10 messages/s each.
+
+Runs the real `burnrate agent` process and measures, side by side, an idle phase
+(no telemetry) and the loaded phase: scrape latency p50/p99 (plain and gzip),
+collection time, the agent's RSS and CPU share of one core at a 1 s interval.
+
+    .venv/bin/python bench/agent.py [--seconds 30]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import psutil
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGETS = {"scrape p99 (ms)": 5.0, "RSS (MB)": 80.0, "CPU (% of one core)": 1.0}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def senders(path: str, ranks: int, rate_hz: float, stop: threading.Event) -> None:
+    socks = [socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(ranks)]
+    step = 0
+    next_at = time.monotonic()
+    while not stop.is_set():
+        step += 1
+        for rank, sock in enumerate(socks):
+            msg = {"v": 1, "training_job": f"job-{rank // 8}", "namespace": "ml", "pod": f"pod-{rank}",
+                   "rank": rank % 8, "world_size": 8, "local_rank": rank % 8, "step": step, "time": time.time(),
+                   "steps": 1, "step_s": 0.1, "data_wait_s": 0.004, "compute_s": 0.09, "samples": 8,
+                   "tokens": 8192, "flops": 6e12, "loss": 2.5, "grad_norm": 1.0, "mfu": 0.4}
+            try:
+                sock.sendto(json.dumps(msg).encode(), path)
+            except OSError:
+                pass
+        next_at += 1.0 / rate_hz
+        stop.wait(max(0.0, next_at - time.monotonic()))
+    for sock in socks:
+        sock.close()
+
+
+def scrape_ms(url: str, gzip: bool) -> float:
+    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if gzip else {})
+    start = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        resp.read()
+    return (time.perf_counter() - start) * 1000
+
+
+def metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def phase(url: str, proc: psutil.Process, seconds: float) -> dict[str, float]:
+    # CPU first, under one scrape per second (Prometheus usually scrapes every 15-30 s,
+    # so this is an upper bound), then latency from a burst of back-to-back scrapes.
+    cpu0, t0 = proc.cpu_times(), time.monotonic()
+    collect = []
+    while time.monotonic() - t0 < seconds:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            collect.append(metric(resp.read().decode(), "burnrate_agent_collection_duration_seconds") * 1000)
+        time.sleep(1.0)
+    cpu1, elapsed = proc.cpu_times(), time.monotonic() - t0
+    busy = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    plain, packed = [], []
+    for _ in range(300):
+        plain.append(scrape_ms(url, False))
+        packed.append(scrape_ms(url, True))
+        time.sleep(0.01)
+    q = statistics.quantiles
+    return {
+        "scrape p50 (ms)": statistics.median(plain),
+        "scrape p99 (ms)": q(plain, n=100)[98],
+        "gzip scrape p99 (ms)": q(packed, n=100)[98],
+        "collection (ms)": statistics.median(collect),
+        "RSS (MB)": proc.memory_info().rss / 1e6,
+        "CPU (% of one core)": 100 * busy / elapsed,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
+    args = parser.parse_args()
+    tmp = tempfile.mkdtemp(prefix="burnrate-bench-")
+    sock, port = os.path.join(tmp, "telemetry.sock"), free_port()
+    agent = subprocess.Popen([sys.executable, "-m", "burnrate", "agent", "--backend", "simulated", "--gpus", "8",
+                              "--interval", "1", "--listen", f"127.0.0.1:{port}", "--telemetry-socket", sock],
+                             cwd=ROOT, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        for _ in range(100):
+            try:
+                scrape_ms(url, False)
+                break
+            except OSError:
+                time.sleep(0.1)
+        proc = psutil.Process(agent.pid)
+        idle = phase(url, proc, args.seconds)
+        stop = threading.Event()
+        thread = threading.Thread(target=senders, args=(sock, 64, 10.0, stop), daemon=True)
+        thread.start()
+        time.sleep(3)  # let every rank register
+        loaded = phase(url, proc, args.seconds)
+        stop.set()
+        thread.join()
+        with urllib.request.urlopen(url) as resp:
+            text = resp.read().decode()
+        received = metric(text, "burnrate_agent_telemetry_received_total")
+        series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    finally:
+        agent.terminate()
+        agent.wait(10)
+
+    print(f"burnrate agent: 8 simulated GPUs, 1 s interval, {args.seconds:.0f} s per phase, "
+          f"{os.cpu_count()} CPUs; {series} series; {received:.0f} telemetry messages received\n")
+    print(f"| {'measure':<22} | {'idle':>8} | {'64 ranks x 10/s':>15} | {'target':>7} | ok |")
+    print(f"|{'-' * 24}|{'-' * 10}|{'-' * 17}|{'-' * 9}|----|")
+    for name in loaded:
+        target = TARGETS.get(name)
+        ok = "" if target is None else ("yes" if loaded[name] <= target else "NO")
+        print(f"| {name:<22} | {idle[name]:>8.2f} | {loaded[name]:>15.2f} | "
+              f"{'' if target is None else f'{target:g}':>7} | {ok:<2} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Telemetry from a real 2-rank `burnrate train` reaches a real `burnrate agent` over its socket."""
+import os
+import subprocess
+import urllib.request
+
+import pytest
+
+from tests.conftest import PYTHON, ROOT
+from tests.processes import agent
+
+pytestmark = pytest.mark.slow
+
+
+def series(text: str, name: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            rank = line.split('rank="')[1].split('"')[0]
+            out[rank] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_trainer_telemetry_reaches_the_agent(tmp_path):
+    with agent(tmp_path, "--interval", "0.5") as (url, sock, _):
+        env = {**os.environ, "BURNRATE_TELEMETRY_SOCKET": sock, "BURNRATE_TRAINING_JOB": "e2e"}
+        subprocess.run([PYTHON, "-m", "burnrate", "train", "--nproc", "2", "--steps", "12",
+                        "--fault", "straggler:rank=1,factor=2", "--report-every-steps", "2"],
+                       cwd=ROOT, env=env, check=True, capture_output=True, timeout=240)
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    assert series(text, "burnrate_train_steps_total") == {"0": 12.0, "1": 12.0}
+    compute = series(text, "burnrate_train_compute_seconds_total")
+    assert compute["1"] >= 1.5 * compute["0"]          # the straggler, as the analyzer will see it
+    assert set(series(text, "burnrate_train_world_size").values()) == {2.0}
+    # the simulated GPUs are held by the ranks that drive them
+    held = [line for line in text.splitlines() if line.startswith("burnrate_gpu_allocated{")]
+    assert len(held) == 2 and all('training_job="e2e"' in line for line in held)
+    rejected = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("burnrate_agent_telemetry_rejected_total{")]
+    assert sum(rejected) == 0

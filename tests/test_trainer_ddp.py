@@ -1,0 +1,176 @@
+"""Two-rank DDP runs of the tiny model through the real `burnrate train` entry point:
+torch's elastic launcher, gloo, one process per rank. Each fault is checked the way the
+analyzer will see it, through the telemetry records the ranks write."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.telemetry.inbox import TelemetryInbox
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden" / "trainer_tiny_2rank_loss.json"
+BASE = ["--nproc", "2", "--model", "tiny", "--batch-size", "4", "--seq-len", "32", "--report-every-steps", "1"]
+
+
+def _command(tmp: Path, *args: str) -> list[str]:
+    # No agent listens on this socket: training must not notice.
+    return [sys.executable, "-m", "burnrate", "train", *BASE, "--telemetry-socket", str(tmp / "no-agent.sock"),
+            "--telemetry-jsonl", str(tmp / "telemetry.jsonl"), *args]
+
+
+def _train(tmp: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(_command(tmp, *args), cwd=ROOT, capture_output=True, text=True, timeout=180)
+    if ok:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+def _start(tmp: Path, *args: str) -> subprocess.Popen:
+    # A session of its own, so that the test can end the launcher and its ranks together.
+    return subprocess.Popen(_command(tmp, *args), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def _records(tmp: Path) -> list[dict]:
+    path = tmp / "telemetry.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _by_rank(records: list[dict], key: str, after: int = 0) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for r in records:
+        if r["steps"] and r["step"] > after:
+            out[r["rank"]] = out.get(r["rank"], 0.0) + r[key]
+    return out
+
+
+def _wait_for(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_two_rank_run_matches_the_golden_losses(tmp_path):
+    _train(tmp_path, "--steps", "20")
+    records = _records(tmp_path)
+    losses = {r["step"]: r["loss"] for r in records if r["rank"] == 0 and r["steps"]}
+    assert sorted(losses) == list(range(1, 21))
+    if os.environ.get("BURNRATE_UPDATE_GOLDEN"):
+        GOLDEN.write_text(json.dumps({str(k): v for k, v in sorted(losses.items())}, indent=1) + "\n")
+    golden = {int(k): v for k, v in json.loads(GOLDEN.read_text()).items()}
+    # Float reductions differ a little across CPU instruction sets; a behaviour change does not.
+    for step, expected in golden.items():
+        assert losses[step] == pytest.approx(expected, rel=1e-4, abs=1e-4), step
+    assert losses[20] < losses[1]
+    for r in records:
+        assert r["v"] == 1 and r["world_size"] == 2 and r["training_job"] == "local"
+    assert {r["rank"] for r in records} == {0, 1}
+    assert all(r["tokens"] == 4 * 32 and r["samples"] == 4 for r in records if r["steps"] == 1)
+
+
+def test_telemetry_reaches_the_agent_inbox(tmp_path):
+    with TelemetryInbox(tmp_path / "agent.sock") as inbox:
+        _train(tmp_path, "--steps", "6", "--report-every-steps", "2", "--telemetry-socket", str(inbox.path),
+               "--job-name", "reference")
+        assert inbox.wait_idle(5)
+        assert dict(inbox.rejected) == {}
+        states = inbox.ranks()
+    assert sorted(s.key.rank for s in states) == [0, 1]
+    for s in states:
+        assert s.key.training_job == "reference" and s.values["steps"] == 6 and s.values["world_size"] == 2
+
+
+def test_resume_after_a_crash_is_bitwise_identical(tmp_path):
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    straight.mkdir(), crashed.mkdir()
+    common = ["--steps", "8", "--checkpoint-every-steps", "2"]
+    _train(straight, *common, "--checkpoint-dir", str(straight / "ck"))
+
+    r = _train(crashed, *common, "--checkpoint-dir", str(crashed / "ck"), "--fault", "crash:at=6,rank=1", ok=False)
+    assert r.returncode == 1 and "rank 1 failed" in r.stderr
+    assert max(x["step"] for x in _records(crashed)) == 5   # crash before step 6: steps stop at 5
+
+    r = _train(crashed, *common, "--checkpoint-dir", str(crashed / "ck"), "--resume")
+    assert "resumed from step-00000004.pt (step 4)" in r.stdout
+
+    a = torch.load(straight / "ck" / "step-00000008.pt", weights_only=True)
+    b = torch.load(crashed / "ck" / "step-00000008.pt", weights_only=True)
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for pid, state in a["optimizer"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, b["optimizer"]["state"][pid][key]), (pid, key)
+    assert a["scheduler"] == b["scheduler"]
+
+
+def test_sigterm_saves_an_emergency_checkpoint_and_exits_0(tmp_path):
+    ck = tmp_path / "ck"
+    proc = _start(tmp_path, "--steps", "100000", "--checkpoint-dir", str(ck))
+    try:
+        _wait_for(lambda: any(r["step"] >= 3 for r in _records(tmp_path)))
+        proc.send_signal(signal.SIGTERM)   # to the launcher, as Kubernetes signals a pod's first process
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()[-3000:]
+    finally:
+        _kill(proc)
+    manifest = json.loads((ck / ((ck / "latest").read_text() + ".json")).read_text())
+    assert manifest["reason"] == "sigterm" and 3 <= manifest["step"] < 100000
+    # Both ranks agreed on the step to stop at.
+    last = {r["rank"]: r["step"] for r in _records(tmp_path)}
+    assert last == {0: manifest["step"], 1: manifest["step"]}
+
+
+def test_stall_stops_the_step_counter_while_the_processes_live(tmp_path):
+    proc = _start(tmp_path, "--steps", "100000", "--fault", "stall:at=5")
+    try:
+        _wait_for(lambda: {r["rank"] for r in _records(tmp_path) if r["step"] == 4} == {0, 1})
+        time.sleep(2.0)
+        assert proc.poll() is None
+        assert max(r["step"] for r in _records(tmp_path)) == 4
+    finally:
+        _kill(proc)
+
+
+def test_straggler_has_the_longest_compute(tmp_path):
+    _train(tmp_path, "--steps", "25", "--fault", "straggler:rank=1,factor=2")
+    records = _records(tmp_path)
+    compute = _by_rank(records, "compute_s", after=5)   # past warm-up
+    step = _by_rank(records, "step_s", after=5)
+    assert compute[1] >= 1.5 * compute[0], compute
+    # The all-reduce makes both ranks wait for the slow one: wall time is the same.
+    assert step[0] == pytest.approx(step[1], rel=0.1)
+
+
+def test_starved_loader_shows_as_data_wait(tmp_path):
+    _train(tmp_path, "--steps", "6", "--fault", "starve:delay=0.2", "--num-workers", "1")
+    records = _records(tmp_path)
+    wait, step = _by_rank(records, "data_wait_s", after=1), _by_rank(records, "step_s", after=1)
+    for rank in (0, 1):
+        assert wait[rank] / step[rank] > 0.5
+
+
+def test_diverge_blows_up_the_loss(tmp_path):
+    _train(tmp_path, "--steps", "10", "--fault", "diverge:at=5")
+    losses = [r["loss"] for r in _records(tmp_path) if r["rank"] == 0 and r["steps"]]
+    before, after = losses[:4], losses[5:]
+    assert all(not math.isfinite(v) or v > 3 * max(before) for v in after), losses

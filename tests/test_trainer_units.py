@@ -1,0 +1,307 @@
+"""Trainer parts in one process: FLOPs, faults, config, data, checkpoints, telemetry, monitor."""
+from __future__ import annotations
+
+import json
+import math
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from agent.telemetry.inbox import TelemetryInbox
+from trainer import config
+from trainer.checkpoint import Checkpointer, young_interval
+from trainer.data import SyntheticTokens, TokenFile, batches
+from trainer.faults import Faults, InjectedCrash, parse_fault
+from trainer.flops import model_flops_per_token, palm_flops_per_token, peak_flops
+from trainer.model import GPT, MODELS
+from trainer.monitor import Monitor
+from trainer.telemetry import Identity, TelemetrySink
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+# --- FLOPs ---------------------------------------------------------------------------
+def test_palm_formula_against_flop_counter():
+    """FlopCounterMode counts every matmul, the PaLM formula counts model FLOPs: the two
+    differ by exactly two known terms, which this test pins down.
+
+    - The output layer: 6·D·V per token. It shares its weight with the token embedding,
+      so N (non-embedding) leaves it out; FlopCounterMode counts its forward and both
+      backward matmuls.
+    - Norm gains: part of N, so the formula charges them 6 FLOPs each per token, but
+      they are elementwise, not matmuls, and FlopCounterMode counts no elementwise work.
+
+    Attention is counted alike on both sides (12·L·H·Q·T per token: QKᵀ and AV, forward
+    and backward, with no discount for the causal mask). The math SDPA backend is forced
+    because FlopCounterMode has no formula for the fused CPU attention kernel.
+    """
+    cfg = MODELS["tiny"]
+    model = GPT(cfg)
+    batch, seq = 2, cfg.block_size
+    x = torch.randint(0, cfg.vocab_size, (batch, seq))
+    counter = FlopCounterMode(display=False)
+    with sdpa_kernel(SDPBackend.MATH), counter:
+        model(x, x).backward()
+    tokens = batch * seq
+    formula = model_flops_per_token(model, seq) * tokens
+    output_layer = 6 * cfg.n_embd * cfg.vocab_size * tokens
+    norm_gains = sum(p.numel() for n, p in model.named_parameters() if "ln" in n)
+    assert counter.get_total_flops() == formula + output_layer - 6 * norm_gains * tokens
+    assert formula == palm_flops_per_token(model.num_params(), cfg.n_layer, cfg.n_head, cfg.head_dim, seq) * tokens
+
+
+def test_peak_on_cpu_is_labelled_an_estimate_and_can_be_overridden():
+    assert peak_flops(torch.device("cpu")).source == "cpu-estimate"
+    p = peak_flops(torch.device("cpu"), 5e11)
+    assert (p.flops, p.source) == (5e11, "override")
+
+
+# --- faults and config -------------------------------------------------------------------
+@pytest.mark.parametrize("spec", ["straggler:rank=1", "straggler:rank=1,factor=0.5", "starve:delay=x",
+                                  "diverge:at=0", "stall:at=2.5", "crash", "oom:at=3", "crash:at=3,when=1"])
+def test_bad_fault_specs_are_rejected(spec):
+    with pytest.raises(ValueError, match="fault"):
+        parse_fault(spec)
+
+
+def test_faults_act_where_they_should():
+    f = Faults(["diverge:at=3", "crash:at=4,rank=1", "starve:delay=0.25"], rank=1)
+    assert [f.lr_scale(s) for s in (1, 2, 3, 9)] == [1, 1, 1e4, 1e4]
+    assert f.data_delay == 0.25
+    f.before_step(3)
+    with pytest.raises(InjectedCrash):
+        f.before_step(4)
+    Faults(["crash:at=4,rank=1"], rank=0).before_step(4)   # another rank: no crash
+
+
+def test_straggler_sleeps_in_proportion_to_its_own_compute():
+    f = Faults(["straggler:rank=0,factor=3"], rank=0)
+    t0 = time.perf_counter()
+    f.straggle(0.05)
+    assert 0.09 <= time.perf_counter() - t0 < 0.3
+
+
+def test_cli_rejects_a_bad_fault_in_one_line():
+    r = subprocess.run([PYTHON, "-m", "burnrate", "train", "--fault", "straggler:rank=1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["burnrate train: error: bad fault 'straggler:rank=1': missing factor"]
+
+
+def test_config_round_trips_through_flags():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    argv = ["--steps", "7", "--fault", "starve:delay=1", "--fault", "diverge:at=2", "--resume",
+            "--checkpoint-dir", "/tmp/x", "--checkpoint-every", "young", "--no-compile", "--lr", "0.001"]
+    cfg = config.from_args(parser.parse_args(argv))
+    assert config.from_args(parser.parse_args(config.to_argv(cfg))) == cfg
+    assert cfg.checkpoint.young and cfg.run.faults == ["starve:delay=1", "diverge:at=2"]
+    with pytest.raises(config.ConfigError, match="--seq-len"):
+        config.from_args(parser.parse_args(["--seq-len", "4096"]))
+
+
+# --- data ----------------------------------------------------------------------------------
+def test_synthetic_tokens_are_a_pure_function_of_the_index():
+    a, b = SyntheticTokens(256, 16, seed=3), SyntheticTokens(256, 16, seed=3)
+    assert torch.equal(a[5][0], b[5][0]) and torch.equal(a[5][0][1:], a[5][1][:-1])
+    assert not torch.equal(a[5][0], a[6][0])
+
+
+def test_token_file_windows(tmp_path):
+    path = tmp_path / "tokens.bin"
+    np.arange(1000, dtype=np.uint16).tofile(path)
+    ds = TokenFile(str(path), 10)
+    assert len(ds) == 99
+    x, y = ds[2]
+    assert x.tolist() == list(range(20, 30)) and y.tolist() == list(range(21, 31))
+
+
+def test_batches_resume_at_the_data_position():
+    ds = SyntheticTokens(256, 8, num_samples=64, seed=1)
+    kw = dict(batch_size=4, rank=1, world_size=2, seed=1)
+    fresh = batches(ds, **kw)
+    # 8 batches per epoch and rank: position 10 is two batches into the second epoch.
+    expected = [next(fresh)[0] for _ in range(13)][10:]
+    resumed = batches(ds, start_step=10, **kw)
+    assert all(torch.equal(next(resumed)[0], e) for e in expected)
+
+
+def test_starve_delay_is_spent_in_the_loader_workers():
+    ds = SyntheticTokens(256, 8, num_samples=64)
+    it = batches(ds, batch_size=4, rank=0, world_size=1, seed=0, num_workers=1, delay=0.2)
+    next(it)
+    t0 = time.perf_counter()
+    next(it), next(it)
+    assert time.perf_counter() - t0 >= 0.3
+
+
+# --- checkpoints -------------------------------------------------------------------------
+def _state(step: int) -> dict:
+    return {"step": step, "w": torch.full((4,), float(step))}
+
+
+def test_checkpoint_round_trip_pointer_and_keep(tmp_path):
+    ck = Checkpointer(tmp_path, keep=2)
+    for step in (1, 2, 3):
+        ck.save(step, _state(step))
+    assert [i.step for i in ck.manifests()] == [3, 2]
+    state, info = ck.load()
+    assert info.step == 3 and torch.equal(state["w"], torch.full((4,), 3.0))
+    assert (tmp_path / "latest").read_text() == "step-00000003"
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path):
+    ck = Checkpointer(tmp_path, keep=3)
+    ck.save(1, _state(1))
+    info = ck.save(2, _state(2))
+    data = bytearray(info.path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    info.path.write_bytes(bytes(data))
+    state, loaded = Checkpointer(tmp_path).load()
+    assert loaded.step == 1 and state["step"] == 1
+
+
+def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    """A writer saving ~16 MB checkpoints in a loop is SIGKILLed at several points; every
+    time, the directory still yields a verified checkpoint."""
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(ROOT)!r})
+        from trainer.checkpoint import Checkpointer
+        ck = Checkpointer({str(tmp_path)!r}, keep=2)
+        step = 0
+        while True:
+            step += 1
+            ck.save(step, {{"step": step, "w": torch.full((4 << 20,), float(step))}})
+            print(step, flush=True)
+    """)
+    newest = 0
+    for delay in (0.05, 0.13, 0.21, 0.37):
+        proc = subprocess.Popen([PYTHON, "-c", script], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline()   # at least one complete save before the kill
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        state, info = Checkpointer(tmp_path, keep=2).load()
+        assert state["step"] == info.step and float(state["w"][-1]) == info.step
+        assert info.step >= newest   # a kill never loses a checkpoint that was complete
+        newest = info.step
+    assert not list(tmp_path.glob(".*.tmp-*"))   # stale temporaries cleaned on open
+
+
+def test_young_interval():
+    assert young_interval(30.0, 6 * 3600) == pytest.approx(math.sqrt(2 * 30 * 21600))
+
+
+# --- telemetry and monitor -------------------------------------------------------------------
+@pytest.fixture
+def agent_socket(tmp_path):
+    path = str(tmp_path / "t.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(5)
+    yield path, sock
+    sock.close()
+
+
+def _received(sock: socket.socket) -> list[dict]:
+    out = []
+    sock.setblocking(False)
+    try:
+        while True:
+            out.append(json.loads(sock.recv(65536)))
+    except BlockingIOError:
+        return out
+
+
+def test_sending_without_an_agent_never_fails(tmp_path):
+    sink = TelemetrySink(str(tmp_path / "nobody.sock"))
+    sink.send({"v": 1})
+    assert (sink.sent, sink.dropped) == (0, 1)
+    sink.close()
+
+
+def test_identity_from_pod_environment():
+    ident = Identity.from_env("cli", {"POD_NAME": "llm-7b-worker-3", "POD_NAMESPACE": "ml",
+                                      "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"})
+    assert ident == Identity("llm-7b", "ml", "llm-7b-worker-3", 5, 1, 8)
+    assert Identity.from_env("cli", {"BURNRATE_TRAINING_JOB": "j", "POD_NAME": "x-worker-0"}).training_job == "j"
+    assert Identity.from_env("cli", {}).training_job == "cli"
+
+
+def test_monitor_in_a_plain_loop_reports_the_contract_fields(agent_socket, tmp_path):
+    path, sock = agent_socket
+    model = GPT(MODELS["tiny"])
+    opt = torch.optim.AdamW(model.parameters())
+
+    def loader():
+        for _ in range(4):
+            time.sleep(0.02)   # a slow loader: data wait must show it
+            x = torch.randint(0, 256, (2, 16))
+            yield x, x
+
+    jsonl = tmp_path / "t.jsonl"
+    mon = Monitor(model, seq_len=16, every_steps=2, socket_path=path, jsonl_path=str(jsonl), job="unit")
+    for x, y in mon.wrap(loader()):
+        with mon.compute():
+            loss = model(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        mon.step(samples=len(x), loss=loss)
+    with mon.checkpoint():
+        time.sleep(0.01)
+    mon.close()
+
+    records = _received(sock)
+    assert [r["step"] for r in records] == [2, 4, 4]
+    assert records == [json.loads(line) for line in jsonl.read_text().splitlines()]
+    first = records[0]
+    for key in ("v", "training_job", "namespace", "pod", "rank", "world_size", "step", "time", "steps", "step_s",
+                "data_wait_s", "compute_s", "samples", "tokens", "flops", "loss", "grad_norm", "mfu",
+                "local_rank", "checkpoint_time", "checkpoint_s"):
+        assert key in first
+    assert first["v"] == 1 and first["training_job"] == "unit"
+    assert (first["steps"], first["samples"], first["tokens"]) == (2, 4, 64)
+    assert first["flops"] == pytest.approx(64 * model_flops_per_token(model, 16))
+    assert first["data_wait_s"] >= 0.04 and 0 < first["compute_s"] < first["step_s"]
+    assert first["peak_source"] == "cpu-estimate" and 0 < first["mfu"] < 1
+    assert records[-1]["steps"] == 0 and records[-1]["checkpoint_s"] >= 0.01 and records[-1]["checkpoint_time"]
+
+
+def test_non_finite_loss_is_sent_as_nan(agent_socket):
+    path, sock = agent_socket
+    mon = Monitor(flops_per_token=1.0, every_steps=1, socket_path=path)
+    mon.step(samples=1, tokens=1, loss=torch.tensor(float("nan")), grad_norm=float("inf"))
+    mon.close()
+    raw = sock.recv(65536)
+    assert b'"loss":NaN' in raw and b'"grad_norm":Infinity' in raw
+
+
+def test_the_agent_inbox_accepts_every_record(tmp_path):
+    """The agent's own inbox, on a real socket: nothing rejected, deltas summed."""
+    with TelemetryInbox(tmp_path / "agent.sock") as inbox:
+        mon = Monitor(flops_per_token=10.0, seq_len=4, every_steps=2, socket_path=str(inbox.path), job="j")
+        for loss in (1.0, float("nan"), float("inf"), 2.0, 3.0):
+            with mon.compute():
+                pass
+            mon.step(samples=2, loss=loss)
+        mon.close()
+        assert inbox.wait_idle(5)
+        assert dict(inbox.rejected) == {}
+        (state,) = inbox.ranks()
+    assert state.key.training_job == "j"
+    assert (state.values["steps"], state.values["tokens"], state.values["flops"]) == (5, 40, 400)

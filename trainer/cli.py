@@ -1,0 +1,78 @@
+"""`burnrate train`: launch N local ranks of the reference trainer through torch's
+elastic launcher (what torchrun runs), one `python -m trainer` process per rank."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from burnrate.cli import UserError
+
+from . import config
+from .checkpoint import Checkpointer
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", type=int, default=0,
+                        help="local ranks to launch (default: one per GPU, or 2 on CPU)")
+    config.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    try:
+        cfg = config.from_args(args)
+    except config.ConfigError as exc:
+        raise UserError(str(exc)) from None
+    gpus = torch.cuda.device_count()
+    nproc = args.nproc or gpus or 2
+    if nproc < 1:
+        raise UserError("--nproc must be positive")
+    if cfg.run.device == "cuda" and not gpus:
+        raise UserError("--device cuda, but no GPU is visible")
+    if cfg.data.data_path and not Path(cfg.data.data_path).is_file():
+        raise UserError(f"--data-path {cfg.data.data_path}: no such file")
+
+    # Ranks run `python -m trainer`; make sure they import this copy of it.
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    launch = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"burnrate-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        # Port 0: the rendezvous store binds a free port, which the ranks get as MASTER_PORT;
+        # no window between picking a port and binding it for another process to take it.
+        rdzv_endpoint="127.0.0.1:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+    )
+    started = time.time()
+    try:
+        elastic_launch(launch, sys.executable)("-m", "trainer", *config.to_argv(cfg))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        print(f"burnrate train: rank {rank} failed with exit code {failure.exitcode}", file=sys.stderr)
+        return 1
+    except SignalException as exc:
+        # The ranks were signalled too, and stop at a step boundary with a checkpoint.
+        if exc.sigval != signal.SIGTERM:
+            return 128 + int(exc.sigval)
+        return 0 if _emergency_checkpoint_written(cfg, started) else 1
+    return 0
+
+
+def _emergency_checkpoint_written(cfg: config.TrainConfig, since: float) -> bool:
+    if not cfg.checkpoint.checkpoint_dir:
+        return True
+    loaded = Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep).load()
+    return loaded is not None and loaded[1].reason == "sigterm" and loaded[1].time >= since
