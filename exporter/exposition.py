@@ -8,6 +8,7 @@ family after its samples, so both kinds come out as their consumers expect.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Iterable
 
 from prometheus_client.metrics_core import Metric
@@ -20,7 +21,16 @@ def _escape_help(text: str) -> str:
 
 
 def _escape_value(text: str) -> str:
+    if "\\" not in text and "\n" not in text and '"' not in text:
+        return text
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+# The same label sets come back every snapshot (GPUs and ranks change rarely), so
+# their rendered form is kept; the agent bounds label cardinality, so is this.
+@lru_cache(maxsize=16384)
+def _labels(items: tuple[tuple[str, str], ...]) -> str:
+    return "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in items) + "}"
 
 
 def format_value(value: float) -> str:
@@ -43,8 +53,7 @@ def encode(families: Iterable[Metric]) -> bytes:
         out.append(f"# TYPE {name} {family.type}\n")
         for s in family.samples:
             if s.labels:
-                labels = ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(s.labels.items()))
-                out.append(f"{s.name}{{{labels}}} {format_value(s.value)}\n")
+                out.append(f"{s.name}{_labels(tuple(sorted(s.labels.items())))} {format_value(s.value)}\n")
             else:
                 out.append(f"{s.name} {format_value(s.value)}\n")
     return "".join(out).encode("utf-8")

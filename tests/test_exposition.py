@@ -91,3 +91,10 @@ def test_metrics_doc_matches_the_catalog():
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "metrics.md")
     with open(path) as fh:
         assert fh.read() == docs.render(), "regenerate with: python -m exporter.docs > docs/metrics.md"
+
+
+def test_label_values_are_escaped():
+    from prometheus_client.metrics_core import Metric
+    family = Metric("burnrate_train_loss", "loss", "gauge")
+    family.add_sample("burnrate_train_loss", {"training_job": 'a"b\\c\nd'}, 1.0)
+    assert encode([family]).decode().splitlines()[-1] == 'burnrate_train_loss{training_job="a\\"b\\\\c\\nd"} 1'
