@@ -158,7 +158,7 @@ def test_straggler_has_the_longest_compute(tmp_path):
     step = _by_rank(records, "step_s", after=5)
     assert compute[1] >= 1.5 * compute[0], compute
     # The all-reduce makes both ranks wait for the slow one: wall time is the same.
-    assert step[0] == pytest.approx(step[1], rel=0.1)
+    assert step[0] == pytest.approx(step[1], rel=0.25)
 
 
 def test_starved_loader_shows_as_data_wait(tmp_path):
