@@ -13,6 +13,9 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agent.cli", "the node agent: GPU metrics, pod attribution, training telemetry"),
     "train": ("trainer.cli", "the instrumented reference DDP trainer"),
+    "simulate": ("analyzer.simulate", "write a synthetic fleet recording with ground-truth faults"),
+    "analyze": ("analyzer.cli", "findings and per-job cost from Prometheus or a recording"),
+    "dashboard": ("dashboard.cli", "the team dashboard: fleet, jobs, findings, cost"),
 }
 
 

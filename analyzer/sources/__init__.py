@@ -1,0 +1,51 @@
+"""Where frames come from: a Prometheus server or a local recording.
+
+Both sources yield the same `Frames` for a window (analyzer.frames), so every
+detector and the cost model work on either.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from agent.gpu.simulated import SIMULATED
+from agent.recording import TABLES
+
+TRAINING_TELEMETRY = "training telemetry"
+NODE_PRICING_LABELS = "node pricing labels"
+GPU_LOST_SIGNAL = "GPU lost signal (burnrate_gpu_up)"
+XID_EVENT_COUNTS = "XID event counts"
+POD_CPU = "pod CPU"
+# What a cluster running dcgm-exporter without the burnrate agent cannot give.
+DCGM_ONLY_MISSING = (GPU_LOST_SIGNAL, XID_EVENT_COUNTS, POD_CPU)
+DEFAULT_STEP_S = 15.0
+
+
+def missing_signals(gpu: pd.DataFrame, rank: pd.DataFrame, node: pd.DataFrame,
+                    dcgm_only: bool = False) -> tuple[str, ...]:
+    """The signals absent from a window that has any data at all."""
+    if gpu.empty and rank.empty and node.empty:
+        return ()
+    missing = []
+    if rank.empty:
+        missing.append(TRAINING_TELEMETRY)
+    if node.empty:
+        missing.append(NODE_PRICING_LABELS)
+    if dcgm_only:
+        missing += DCGM_ONLY_MISSING
+    return tuple(missing)
+
+
+def column_order(table: str) -> list[str]:
+    """Columns in the order load_table gives them: time, values, labels."""
+    labels, columns = TABLES[table]
+    return ["t", *columns, *labels]
+
+
+def is_simulated(gpu: pd.DataFrame) -> bool:
+    return bool(len(gpu)) and bool(gpu["modelName"].astype(str).str.contains(SIMULATED, regex=False).any())
+
+
+from .prometheus import PrometheusError, PrometheusSource, selector  # noqa: E402
+from .recording import RecordingSource  # noqa: E402
+
+__all__ = ["PrometheusError", "PrometheusSource", "RecordingSource", "selector", "missing_signals"]

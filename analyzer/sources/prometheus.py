@@ -1,0 +1,358 @@
+"""Frames from Prometheus (or Thanos, Mimir): `/api/v1/query_range`, one query per
+metric and time chunk, rebuilt into the recording's tables.
+
+Each query aggregates in PromQL before anything crosses the network: `max by (...)`
+keeps only the labels the table needs (dropping Prometheus' own `instance` and
+`job`, merging HA duplicates), and the `*_over_time(...[step - 1ms])` functions
+reduce each step to one value without Prometheus' 5-minute lookback, so a series
+that stopped (a forgotten rank, a lost GPU) stops in the frames too. At the
+scrape interval a step holds exactly one sample, and the frames equal the
+recording's; for longer windows gauges are averaged and counters take their last
+value per step.
+
+Clusters that run NVIDIA's dcgm-exporter without the burnrate agent have no
+burnrate_* series: allocation then comes from the DCGM series' `pod` labels, the
+training job from the pod's name, and `Frames.missing` names what is absent.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from agent.recording import TABLES
+from exporter import catalog as C
+from exporter import labels as L
+
+from ..frames import Frames, Window
+from . import column_order, is_simulated, missing_signals
+
+MAX_POINTS = 11_000       # Prometheus refuses a query_range of more points per series
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_POD_SUFFIX = re.compile(r"-(?:worker|master|launcher)-\d+$")
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus unreachable, too slow, or answering an error: one line for the user."""
+
+
+def escape(value: str) -> str:
+    """A PromQL double-quoted string's content."""
+    return (value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+            .replace("\r", "\\r").replace("\t", "\\t"))
+
+
+def selector(metric: str = "", **labels: str) -> str:
+    """`metric{name="value",...}` with every value escaped, so no label value can
+    change the query's meaning."""
+    if metric and not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", metric):
+        raise ValueError(f"invalid metric name {metric!r}")
+    for name in labels:
+        if not _LABEL_NAME.fullmatch(name):
+            raise ValueError(f"invalid label name {name!r}")
+    matchers = ",".join(f'{name}="{escape(str(value))}"' for name, value in labels.items())
+    return f"{metric}{{{matchers}}}"
+
+
+def job_from_pod(pod: str) -> str:
+    """A pod's training job where no agent labelled it: PyTorchJob/MPIJob pods are
+    `<job>-worker-N`/`-master-N`/`-launcher-N`; any other pod stands for itself."""
+    return _POD_SUFFIX.sub("", pod)
+
+
+@dataclass(frozen=True)
+class _Query:
+    table: str
+    column: str
+    metric: str
+    by: tuple[str, ...]
+    over_time: str              # PromQL *_over_time function
+    extra: Mapping[str, str] | None = None
+    outer: str = ""             # a second aggregation, e.g. summing XID codes per GPU
+
+
+def _queries() -> list[_Query]:
+    device, device_pod = C.DEVICE, C.DEVICE_POD
+    by = C.BY_NAME
+    out = [_Query("gpu", spec.field, spec.name, device_pod,
+                  "max" if spec.field == "throttle_reasons" else "last" if spec.type == C.COUNTER else "avg")
+           for spec in C.CATALOG if spec.source == C.GPU_FIELD]
+    out += [
+        _Query("gpu", "last_xid", "DCGM_FI_DEV_XID_ERRORS", device_pod, "last"),
+        _Query("gpu", "up", "burnrate_gpu_up", device, "min"),
+        _Query("gpu", "nvlink_tx_bytes", by["burnrate_gpu_nvlink_bytes_total"].sample_name, device, "last",
+               {"direction": "tx"}),
+        _Query("gpu", "nvlink_rx_bytes", by["burnrate_gpu_nvlink_bytes_total"].sample_name, device, "last",
+               {"direction": "rx"}),
+        _Query("gpu", "xid_total", "burnrate_gpu_xid_errors_total", device + ("xid",), "last", outer=device),
+        _Query("alloc", "share", "burnrate_gpu_allocation_share_ratio", device_pod, "last"),
+        _Query("node", "_info", "burnrate_node_info", L.NODE_INFO_LABELS, "last"),
+        _Query("node", "cpu_utilization", "burnrate_node_cpu_utilization_ratio", (L.HOSTNAME,), "avg"),
+        _Query("pod_cpu", "cpu_seconds", "burnrate_pod_cpu_seconds_total", (L.NAMESPACE, L.POD, L.HOSTNAME), "last"),
+        _Query("xid", "count", "burnrate_gpu_xid_errors_total", device + ("xid",), "last"),
+    ]
+    # Training gauges are the last reported values, so they are decimated, not averaged.
+    out += [_Query("rank", spec.field, spec.sample_name, C.T, "last") for spec in C.CATALOG if spec.source == C.RANK]
+    return out
+
+
+QUERIES = _queries()
+_LABELS_OF = {**{s.name: s.labels for s in C.CATALOG}, **{s.sample_name: s.labels for s in C.CATALOG}}
+_KEYS = {"gpu": C.DEVICE, "alloc": C.DEVICE_POD, "rank": C.T, "node": L.NODE_INFO_LABELS,
+         "pod_cpu": (L.NAMESPACE, L.POD, L.HOSTNAME), "xid": C.DEVICE + ("xid",)}
+
+
+class PrometheusSource:
+    """Frames from a Prometheus-compatible HTTP API.
+
+    `matchers` restricts every query to series with those label values (for
+    metrics that carry the label), e.g. `{"namespace": "ml"}`. `min_step_s` is
+    the scrape interval: no step is shorter. `chunk_points` bounds the steps of
+    one request, so that long windows over many GPUs come in pieces Prometheus
+    and this process both handle comfortably.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 30.0, bearer_token: str | None = None,
+                 basic_auth: tuple[str, str] | None = None, ca_file: str | None = None, insecure: bool = False,
+                 matchers: Mapping[str, str] | None = None, min_step_s: float = 15.0,
+                 chunk_points: int = 1000, workers: int = 4) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.matchers = dict(matchers or {})
+        selector(**self.matchers)   # rejects bad label names now, not mid-query
+        self.min_step_s = min_step_s
+        self.chunk_points = max(1, min(chunk_points, MAX_POINTS))
+        self.workers = workers
+        self._headers = {"Accept": "application/json"}
+        if bearer_token:
+            self._headers["Authorization"] = f"Bearer {bearer_token}"
+        elif basic_auth:
+            token = base64.b64encode(f"{basic_auth[0]}:{basic_auth[1]}".encode()).decode()
+            self._headers["Authorization"] = f"Basic {token}"
+        self._ssl = None
+        if self.url.startswith("https:"):
+            self._ssl = ssl.create_default_context(cafile=ca_file)
+            if insecure:
+                self._ssl.check_hostname = False
+                self._ssl.verify_mode = ssl.CERT_NONE
+
+    # --- HTTP --------------------------------------------------------------------
+    def _post(self, path: str, params: Mapping[str, str]) -> dict:
+        body = urllib.parse.urlencode(params).encode()
+        request = urllib.request.Request(self.url + path, data=body, headers={
+            **self._headers, "Content-Type": "application/x-www-form-urlencoded"})
+        where = f"Prometheus at {self.url}"
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._ssl) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = _api_error(exc.read()) or exc.reason
+            raise PrometheusError(f"{where} answered HTTP {exc.code}: {detail}") from None
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            if isinstance(reason, (socket.timeout, TimeoutError)):
+                raise PrometheusError(f"{where} did not answer within {self.timeout_s:g} s") from None
+            raise PrometheusError(f"cannot reach {where}: {getattr(reason, 'strerror', None) or reason}") from None
+        except (socket.timeout, TimeoutError):
+            raise PrometheusError(f"{where} did not answer within {self.timeout_s:g} s") from None
+        except OSError as exc:
+            raise PrometheusError(f"cannot reach {where}: {exc.strerror or exc}") from None
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise PrometheusError(f"{where} answered something that is not JSON") from None
+        if not isinstance(answer, dict) or answer.get("status") != "success":
+            raise PrometheusError(f"{where} answered an error: {_api_error(raw) or 'no status'}")
+        return answer["data"]
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict]:
+        data = self._post("/api/v1/query_range", {"query": promql, "start": _num(start), "end": _num(end),
+                                                   "step": _num(step)})
+        if data.get("resultType") != "matrix":
+            raise PrometheusError(f"Prometheus at {self.url} answered a {data.get('resultType')}, not a matrix")
+        return data["result"]
+
+    # --- frames --------------------------------------------------------------------
+    def step_for(self, window: Window) -> float:
+        return float(max(self.min_step_s, math.ceil((window.end - window.start) / MAX_POINTS)))
+
+    def promql(self, q: _Query, step: float) -> str:
+        labels = {k: v for k, v in self.matchers.items() if k in _LABELS_OF[q.metric]}
+        labels.update(q.extra or {})
+        inner = f"{q.over_time}_over_time({selector(q.metric, **labels)}[{int(step * 1000) - 1}ms])"
+        query = f"max by ({', '.join(q.by)}) ({inner})"
+        return f"sum by ({', '.join(q.outer)}) ({query})" if q.outer else query
+
+    def frames(self, window: Window | None = None) -> Frames:
+        """The window's tables; the last hour when no window is given."""
+        if window is None:
+            now = time.time()
+            window = Window(now - 3600.0, now)
+        step = self.step_for(window)
+        first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
+        grid = np.arange(first, last + step / 2, step) if last >= first else np.empty(0)
+        chunks = [grid[k:k + self.chunk_points] for k in range(0, len(grid), self.chunk_points)]
+        jobs = [(q, chunk) for chunk in chunks for q in QUERIES]
+        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
+            answers = list(pool.map(lambda job: self.query_range(self.promql(job[0], step), job[1][0],
+                                                                 job[1][-1], step), jobs))
+        results: dict[tuple[str, str], list[dict]] = {}
+        for (q, _), answer in zip(jobs, answers):
+            results.setdefault((q.table, q.column), []).extend(answer)
+        return _assemble(results, window, step, first)
+
+
+def _num(value: float) -> str:
+    return repr(float(value))
+
+
+def _api_error(raw: bytes) -> str:
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        text = raw.decode("utf-8", "replace").strip().splitlines()
+        return text[0][:200] if text else ""
+    if isinstance(answer, dict) and answer.get("error"):
+        return f"{answer.get('errorType', 'error')}: {answer['error']}".splitlines()[0]
+    return ""
+
+
+# --- assembly ----------------------------------------------------------------------------
+class _Dense:
+    """One table as (series × time) arrays, filled series by series from query answers."""
+
+    def __init__(self, key_labels: tuple[str, ...], grid_start: float, step: float) -> None:
+        self.key_labels, self.start, self.step = key_labels, grid_start, step
+        self.keys: dict[tuple[str, ...], int] = {}
+        self.points: dict[str, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+        self.row_labels: list[tuple[int, np.ndarray, tuple[str, ...]]] = []
+
+    def add(self, column: str, series: dict, row_labels: tuple[str, ...] = ()) -> None:
+        metric = series["metric"]
+        key = tuple(metric.get(n, "") for n in self.key_labels)
+        k = self.keys.setdefault(key, len(self.keys))
+        values = np.asarray(series["values"], dtype=object).reshape(-1, 2)
+        index = np.rint((values[:, 0].astype(np.float64) - self.start) / self.step).astype(np.int64)
+        self.points.setdefault(column, []).append((k, index, values[:, 1].astype(np.float64)))
+        if row_labels:
+            self.row_labels.append((k, index, tuple(metric.get(n, "") for n in row_labels)))
+
+    def frame(self, columns: dict[str, str], n_times: int, row_label_names: tuple[str, ...] = ()) -> pd.DataFrame:
+        n_keys = len(self.keys)
+        present = np.zeros((n_times, n_keys), dtype=bool)
+        data = {}
+        for column, dtype in columns.items():
+            values = np.full((n_times, n_keys), np.nan)
+            for k, index, v in self.points.get(column, ()):
+                values[index, k] = v
+                present[index, k] = True
+            data[column] = (values, dtype)
+        codes = np.full((n_times, n_keys), -1, dtype=np.int64)
+        row_sets: dict[tuple[str, ...], int] = {}
+        for k, index, labels in self.row_labels:
+            codes[index, k] = row_sets.setdefault(labels, len(row_sets))
+        rows = present.ravel()
+        time_index, key_index = np.divmod(np.flatnonzero(rows), n_keys)
+        frame = pd.DataFrame({"t": self.start + time_index * self.step})
+        key_table = list(self.keys) or [("",) * len(self.key_labels)]
+        for position, name in enumerate(self.key_labels):
+            categories = pd.Categorical([key[position] for key in key_table])
+            frame[name] = pd.Categorical.from_codes(categories.codes[key_index], categories.categories)
+        row_table = list(row_sets) + [("",) * len(row_label_names)]
+        row_codes = codes.ravel()[rows]
+        for position, name in enumerate(row_label_names):
+            categories = pd.Categorical([labels[position] for labels in row_table])
+            frame[name] = pd.Categorical.from_codes(categories.codes[row_codes], categories.categories)
+        for column, (values, dtype) in data.items():
+            frame[column] = values.ravel()[rows].astype(dtype)
+        return frame
+
+
+def _table_columns(table: str) -> dict[str, str]:
+    return {c: "<" + d for c, d in TABLES[table][1].items()}
+
+
+def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: float, first: float) -> Frames:
+    n_times = max(0, int(round((window.end - first) / step)) + 1) if first <= window.end else 0
+    if n_times == 0 or not any(results.values()):
+        return _empty(window, step)
+    dense = {table: _Dense(keys, first, step) for table, keys in _KEYS.items()}
+    for (table, column), answer in results.items():
+        row_labels = L.POD_LABELS if table == "gpu" and column not in ("up", "nvlink_tx_bytes", "nvlink_rx_bytes",
+                                                                          "xid_total") else ()
+        for series in answer:
+            dense[table].add(column, series, row_labels)
+    dcgm_only = not results.get(("gpu", "up")) and bool(dense["gpu"].keys)
+    gpu = dense["gpu"].frame(_table_columns("gpu"), n_times, L.POD_LABELS)
+    gpu = gpu[column_order("gpu")]
+    if dcgm_only:
+        gpu = _label_jobs(gpu)
+        alloc = _alloc_from_pods(gpu)
+    else:
+        gpu["xid_total"] = gpu["xid_total"].fillna(0.0).astype(gpu["xid_total"].dtype)
+        alloc = dense["alloc"].frame(_table_columns("alloc"), n_times)
+    node = dense["node"].frame({"_info": "<f8"}, n_times).drop(columns="_info")
+    node = _node_cpu(node, results.get(("node", "cpu_utilization"), []), first, step)
+    rank = dense["rank"].frame(_table_columns("rank"), n_times)
+    pod_cpu = dense["pod_cpu"].frame(_table_columns("pod_cpu"), n_times)
+    xid = dense["xid"].frame(_table_columns("xid"), n_times)
+    tables = {"gpu": gpu, "alloc": alloc[column_order("alloc")], "rank": rank[column_order("rank")],
+              "node": node[column_order("node")], "pod_cpu": pod_cpu[column_order("pod_cpu")],
+              "xid": xid[column_order("xid")]}
+    return Frames(window=window, step_s=step, missing=missing_signals(gpu, rank, node, dcgm_only),
+                  simulated=is_simulated(gpu), **tables)
+
+
+def _node_cpu(node: pd.DataFrame, answer: list[dict], first: float, step: float) -> pd.DataFrame:
+    """CPU utilization is per Hostname: joined onto the node-info rows by host and time."""
+    cpu = _Dense((L.HOSTNAME,), first, step)
+    for series in answer:
+        cpu.add("cpu_utilization", series)
+    n_times = int(round((node["t"].max() - first) / step)) + 1 if len(node) else 0
+    by_host = cpu.frame({"cpu_utilization": "<f4"}, n_times) if cpu.keys and n_times else None
+    if by_host is None:
+        node["cpu_utilization"] = np.float32(np.nan)
+        return node
+    by_host[L.HOSTNAME] = by_host[L.HOSTNAME].astype(str)
+    merged = node.assign(_host=node[L.HOSTNAME].astype(str)).merge(
+        by_host.rename(columns={L.HOSTNAME: "_host"}), on=["t", "_host"], how="left")
+    return merged.drop(columns="_host")
+
+
+def _label_jobs(gpu: pd.DataFrame) -> pd.DataFrame:
+    """dcgm-exporter labels pods, not jobs: name the job after the pod."""
+    pods = gpu[L.POD].astype(str)
+    jobs = gpu[L.TRAINING_JOB].astype(str)
+    derived = pods.map(job_from_pod) if len(pods) else pods
+    gpu[L.TRAINING_JOB] = pd.Categorical(jobs.where(jobs != "", derived))
+    gpu["up"] = gpu["up"].astype("<f4")
+    return gpu
+
+
+def _alloc_from_pods(gpu: pd.DataFrame) -> pd.DataFrame:
+    held = gpu[gpu[L.POD].astype(str) != ""]
+    alloc = held[[c for c in column_order("alloc") if c != "share"]].copy()
+    alloc["share"] = np.float32(1.0)
+    return alloc.reset_index(drop=True)
+
+
+def _empty(window: Window, step: float) -> Frames:
+    tables = {}
+    for name, (labels, columns) in TABLES.items():
+        frame = {"t": pd.Series(dtype="f8"), **{n: pd.Categorical([]) for n in labels}}
+        frame.update({c: pd.Series(dtype=d) for c, d in columns.items()})
+        tables[name] = pd.DataFrame(frame)[column_order(name)]
+    return Frames(window=window, step_s=step, **tables)

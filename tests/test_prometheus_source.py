@@ -1,0 +1,209 @@
+"""PrometheusSource against a real Prometheus: a simulated fleet back-filled with
+promtool gives the same frames as the recording it came from; errors are one line."""
+import contextlib
+import http.server
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from agent.recording import TABLES
+from analyzer.frames import Window
+from analyzer.openmetrics import write_openmetrics
+from analyzer.simulate import Spec, simulate
+from analyzer.sources import PrometheusError, PrometheusSource, RecordingSource
+from analyzer.sources.prometheus import job_from_pod, selector
+from tests.conftest import free_port, require
+from tests.processes import prometheus
+
+pytestmark = pytest.mark.slow
+STEP = 15.0
+
+
+def backfill(tmp, recording: str, window: Window | None = None) -> str:
+    om = tmp / "fleet.om"
+    with open(om, "w", encoding="utf-8") as fh:
+        write_openmetrics(recording, fh, window)
+    data = tmp / "tsdb"
+    subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(om), str(data)],
+                   check=True, capture_output=True)
+    return str(data)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """A small simulated fleet ending two minutes ago, back-filled into a running Prometheus."""
+    tmp = tmp_path_factory.mktemp("prom")
+    end = time.time() // STEP * STEP - 120
+    recording = str(tmp / "rec")
+    simulate(recording, Spec(nodes=2, gpus_per_node=4, hours=1.0, step_s=STEP, seed=3, end=end))
+    with prometheus(tmp, storage=backfill(tmp, recording)) as prom:
+        yield prom.url, recording, Window(end - 3600 + STEP, end)
+
+
+def canonical(frame: pd.DataFrame, table: str) -> pd.DataFrame:
+    labels = list(TABLES[table][0])
+    out = frame.copy()
+    for name in labels:
+        out[name] = out[name].astype(str)
+    return out.sort_values(["t", *labels], ignore_index=True)
+
+
+def assert_same_tables(a, b) -> None:
+    for table, (labels, columns) in TABLES.items():
+        x, y = canonical(getattr(a, table), table), canonical(getattr(b, table), table)
+        assert len(x) == len(y), table
+        assert list(x.columns) == list(y.columns), table
+        pd.testing.assert_frame_equal(x[["t", *labels]], y[["t", *labels]], obj=table)
+        for column, dtype in columns.items():
+            assert x[column].dtype == y[column].dtype == np.dtype(dtype), (table, column)
+            np.testing.assert_allclose(x[column].to_numpy(np.float64), y[column].to_numpy(np.float64),
+                                       rtol=1e-12, equal_nan=True, err_msg=f"{table}.{column}")
+
+
+def test_backfilled_prometheus_gives_the_recordings_frames(fleet):
+    url, recording, window = fleet
+    from_prometheus = PrometheusSource(url).frames(window)
+    from_recording = RecordingSource(recording).frames(window)
+    assert from_prometheus.step_s == from_recording.step_s == STEP
+    assert from_prometheus.missing == from_recording.missing == ()
+    assert from_prometheus.simulated and from_recording.simulated
+    assert len(from_recording.gpu) == 8 * 240 and from_recording.rank["loss"].isna().any()
+    assert_same_tables(from_prometheus, from_recording)
+
+
+def test_long_windows_come_in_chunks_with_the_same_result(fleet):
+    url, recording, window = fleet
+    chunked = PrometheusSource(url, chunk_points=7).frames(window)
+    assert_same_tables(chunked, RecordingSource(recording).frames(window))
+
+
+def test_a_coarser_step_keeps_counters_exact(fleet):
+    url, recording, window = fleet
+    source = PrometheusSource(url, min_step_s=60.0)
+    frames = source.frames(window)
+    assert frames.step_s == 60.0 and set(frames.gpu["t"] % 60.0) == {0.0}
+    rec = RecordingSource(recording).frames(window).rank
+    # Each step carries the series' last sample within it: the counter as it stood then.
+    merged = pd.merge_asof(canonical(frames.rank, "rank"), canonical(rec, "rank"), on="t",
+                           by=list(TABLES["rank"][0]), direction="backward")
+    assert len(merged) == len(frames.rank) > 0
+    np.testing.assert_array_equal(merged["steps_x"], merged["steps_y"])
+
+
+def test_label_values_cannot_change_the_query(fleet):
+    url, _, window = fleet
+    evil = 'x"} or vector(1) #'
+    assert selector("burnrate_train_loss", training_job=evil) == \
+        'burnrate_train_loss{training_job="x\\"} or vector(1) #"}'
+    frames = PrometheusSource(url, matchers={"training_job": evil}).frames(window)
+    assert frames.rank.empty and frames.alloc.empty
+
+
+def test_matchers_restrict_every_query(fleet):
+    url, recording, window = fleet
+    job = str(RecordingSource(recording).frames(window).rank["training_job"].iloc[0])
+    frames = PrometheusSource(url, matchers={"training_job": job}).frames(window)
+    assert set(frames.rank["training_job"].astype(str)) == {job}
+    assert set(frames.alloc["training_job"].astype(str)) == {job}
+
+
+def test_an_empty_window_gives_empty_frames(fleet):
+    url, _, _ = fleet
+    long_ago = Window(1_000_000_000.0, 1_000_003_600.0)
+    frames = PrometheusSource(url).frames(long_ago)
+    assert all(getattr(frames, t).empty for t in TABLES) and frames.missing == ()
+    assert list(frames.gpu.columns) == ["t", *TABLES["gpu"][1], *TABLES["gpu"][0]]
+
+
+def test_dcgm_exporter_only_cluster(tmp_path):
+    """Only DCGM_* series: allocation from their pod labels, the job from the pod's name."""
+    now = time.time() // STEP * STEP - 60
+    lines = ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
+    for k in range(20):
+        t = now - (19 - k) * STEP
+        lines.append(f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-a",Hostname="n1",modelName="NVIDIA H100",'
+                     f'namespace="ml",pod="llm-worker-3",container="pytorch",instance="n1:9400",job="dcgm"}} 97 {t}')
+        lines.append(f'DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="GPU-b",Hostname="n1",modelName="NVIDIA H100",'
+                     f'instance="n1:9400",job="dcgm"}} 0 {t}')
+    (tmp_path / "dcgm.om").write_text("\n".join(lines) + "\n# EOF\n")
+    data = tmp_path / "tsdb"
+    subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "dcgm.om"),
+                    str(data)], check=True, capture_output=True)
+    with prometheus(tmp_path, storage=str(data)) as prom:
+        frames = PrometheusSource(prom.url).frames(Window(now - 19 * STEP, now))
+    assert len(frames.gpu) == 40 and frames.gpu["up"].isna().all()
+    assert set(frames.alloc["training_job"].astype(str)) == {"llm"} and len(frames.alloc) == 20
+    assert (frames.alloc["share"] == 1.0).all() and frames.rank.empty
+    assert "training telemetry" in frames.missing and "node pricing labels" in frames.missing
+    assert "instance" not in frames.gpu.columns
+
+
+def test_job_from_pod():
+    assert job_from_pod("llm-7b-worker-12") == "llm-7b"
+    assert job_from_pod("llm-7b-master-0") == "llm-7b"
+    assert job_from_pod("notebook-0") == "notebook-0"
+
+
+def test_unreachable_prometheus_is_one_line():
+    source = PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_s=2)
+    with pytest.raises(PrometheusError, match="cannot reach Prometheus at http://127.0.0.1") as err:
+        source.frames(Window(time.time() - 60, time.time()))
+    assert "\n" not in str(err.value)
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    status, body, delay = 200, b"", 0.0
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        time.sleep(self.delay)
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def answering(status: int, body: bytes, delay: float = 0.0):
+    handler = type("Handler", (_Answer,), {"status": status, "body": body, "delay": delay})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("status, body, message", [
+    (400, b'{"status":"error","errorType":"bad_data","error":"parse error at char 5"}',
+     "answered HTTP 400: bad_data: parse error at char 5"),
+    (503, b"Service Unavailable\n", "answered HTTP 503: Service Unavailable"),
+    (200, b"<html>proxy login</html>", "not JSON"),
+    (200, b'{"status":"error","errorType":"execution","error":"query timed out"}', "execution: query timed out"),
+])
+def test_prometheus_errors_are_one_line(status, body, message):
+    with answering(status, body) as url:
+        with pytest.raises(PrometheusError, match=message) as err:
+            PrometheusSource(url).frames(Window(time.time() - 60, time.time()))
+    assert "\n" not in str(err.value)
+
+
+def test_a_slow_prometheus_times_out():
+    with answering(200, b"{}", delay=3.0) as url:
+        with pytest.raises(PrometheusError, match="did not answer within 0.5 s"):
+            PrometheusSource(url, timeout_s=0.5, workers=1).frames(Window(time.time() - 60, time.time()))
+
+
+def test_real_prometheus_rejecting_a_query_is_one_line(fleet):
+    url, _, window = fleet
+    with pytest.raises(PrometheusError, match="HTTP 400: bad_data") as err:
+        PrometheusSource(url).query_range("sum(", window.start, window.end, STEP)
+    assert "\n" not in str(err.value)
