@@ -1,0 +1,134 @@
+"""`burnrate analyze`: findings and per-job cost for a window, from Prometheus or a
+recording; `--serve` keeps re-evaluating and exports the results as metrics."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from burnrate.cli import UserError
+
+from .cost import AdviceConfig
+from .frames import Frames, Window
+from .pricing import Catalog, PricingError, load_catalog
+from .timeparse import parse_duration, resolve_window
+
+FORMATS = ("table", "json", "csv")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus (or Thanos/Mimir) base URL")
+    src.add_argument("--recording", metavar="DIR", help="a recording from `burnrate agent --record` or `simulate`")
+    parser.add_argument("--since", metavar="DURATION", help="window up to now, e.g. 90m, 2h, 7d (default 24h; "
+                        "a recording defaults to all of it)")
+    parser.add_argument("--start", metavar="T", help="window start: ISO-8601 or unix seconds")
+    parser.add_argument("--end", metavar="T", help="window end (default: now)")
+    parser.add_argument("--pricing", metavar="FILE", help="YAML price overrides per instance type, GPU model or node")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    parser.add_argument("--checkpoint-seconds", type=float, metavar="S",
+                        help="time to write one checkpoint; enables Young's checkpoint-interval advice")
+    auth = parser.add_argument_group("Prometheus connection")
+    auth.add_argument("--bearer-token-file", metavar="FILE", help="send the token in this file as a bearer token")
+    auth.add_argument("--basic-auth-user", metavar="USER", help="HTTP basic auth user")
+    auth.add_argument("--basic-auth-password-file", metavar="FILE", help="HTTP basic auth password file")
+    auth.add_argument("--ca-file", metavar="FILE", help="CA bundle to verify Prometheus' TLS certificate")
+    auth.add_argument("--insecure-skip-verify", action="store_true", help="do not verify the TLS certificate")
+    auth.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-request timeout (default 30)")
+    serve = parser.add_argument_group("long-running mode")
+    serve.add_argument("--serve", action="store_true",
+                       help="re-evaluate every --interval and export findings and costs on /metrics")
+    serve.add_argument("--listen", default="0.0.0.0:9401", metavar="HOST:PORT",
+                       help="where --serve listens (default 0.0.0.0:9401)")
+    serve.add_argument("--interval", type=float, default=300.0, metavar="S",
+                       help="seconds between evaluations in --serve (default 300)")
+
+
+def _read_secret(path: str | None, what: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
+
+
+def _source(args: argparse.Namespace):
+    from .recording import RecordingError
+    from .sources import PrometheusSource, RecordingSource
+
+    if args.recording is not None:
+        try:
+            return RecordingSource(args.recording)
+        except RecordingError as exc:
+            raise UserError(str(exc)) from None
+    if args.basic_auth_password_file and not args.basic_auth_user:
+        raise UserError("--basic-auth-password-file needs --basic-auth-user")
+    if args.timeout <= 0:
+        raise UserError("--timeout must be positive")
+    try:
+        return PrometheusSource(
+            args.prometheus, timeout_s=args.timeout,
+            bearer_token=_read_secret(args.bearer_token_file, "bearer token file"),
+            basic_auth=(args.basic_auth_user, _read_secret(args.basic_auth_password_file, "password file") or "")
+            if args.basic_auth_user else None,
+            ca_file=args.ca_file, insecure=args.insecure_skip_verify)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot use Prometheus at {args.prometheus}: {exc}") from None
+
+
+def window_of(args: argparse.Namespace, now: float | None = None) -> Window | None:
+    """The requested window; a Prometheus query defaults to the last 24 hours, a
+    recording to everything in it (None)."""
+    try:
+        window = resolve_window(args.since, args.start, args.end, now=now)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if window is None and args.prometheus is not None:
+        now = time.time() if now is None else now
+        window = Window(now - parse_duration("24h"), now)
+    return window
+
+
+def load_frames(args: argparse.Namespace, source=None) -> Frames:
+    from .sources import PrometheusError
+
+    source = source or _source(args)
+    window = window_of(args)
+    progress = args.format == "table" and sys.stderr.isatty()
+    if progress:
+        print("burnrate analyze: reading metrics…", file=sys.stderr, end="", flush=True)
+    try:
+        frames = source.frames(window)
+    except (PrometheusError, OSError, ValueError) as exc:
+        raise UserError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    finally:
+        if progress:
+            print("\r\033[K", file=sys.stderr, end="", flush=True)
+    return frames
+
+
+def catalog_of(args: argparse.Namespace) -> Catalog:
+    try:
+        return load_catalog(args.pricing)
+    except PricingError as exc:
+        raise UserError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from .report import analyze, render_csv, render_json, render_table
+
+    if args.checkpoint_seconds is not None and args.checkpoint_seconds <= 0:
+        raise UserError("--checkpoint-seconds must be positive")
+    catalog = catalog_of(args)
+    advice = AdviceConfig(checkpoint_seconds=args.checkpoint_seconds)
+    if args.serve:
+        from .serve import serve
+        if args.interval <= 0:
+            raise UserError("--interval must be positive")
+        return serve(args, catalog, advice)
+    report = analyze(load_frames(args), catalog, advice=advice)
+    render = {"table": render_table, "json": render_json, "csv": render_csv}[args.format]
+    sys.stdout.write(render(report))
+    return 0

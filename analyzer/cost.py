@@ -1,0 +1,267 @@
+"""Dollars per job: allocation × duration × the node's real price, the on-demand
+equivalent, unit costs, waste by cause, and capacity and checkpoint advice.
+
+A GPU-hour is weighted by the allocation's share, so a MIG slice costs its
+fraction of the GPU and a time-sliced replica its share of it. Whatever cannot be
+known (no price for a node, no telemetry for steps or tokens) is None.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .detectors.views import Views
+from .findings import KINDS, Finding
+from .frames import Frames
+from .pricing import ON_DEMAND, SPOT, Catalog
+
+# Meta's Llama 3 paper ("The Llama 3 Herd of Models", 2024, §3.3.4): 419 unexpected
+# interruptions in 54 days on 16,384 H100 GPUs, i.e. one per ~50,700 GPU-hours.
+HARDWARE_FAILURES_PER_GPU_HOUR = 419 / (16384 * 54 * 24)
+
+
+@dataclass(frozen=True)
+class AdviceConfig:
+    spot_interruptions_per_node_month: float = 0.05
+    """Share of spot instances interrupted per month. AWS's Spot Instance Advisor
+    puts most instance types in its lowest band (under 5% a month); GPU types in
+    tight regions run higher, so set your own from the advisor."""
+    restart_seconds: float = 600.0
+    """Time to get a replacement node, reschedule the pods and load the checkpoint."""
+    checkpoint_seconds: float | None = None
+    """Time to write one checkpoint; when known, Young's interval is given."""
+
+
+@dataclass(frozen=True)
+class JobCost:
+    namespace: str
+    training_job: str
+    gpus: float
+    gpu_hours: float
+    capacity_type: str
+    cost_dollars: float | None
+    on_demand_cost_dollars: float | None
+    steps: float | None
+    tokens: float | None
+    cost_per_step: float | None
+    cost_per_billion_tokens: float | None
+    mfu: float | None
+    waste_dollars: dict[str, float] = field(default_factory=dict)
+    advice: dict[str, object] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        gpus = int(self.gpus) if float(self.gpus).is_integer() else round(self.gpus, 4)
+        return {
+            "namespace": self.namespace, "training_job": self.training_job, "gpus": gpus,
+            "gpu_hours": _round(self.gpu_hours), "capacity_type": self.capacity_type,
+            "cost_dollars": _round(self.cost_dollars), "steps": _round(self.steps, 0),
+            "tokens": _round(self.tokens, 0), "cost_per_step": _round(self.cost_per_step, 6),
+            "cost_per_billion_tokens": _round(self.cost_per_billion_tokens), "mfu": _round(self.mfu),
+            "waste_dollars": {k: _round(v) for k, v in self.waste_dollars.items()},
+            "on_demand_cost_dollars": _round(self.on_demand_cost_dollars),
+            "advice": self.advice,
+        }
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return round(float(value), digits) if digits else float(round(value))
+
+
+@dataclass(frozen=True)
+class GpuPrices:
+    """Per gpu-grid row: $ per GPU-hour at the node's capacity type and on-demand."""
+
+    actual: np.ndarray
+    on_demand: np.ndarray
+    spot: np.ndarray
+    capacity: np.ndarray        # capacity type of each GPU's node
+
+
+def gpu_prices(views: Views, catalog: Catalog) -> GpuPrices:
+    labels = views.gpu.keys
+    nodes = views.nodes
+    actual = np.full(len(labels), np.nan)
+    on_demand = np.full(len(labels), np.nan)
+    spot = np.full(len(labels), np.nan)
+    capacity = np.full(len(labels), "unknown", dtype=object)
+    for i, (host, model) in enumerate(zip(labels["Hostname"], labels["modelName"])):
+        itype, cap, node_model = "", "unknown", ""
+        if host in nodes.index:
+            node = nodes.loc[host]
+            itype, cap, node_model = node["instance_type"], node["capacity_type"], node["gpu_model"]
+        rate = catalog.rate(host, itype, model) or catalog.rate(host, itype, node_model)
+        capacity[i] = cap
+        if rate is not None:
+            actual[i] = _nan(rate.at(cap))
+            on_demand[i] = _nan(rate.at(ON_DEMAND))
+            spot[i] = _nan(rate.at(SPOT))
+    return GpuPrices(actual, on_demand, spot, capacity)
+
+
+def _nan(value: float | None) -> float:
+    return np.nan if value is None else value
+
+
+def price_findings(findings: list[Finding], views: Views, prices: GpuPrices,
+                   job_rates: dict[tuple[str, str], float]) -> list[Finding]:
+    """Wasted dollars: the finding's GPU's rate when it names one, else its job's mean rate."""
+    row_of = {(h, g): i for i, (h, g) in enumerate(zip(views.gpu.keys["Hostname"], views.gpu.keys["gpu"]))}
+    out = []
+    for f in findings:
+        rate = np.nan
+        if f.hostname is not None and f.gpu is not None and (f.hostname, f.gpu) in row_of:
+            rate = prices.actual[row_of[(f.hostname, f.gpu)]]
+        elif f.job is not None:
+            rate = job_rates.get(f.job, np.nan)
+        dollars = None if f.wasted_gpu_hours is None or not np.isfinite(rate) else f.wasted_gpu_hours * rate
+        out.append(replace(f, wasted_dollars=dollars))
+    return out
+
+
+def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = (),
+              advice: AdviceConfig = AdviceConfig()) -> tuple[list[JobCost], list[Finding]]:
+    """Per-job costs, and the findings with their wasted dollars filled in."""
+    v = Views.of(data)
+    prices = gpu_prices(v, catalog)
+    alloc = v.alloc
+    rows_of = v.job_rows(alloc)
+    rank_rows = v.job_rows(v.rank)
+    gpu_row = alloc.keys["gpu_row"].to_numpy() if alloc.size else np.zeros(0, np.int64)
+    share = np.nan_to_num(alloc.values["share"]) if alloc.size else np.zeros((0, v.n))
+    hours_by_row = share.sum(axis=1) * v.step / 3600
+
+    def per_row(table: np.ndarray) -> np.ndarray:
+        out = np.full(len(gpu_row), np.nan)
+        ok = gpu_row >= 0
+        out[ok] = table[gpu_row[ok]]
+        return out
+
+    actual, on_demand = per_row(prices.actual), per_row(prices.on_demand)
+    jobs: dict[tuple[str, str], dict] = {}
+    for job, rows in rows_of.items():
+        hours = float(hours_by_row[rows].sum())
+        cost = _sum_known(hours_by_row[rows] * actual[rows], hours_by_row[rows])
+        od = _sum_known(hours_by_row[rows] * on_demand[rows], hours_by_row[rows])
+        caps = {prices.capacity[g] for g in gpu_row[rows] if g >= 0}
+        jobs[job] = {"rows": rows, "gpu_hours": hours, "cost": cost, "on_demand": od,
+                     "gpus": float(share[rows].sum(axis=0).max()) if len(rows) else 0.0,
+                     "capacity": caps.pop() if len(caps) == 1 else ("mixed" if caps else "unknown")}
+    rates = {job: j["cost"] / j["gpu_hours"] for job, j in jobs.items()
+             if j["cost"] is not None and j["gpu_hours"] > 0}
+    priced = price_findings(list(findings), v, prices, rates)
+    out = []
+    for job in sorted(set(jobs) | set(rank_rows)):
+        j = jobs.get(job, {"rows": np.zeros(0, np.int64), "gpu_hours": 0.0, "cost": None, "on_demand": None,
+                           "gpus": 0.0, "capacity": "unknown"})
+        steps, tokens, mfu = _training(v, rank_rows.get(job))
+        cost = j["cost"]
+        waste = {k: 0.0 for k in KINDS if k != "unallocated_gpu"}
+        for f in priced:
+            if f.job == job and f.wasted_dollars is not None:
+                waste[f.kind] = waste.get(f.kind, 0.0) + f.wasted_dollars
+        out.append(JobCost(
+            namespace=job[0], training_job=job[1], gpus=round(j["gpus"], 4), gpu_hours=j["gpu_hours"],
+            capacity_type=j["capacity"], cost_dollars=cost, on_demand_cost_dollars=j["on_demand"],
+            steps=steps, tokens=tokens,
+            cost_per_step=cost / steps if cost is not None and steps else None,
+            cost_per_billion_tokens=cost / (tokens / 1e9) if cost is not None and tokens else None,
+            mfu=mfu, waste_dollars=waste,
+            advice=_advice(v, j, prices, gpu_row, rank_rows.get(job), advice),
+        ))
+    return out, priced
+
+
+def _sum_known(dollars: np.ndarray, hours: np.ndarray) -> float | None:
+    """Total dollars, or None when any GPU-hour of the job has no price."""
+    used = hours > 0
+    if not used.any():
+        return 0.0
+    if not np.isfinite(dollars[used]).all():
+        return None
+    return float(dollars[used].sum())
+
+
+def _training(v: Views, rows: np.ndarray | None) -> tuple[float | None, float | None, float | None]:
+    """Steps (each rank counts every step: the most any rank number made), tokens
+    (summed over ranks, each processes its own), and MFU while steps were made."""
+    rank = v.rank
+    if rows is None or not len(rows):
+        return None, None, None
+    steps = None
+    if "steps" in rank.values:
+        per_series = np.nansum(rank.values["steps"][rows], axis=1, dtype=np.float64)
+        by_rank: dict[str, float] = {}
+        for name, made in zip(rank.keys["rank"].to_numpy()[rows], per_series):
+            by_rank[name] = by_rank.get(name, 0.0) + float(made)
+        steps = max(by_rank.values())
+    tokens = float(np.nansum(rank.values["tokens"][rows], dtype=np.float64)) if "tokens" in rank.values else None
+    mfu = None
+    if "mfu" in rank.values and "steps" in rank.values:
+        values = rank.values["mfu"][rows]
+        working = (np.nan_to_num(rank.values["steps"][rows]) > 0) & np.isfinite(values)
+        mfu = float(values[working].mean()) if working.any() else None
+    return steps, tokens or None, mfu
+
+
+def young_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
+    """Young's optimal checkpoint interval τ = √(2·C·MTBF) (Young, 1974)."""
+    return math.sqrt(2.0 * checkpoint_seconds * mtbf_seconds)
+
+
+def spot_or_on_demand(hours: float, gpus: float, nodes: int, spot_rate: float, on_demand_rate: float,
+                      lost_seconds: float, config: AdviceConfig) -> dict[str, object]:
+    """On-demand when the expected cost of interruptions (work lost since the last
+    checkpoint plus the restart, paid again at the spot rate) exceeds what spot saves."""
+    per_hour = nodes * config.spot_interruptions_per_node_month / 730.0
+    interruptions = per_hour * hours
+    retry_hours = interruptions * (lost_seconds + config.restart_seconds) / 3600
+    spot_total = spot_rate * gpus * (hours + retry_hours)
+    on_demand_total = on_demand_rate * gpus * hours
+    return {"capacity": "spot" if spot_total < on_demand_total else "on-demand",
+            "expected_spot_interruptions": round(interruptions, 4),
+            "expected_spot_dollars": round(spot_total, 2), "on_demand_dollars": round(on_demand_total, 2)}
+
+
+def _checkpoint_interval(v: Views, rows: np.ndarray | None) -> float | None:
+    """Median time between successive checkpoints the job reported."""
+    rank = v.rank
+    if rows is None or "last_checkpoint_time" not in rank.values:
+        return None
+    values = rank.values["last_checkpoint_time"][rows]
+    seen = np.unique(values[np.isfinite(values) & (values > 0)])
+    return float(np.median(np.diff(seen))) if len(seen) > 2 else None
+
+
+def _advice(v: Views, job: dict, prices: GpuPrices, gpu_row: np.ndarray, rank_rows: np.ndarray | None,
+            config: AdviceConfig) -> dict[str, object]:
+    rows = job["rows"]
+    gpus = job["gpus"]
+    share = np.nan_to_num(v.alloc.values["share"][rows]) if len(rows) else np.zeros((0, v.n))
+    hours = float((share.sum(axis=0) > 0).sum() * v.step / 3600)
+    g = gpu_row[rows]
+    g = g[g >= 0]
+    hosts = {v.gpu.keys["Hostname"].iloc[i] for i in g}
+    observed = _checkpoint_interval(v, rank_rows)
+    mtbf_s = 3600 / (gpus * HARDWARE_FAILURES_PER_GPU_HOUR
+                     + len(hosts) * config.spot_interruptions_per_node_month / 730.0) if gpus > 0 else None
+    out: dict[str, object] = {
+        "observed_checkpoint_interval_s": observed,
+        "mtbf_hours_on_spot": round(mtbf_s / 3600, 1) if mtbf_s else None,
+        "checkpoint_interval_s": (round(young_interval(config.checkpoint_seconds, mtbf_s))
+                                  if config.checkpoint_seconds and mtbf_s else None),
+        "capacity": None,
+    }
+    if not len(g) or hours <= 0:
+        return out
+    od = float(np.mean(prices.on_demand[g])) if np.isfinite(prices.on_demand[g]).all() else None
+    spot = float(np.mean(prices.spot[g])) if np.isfinite(prices.spot[g]).all() else None
+    if od is None or spot is None or any(prices.capacity[i] not in ("spot", "on-demand") for i in g):
+        return out
+    # Work lost per interruption: half a checkpoint interval; with none seen, half the run.
+    interval = observed or out["checkpoint_interval_s"] or hours * 3600
+    out.update(spot_or_on_demand(hours, gpus, len(hosts), spot, od, float(interval) / 2, config))
+    return out

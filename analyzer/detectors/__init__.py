@@ -1,0 +1,70 @@
+"""The detectors: one module per finding kind (CONTRACT §4), each a pure function
+`detect(frames_or_views, config) -> list[Finding]` with its thresholds in that
+module's `Config` dataclass.
+
+`detect_all` runs them over one shared set of views and drops findings another
+finding already explains, so that one problem is reported (and its waste counted)
+once: a hung job's idle GPUs are the stall.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from ..findings import Finding
+from ..frames import Frames
+from . import (dataloader_starvation, diverging, gpu_error, idle_gpu, low_mfu, stalled, straggler,
+               thermal_throttle, unallocated_gpu)
+from .views import Views
+
+DETECTORS: dict[str, Callable[..., list[Finding]]] = {
+    "dataloader_starvation": dataloader_starvation.detect,
+    "idle_gpu": idle_gpu.detect,
+    "unallocated_gpu": unallocated_gpu.detect,
+    "straggler": straggler.detect,
+    "stalled": stalled.detect,
+    "diverging": diverging.detect,
+    "thermal_throttle": thermal_throttle.detect,
+    "gpu_error": gpu_error.detect,
+    "low_mfu": low_mfu.detect,
+}
+
+# kind -> kinds that, on the same job and overlapping in time, explain it.
+EXPLAINED_BY: dict[str, tuple[str, ...]] = {
+    "idle_gpu": ("stalled",),
+}
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    dataloader_starvation: dataloader_starvation.Config = field(default_factory=dataloader_starvation.Config)
+    idle_gpu: idle_gpu.Config = field(default_factory=idle_gpu.Config)
+    unallocated_gpu: unallocated_gpu.Config = field(default_factory=unallocated_gpu.Config)
+    straggler: straggler.Config = field(default_factory=straggler.Config)
+    stalled: stalled.Config = field(default_factory=stalled.Config)
+    diverging: diverging.Config = field(default_factory=diverging.Config)
+    thermal_throttle: thermal_throttle.Config = field(default_factory=thermal_throttle.Config)
+    gpu_error: gpu_error.Config = field(default_factory=gpu_error.Config)
+    low_mfu: low_mfu.Config = field(default_factory=low_mfu.Config)
+
+
+def detect_all(data: Frames | Views, config: DetectorConfig = DetectorConfig()) -> list[Finding]:
+    views = Views.of(data)
+    # Runs end one sample interval after their last sample; never past the window.
+    last = views.frames.window.end
+    found = [replace(f, end=max(min(f.end, last), f.start))
+             for kind, fn in DETECTORS.items() for f in fn(views, getattr(config, kind))]
+    kept = [f for f in found if not _explained(f, found)]
+    return sorted(kept, key=lambda f: (f.start, f.kind, f.namespace or "", f.training_job or "",
+                                       f.hostname or "", f.gpu or "", f.rank if f.rank is not None else -1))
+
+
+def _explained(finding: Finding, found: list[Finding]) -> bool:
+    causes = EXPLAINED_BY.get(finding.kind, ())
+    return finding.job is not None and any(
+        other.kind in causes and other.job == finding.job
+        and other.start < finding.end and finding.start < other.end
+        for other in found)
+
+
+__all__ = ["DETECTORS", "DetectorConfig", "Views", "detect_all"]

@@ -1,0 +1,133 @@
+"""`diverging`: training that has blown up; every step after it is wasted.
+
+Signals, strongest first: a non-finite loss or gradient norm; the loss at twice its
+recent mean for several reports in a row; gradient-norm spikes far above their
+recent level.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..findings import Finding, iso
+from ..frames import Frames
+from .views import Views, runs, trailing_mean
+
+KIND = "diverging"
+
+
+@dataclass(frozen=True)
+class Config:
+    loss_ratio: float = 2.0
+    """Loss at or above this multiple of its recent mean is a spike. Healthy loss
+    curves fall or wobble by percents between reports; doubling is not noise."""
+    loss_reports: int = 3
+    """...for this many consecutive reports, so that one bad batch does not count."""
+    history_minutes: float = 30.0
+    """The recent mean and median look back this far."""
+    grad_ratio: float = 10.0
+    """A gradient norm at this multiple of its recent mean is a spike (clipped
+    training runs near the clip value; an order of magnitude above is instability)."""
+    grad_reports: int = 3
+    """Spikes in this many consecutive reports fire."""
+
+
+def _first_finite_seen(values: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """True from the first finite report on: a gauge that was never set reads as NaN
+    in a recording, and only a NaN after real values is a diverged loss."""
+    return np.maximum.accumulate(present & np.isfinite(values), axis=1)
+
+
+def _consecutive(mask: np.ndarray, count: int) -> int:
+    """The first bin of the first run of `count` or more True bins, or -1."""
+    found = runs(mask[None], min_len=count)
+    return int(found["start"].iloc[0]) if len(found) else -1
+
+
+def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
+    v = Views.of(data)
+    rank = v.rank
+    if not rank.size or "loss" not in rank.values:
+        return []
+    history = max(int(config.history_minutes * 60 / v.step), 1)
+    alloc_rows = v.job_rows(v.alloc)
+    out = []
+    for job, rows in v.job_rows(rank).items():
+        present = rank.present[rows]
+        loss = rank.values["loss"][rows].astype(np.float64)
+        grad = rank.values["grad_norm"][rows].astype(np.float64) if "grad_norm" in rank.values else None
+        bad = present & _first_finite_seen(loss, present) & ~np.isfinite(loss)
+        if grad is not None:
+            bad |= present & _first_finite_seen(grad, present) & ~np.isfinite(grad)
+        onsets: dict[str, int] = {}
+        nonfinite = bad.any(axis=0)
+        if nonfinite.any():
+            onsets["non_finite"] = int(np.argmax(nonfinite))
+        # One loss per job: ranks report the same all-reduced loss, or their own; the median is robust.
+        job_loss = _job_median(loss, present)
+        mean = trailing_mean(job_loss[None], history)[0]
+        with np.errstate(invalid="ignore"):
+            spike = np.isfinite(job_loss) & (job_loss >= config.loss_ratio * mean)
+        at = _consecutive(spike, config.loss_reports)
+        if at >= 0:
+            onsets["loss_spike"] = at
+        if grad is not None:
+            job_grad = _job_median(grad, present)
+            gmean = trailing_mean(job_grad[None], history)[0]
+            with np.errstate(invalid="ignore"):
+                gspike = np.isfinite(job_grad) & (job_grad >= config.grad_ratio * gmean)
+            at = _consecutive(gspike, config.grad_reports)
+            if at >= 0:
+                onsets["grad_norm_spike"] = at
+        if not onsets:
+            continue
+        start = min(onsets.values())
+        end = int(np.nonzero(present.any(axis=0))[0].max()) + 1
+        if alloc_rows.get(job) is not None:
+            held = np.nan_to_num(v.alloc.values["share"][alloc_rows[job]]).sum(axis=0)
+            end = max(end, int(np.nonzero(held > 0)[0].max()) + 1) if (held > 0).any() else end
+            gpu_hours = float(held[start:end].sum() * v.step / 3600)
+        else:
+            gpu_hours = float(present[:, start:end].sum() * v.step / 3600)
+        evidence = {"signals": sorted(onsets, key=onsets.get),
+                    **{f"{name}_at": _iso(v, col) for name, col in onsets.items()},
+                    "loss_before": _last_finite(job_loss[:start]), "loss_after": _last(job_loss[start:end])}
+        if np.isfinite(mean[start]):
+            evidence["loss_recent_mean"] = float(mean[start])
+        if grad is not None:
+            finite = grad[:, start:end][np.isfinite(grad[:, start:end])]
+            if finite.size:
+                evidence["grad_norm_max"] = float(finite.max())
+        out.append(Finding(
+            kind=KIND, severity="critical" if "non_finite" in onsets else "warning",
+            start=float(v.time(start)), end=float(v.time(end)), namespace=job[0], training_job=job[1],
+            wasted_gpu_hours=gpu_hours, evidence=evidence,
+            recommendation="Stop the run and resume from the last checkpoint before the divergence with a lower "
+                           "learning rate (or longer warm-up) and gradient clipping; check the data around that step.",
+        ))
+    return out
+
+
+def _job_median(values: np.ndarray, present: np.ndarray) -> np.ndarray:
+    finite = np.where(present & np.isfinite(values), values, np.nan)
+    counts = np.isfinite(finite).sum(axis=0)
+    out = np.full(values.shape[1], np.nan)
+    cols = counts > 0
+    out[cols] = np.nanmedian(finite[:, cols], axis=0) if len(values) > 1 else finite[0, cols]
+    return out
+
+
+def _iso(v: Views, col: int) -> str:
+    return iso(float(v.time(col)))
+
+
+def _last_finite(values: np.ndarray) -> float | None:
+    ok = np.isfinite(values)
+    return float(values[ok][-1]) if ok.any() else None
+
+
+def _last(values: np.ndarray) -> float | None:
+    """The last value; a non-finite one is kept (as its name in JSON): it is the evidence."""
+    values = np.asarray(values, np.float64)
+    return float(values[-1]) if len(values) else None

@@ -1,0 +1,64 @@
+"""`idle_gpu`: a GPU held by a pod whose utilization stays near zero.
+
+The most common waste in shared clusters: notebooks and crashed-but-not-deleted
+jobs keep their GPUs while doing nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..findings import Finding
+from ..frames import Frames
+from .views import Views, fmean, runs
+
+KIND = "idle_gpu"
+
+
+@dataclass(frozen=True)
+class Config:
+    util_max_pct: float = 2.0
+    """Utilization at or below this is idle. NVML reports 0-1% for a GPU with only a
+    CUDA context and no kernels; 2% leaves room for a monitoring probe."""
+    min_minutes: float = 30.0
+    """Sustained this long. Shorter idle spells are start-up, checkpoint upload or
+    evaluation pauses; 30 min matches common idle-reaper defaults (e.g. Kubeflow
+    notebook culling checks in that range)."""
+    gap_minutes: float = 2.0
+    """A busy blip this short does not end an idle stretch."""
+    critical_hours: float = 4.0
+    """Idle this long is critical: a forgotten allocation, not a pause."""
+
+
+def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
+    v = Views.of(data)
+    alloc, gpu = v.alloc, v.gpu
+    if not alloc.size or "gpu_util" not in gpu.values:
+        return []
+    rows = alloc.keys["gpu_row"].to_numpy()
+    ok = rows >= 0
+    util = np.full((alloc.size, v.n), np.nan, np.float32)
+    util[ok] = gpu.values["gpu_util"][rows[ok]]
+    share = alloc.values["share"]
+    idle = (share > 0) & (util <= config.util_max_pct)
+    found = runs(idle, min_len=int(np.ceil(config.min_minutes * 60 / v.step)),
+                 max_gap=int(config.gap_minutes * 60 // v.step))
+    out = []
+    for r in found.itertuples(index=False):
+        k = alloc.keys.iloc[r.row]
+        span = slice(r.start, r.end)
+        held = np.nan_to_num(share[r.row, span])
+        hours = (r.end - r.start) * v.step / 3600
+        out.append(Finding(
+            kind=KIND, severity="critical" if hours >= config.critical_hours else "warning",
+            start=float(v.time(r.start)), end=float(v.time(r.end)),
+            namespace=k["namespace"], training_job=k["job"], hostname=k["Hostname"], gpu=k["gpu"],
+            pod=k["pod"], wasted_gpu_hours=float(held.sum() * v.step / 3600),
+            evidence={"idle_hours": hours, "mean_util_pct": fmean(util[r.row, span]),
+                      "share": float(np.nanmax(share[r.row, span])),
+                      "util_threshold_pct": config.util_max_pct},
+            recommendation="Release the GPU: delete the idle pod or give it an idle timeout "
+                           "(culling for notebooks, activeDeadlineSeconds or TTL for jobs).",
+        ))
+    return out

@@ -1,0 +1,94 @@
+"""`stalled`: a job that stopped making steps while it still holds its GPUs.
+
+A hung collective (one rank dead or deadlocked, the others spinning in NCCL at
+100%) or a wedged data pipeline (GPUs at 0%) look different on the GPU but the
+same in the step counter, which is what this reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..findings import Finding, iso
+from ..frames import Frames
+from .views import Views, fmean, runs
+
+KIND = "stalled"
+
+
+@dataclass(frozen=True)
+class Config:
+    interval_factor: float = 5.0
+    """No step for this many usual step intervals is a stall, not jitter."""
+    floor_minutes: float = 10.0
+    """...and never less than this: PyTorch's default NCCL collective timeout is
+    10 minutes, so a shorter pause can still be a slow collective, a checkpoint
+    save or an evaluation pass."""
+
+
+def _ffill_index(mask: np.ndarray) -> np.ndarray:
+    idx = np.where(mask, np.arange(mask.size), -1)
+    return np.maximum.accumulate(idx)
+
+
+def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
+    v = Views.of(data)
+    rank, alloc = v.rank, v.alloc
+    if not rank.size or "steps" not in rank.values:
+        return []
+    alloc_rows = v.job_rows(alloc)
+    util = v.gpu.values.get("gpu_util")
+    times = v.time(np.arange(v.n))
+    out = []
+    for job, rows in v.job_rows(rank).items():
+        steps = rank.values["steps"][rows]
+        held_rows = alloc_rows.get(job)
+        if held_rows is not None:
+            share = np.nan_to_num(alloc.values["share"][held_rows])
+            held = share.sum(axis=0)
+        else:
+            # No allocation data (a source without it): the ranks reporting are the holders.
+            held = rank.present[rows].sum(axis=0).astype(np.float64)
+        if not (held > 0).any():
+            continue
+        progress = (np.nan_to_num(steps) > 0).any(axis=0)
+        made = np.nansum(steps, axis=0)
+        if made.sum() <= 0:
+            continue
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_step = np.nansum(rank.values["step_s"][rows], axis=0) / made
+        usual = float(np.median(per_step[progress & np.isfinite(per_step)])) if progress.any() else 0.0
+        limit = max(config.interval_factor * usual, config.floor_minutes * 60)
+
+        seen = _ffill_index(progress)
+        first_held = int(np.argmax(held > 0))
+        last = np.where(seen >= 0, times[np.maximum(seen, 0)], times[first_held])
+        if "last_step_time" in rank.values:
+            reported = np.nanmax(np.where(rank.present[rows], rank.values["last_step_time"][rows], np.nan),
+                                 axis=0, initial=-np.inf)
+            reported = np.maximum.accumulate(np.nan_to_num(reported, nan=-np.inf))
+            last = np.maximum(last, reported)
+        stalled = (held > 0) & (times - last > limit)
+        for r in runs(stalled[None, :]).itertuples(index=False):
+            since = float(last[r.start])
+            begin = max(int(np.floor((since - v.start) / v.step)), 0)
+            span = slice(begin, r.end)
+            evidence = {"last_step": iso(since), "stalled_minutes": (v.time(r.end) - since) / 60,
+                        "usual_step_seconds": usual, "threshold_minutes": limit / 60,
+                        "gpus_held": float(held[r.start:r.end].max())}
+            if util is not None and held_rows is not None:
+                gpu_rows = alloc.keys["gpu_row"].to_numpy()[held_rows]
+                gpu_rows = gpu_rows[gpu_rows >= 0]
+                if len(gpu_rows):
+                    evidence["mean_util_pct"] = fmean(util[gpu_rows, r.start:r.end])
+            out.append(Finding(
+                kind=KIND, severity="critical", start=since, end=float(v.time(r.end)),
+                namespace=job[0], training_job=job[1],
+                wasted_gpu_hours=float(held[span].sum() * v.step / 3600), evidence=evidence,
+                recommendation="Restart the job from its last checkpoint and set a collective timeout "
+                               "(init_process_group timeout, TORCH_NCCL_ASYNC_ERROR_HANDLING=1) so a hang "
+                               "fails fast instead of holding the GPUs.",
+            ))
+    return out
+

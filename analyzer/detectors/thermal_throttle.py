@@ -1,0 +1,71 @@
+"""`thermal_throttle`: a GPU slowing its clocks because it runs too hot.
+
+NVML's clocks-event reasons name thermal slowdown explicitly (software 0x20,
+hardware 0x40); a low SM clock at the same time confirms it costs speed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..findings import Finding
+from ..frames import Frames
+from .views import Views, fmean, holder_of, runs
+
+KIND = "thermal_throttle"
+# nvmlClocksEventReasonSwThermalSlowdown | nvmlClocksEventReasonHwThermalSlowdown
+THERMAL_BITS = 0x20 | 0x40
+
+
+@dataclass(frozen=True)
+class Config:
+    clock_ratio: float = 0.85
+    """SM clock below this share of the model's usual peak clock (the fleet median of
+    each GPU's highest clock in the window). Boost clocks vary a few percent with
+    power and load; 15% below is a real slowdown."""
+    min_minutes: float = 10.0
+    """Sustained this long: brief thermal events at load changes are normal."""
+    gap_minutes: float = 2.0
+    critical_ratio: float = 0.6
+
+
+def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
+    v = Views.of(data)
+    gpu = v.gpu
+    if not gpu.size or "throttle_reasons" not in gpu.values or "sm_clock_mhz" not in gpu.values:
+        return []
+    clock = gpu.values["sm_clock_mhz"]
+    bits = np.nan_to_num(gpu.values["throttle_reasons"]).astype(np.int64)
+    peak = np.full(gpu.size, np.nan)
+    has = np.isfinite(clock).any(axis=1)
+    peak[has] = np.nanmax(clock[has], axis=1)
+    model = gpu.keys["modelName"].to_numpy()
+    ref = np.full(gpu.size, np.nan)
+    for name in np.unique(model):
+        mine = (model == name) & has
+        if mine.any():
+            ref[model == name] = np.median(peak[mine])
+    with np.errstate(invalid="ignore"):
+        slow = (bits & THERMAL_BITS).astype(bool) & (clock < config.clock_ratio * ref[:, None])
+    found = runs(slow, int(np.ceil(config.min_minutes * 60 / v.step)), int(config.gap_minutes * 60 // v.step))
+    out = []
+    for r in found.itertuples(index=False):
+        k = gpu.keys.iloc[r.row]
+        span = slice(r.start, r.end)
+        ratio = np.clip(clock[r.row, span] / ref[r.row], 0, 1)
+        mean_ratio = fmean(ratio) or 0.0
+        holder = holder_of(v, r.row, r.start, r.end)
+        codes = np.unique(bits[r.row, span][(bits[r.row, span] & THERMAL_BITS) != 0])
+        out.append(Finding(
+            kind=KIND, severity="critical" if mean_ratio < config.critical_ratio else "warning",
+            start=float(v.time(r.start)), end=float(v.time(r.end)), hostname=k["Hostname"], gpu=k["gpu"],
+            wasted_gpu_hours=float(np.nansum(1 - ratio) * v.step / 3600),
+            evidence={"sm_clock_mhz": fmean(clock[r.row, span]), "usual_peak_sm_clock_mhz": float(ref[r.row]),
+                      "clock_ratio": mean_ratio, "throttle_reasons": [hex(int(c)) for c in codes],
+                      "minutes": (r.end - r.start) * v.step / 60},
+            recommendation="Check the node's cooling (fans, airflow, inlet temperature, blocked heatsinks) and "
+                           "drain it for service if the GPU keeps throttling.",
+            **holder,
+        ))
+    return out

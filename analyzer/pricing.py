@@ -1,0 +1,164 @@
+"""GPU prices: the default catalog (`prices.yaml`, each price with its date and
+source) merged with a user's `--pricing FILE`, resolved per node.
+
+Resolution order for a node: a per-node price (on-premises GPUs), then its instance
+type, then its GPU model. A node none of them prices gets no price: its dollars are
+null, never guessed.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+DEFAULT_CATALOG = os.path.join(os.path.dirname(__file__), "prices.yaml")
+SPOT = "spot"
+ON_DEMAND = "on-demand"
+
+
+class PricingError(ValueError):
+    """An unreadable or malformed price file; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Price:
+    dollars: float            # per hour of the priced unit
+    date: str | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class Rate:
+    """What one GPU-hour on a node costs."""
+
+    on_demand: float | None
+    spot: float | None
+    basis: str                # "node", "instance_type" or "gpu_model"
+    fixed: bool = False       # an on-premises price: the same whatever the capacity type
+
+    def at(self, capacity_type: str) -> float | None:
+        """At the node's capacity type; unknown capacity is priced on-demand, the list price."""
+        if self.fixed:
+            return self.on_demand
+        return self.spot if capacity_type == SPOT else self.on_demand
+
+
+@dataclass(frozen=True)
+class Catalog:
+    instance_types: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gpu_models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def rate(self, hostname: str, instance_type: str, gpu_model: str) -> Rate | None:
+        node = self.nodes.get(hostname)
+        if node is not None:
+            price = node["gpu_hour"]
+            return Rate(price.dollars, price.dollars, "node", fixed=True)
+        itype = self.instance_types.get(instance_type)
+        if itype is not None:
+            gpus = itype["gpus"]
+            return Rate(_per(itype.get("on_demand"), gpus), _per(itype.get("spot"), gpus), "instance_type")
+        entry = self._model(gpu_model)
+        if entry is not None:
+            return Rate(_per(entry.get("on_demand"), 1), _per(entry.get("spot"), 1), "gpu_model")
+        return None
+
+    def _model(self, gpu_model: str) -> dict[str, Any] | None:
+        have = set(_tokens(gpu_model))
+        best, score = None, 0
+        for name, entry in self.gpu_models.items():
+            want = _tokens(name)
+            if want and set(want) <= have and len(want) > score:
+                best, score = entry, len(want)
+        return best
+
+
+def _per(price: Price | None, gpus: float) -> float | None:
+    return None if price is None else price.dollars / gpus
+
+
+def _tokens(text: str) -> list[str]:
+    return [t for t in re.split(r"[^A-Z0-9]+", text.upper()) if t]
+
+
+def _price(value: Any, where: str) -> Price:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        dollars, date, source = float(value), None, None
+    elif isinstance(value, dict) and "price" in value:
+        dollars, date, source = value["price"], value.get("date"), value.get("source")
+        if not isinstance(dollars, (int, float)) or isinstance(dollars, bool):
+            raise PricingError(f"{where}: price must be a number, got {dollars!r}")
+        dollars = float(dollars)
+    else:
+        raise PricingError(f"{where}: expected a number or {{price, date, source}}, got {value!r}")
+    if dollars < 0:
+        raise PricingError(f"{where}: price must not be negative")
+    return Price(dollars, None if date is None else str(date), None if source is None else str(source))
+
+
+def _section(doc: dict, name: str, path: str) -> dict[str, dict[str, Any]]:
+    raw = doc.get(name) or {}
+    if not isinstance(raw, dict):
+        raise PricingError(f"{path}: `{name}` must be a mapping")
+    out = {}
+    for key, entry in raw.items():
+        where = f"{path}: {name}.{key}"
+        if not isinstance(entry, dict):
+            raise PricingError(f"{where}: expected a mapping")
+        parsed: dict[str, Any] = {}
+        if name == "nodes":
+            if "gpu_hour" not in entry:
+                raise PricingError(f"{where}: a node needs `gpu_hour` (its price per GPU-hour)")
+            parsed["gpu_hour"] = _price(entry["gpu_hour"], where + ".gpu_hour")
+        else:
+            for capacity in ("on_demand", "spot"):
+                if capacity in entry:
+                    parsed[capacity] = _price(entry[capacity], f"{where}.{capacity}")
+            if not parsed:
+                raise PricingError(f"{where}: needs `on_demand` and/or `spot`")
+        if name == "instance_types" and "gpus" in entry:
+            gpus = entry["gpus"]
+            if not isinstance(gpus, (int, float)) or isinstance(gpus, bool) or gpus <= 0:
+                raise PricingError(f"{where}: `gpus` must be a positive number")
+            parsed["gpus"] = float(gpus)
+        out[str(key)] = parsed
+    return out
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+    except OSError as exc:
+        raise PricingError(f"cannot read pricing file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise PricingError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise PricingError(f"{path}: expected a mapping with instance_types, gpu_models or nodes")
+    unknown = set(doc) - {"instance_types", "gpu_models", "nodes"}
+    if unknown:
+        raise PricingError(f"{path}: unknown sections {sorted(unknown)} "
+                           "(expected instance_types, gpu_models, nodes)")
+    return doc
+
+
+def load_catalog(override: str | None = None) -> Catalog:
+    """The default catalog, with `override`'s entries replacing same-named ones."""
+    sections: dict[str, dict] = {}
+    for path in (DEFAULT_CATALOG, override):
+        if path is None:
+            continue
+        doc = _read(path)
+        for name in ("instance_types", "gpu_models", "nodes"):
+            merged = sections.setdefault(name, {})
+            for key, entry in _section(doc, name, path).items():
+                merged[key] = {**merged.get(key, {}), **entry}
+    for key, entry in sections.get("instance_types", {}).items():
+        if "gpus" not in entry:
+            raise PricingError(f"{override}: instance_types.{key}: `gpus` (GPUs per instance) is required")
+    return Catalog(sections.get("instance_types", {}), sections.get("gpu_models", {}), sections.get("nodes", {}))

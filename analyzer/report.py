@@ -1,0 +1,177 @@
+"""One analysis (findings + job costs over a window) and its three renderings:
+a readable table, the CONTRACT §5 JSON document, and CSV.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cost import AdviceConfig, JobCost, job_costs
+from .detectors import DetectorConfig, Views, detect_all
+from .findings import Finding, iso
+from .frames import Frames, Window
+from .pricing import Catalog
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True)
+class Report:
+    window: Window
+    findings: list[Finding]
+    jobs: list[JobCost]
+    missing: tuple[str, ...] = ()
+    simulated: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorConfig(),
+            advice: AdviceConfig = AdviceConfig()) -> Report:
+    views = Views(frames)
+    findings = detect_all(views, config)
+    jobs, priced = job_costs(views, catalog, findings, advice)
+    notes = []
+    unpriced = sorted({h for h in views.gpu.keys["Hostname"]} - _priced_hosts(views, catalog))
+    if unpriced:
+        notes.append(f"no price for nodes {', '.join(unpriced[:5])}{' …' if len(unpriced) > 5 else ''}: "
+                     "their dollars are null (add them to a --pricing file)")
+    return Report(frames.window, priced, jobs, tuple(frames.missing), frames.simulated, notes)
+
+
+def _priced_hosts(views: Views, catalog: Catalog) -> set[str]:
+    nodes = views.nodes
+    out = set()
+    for host, model in zip(views.gpu.keys["Hostname"], views.gpu.keys["modelName"]):
+        itype = nodes.loc[host, "instance_type"] if host in nodes.index else ""
+        if catalog.rate(host, itype, model) is not None:
+            out.add(host)
+    return out
+
+
+def to_document(report: Report) -> dict[str, Any]:
+    """CONTRACT §5, plus `missing_signals` and `simulated` so a reader knows what
+    the figures could not see."""
+    return {
+        "window": {"start": iso(report.window.start), "end": iso(report.window.end)},
+        "findings": [f.to_dict() for f in report.findings],
+        "jobs": [j.to_dict() for j in report.jobs],
+        "missing_signals": list(report.missing),
+        "simulated": report.simulated,
+    }
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(to_document(report), indent=2, allow_nan=False) + "\n"
+
+
+FINDING_COLUMNS = ("kind", "severity", "namespace", "training_job", "Hostname", "gpu", "pod", "rank", "start", "end",
+                   "wasted_gpu_hours", "wasted_dollars", "evidence", "recommendation")
+JOB_COLUMNS = ("namespace", "training_job", "gpus", "gpu_hours", "capacity_type", "cost_dollars",
+               "on_demand_cost_dollars", "steps", "tokens", "cost_per_step", "cost_per_billion_tokens", "mfu",
+               "waste_dollars", "advice")
+
+
+def render_csv(report: Report) -> str:
+    """One table, `record` telling findings from jobs; nested fields as JSON text."""
+    out = io.StringIO()
+    columns = ("record",) + FINDING_COLUMNS + tuple(c for c in JOB_COLUMNS if c not in FINDING_COLUMNS)
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    doc = to_document(report)
+    for record, rows in (("finding", doc["findings"]), ("job", doc["jobs"])):
+        for row in rows:
+            writer.writerow({"record": record, **{k: _cell(v) for k, v in row.items()}})
+    return out.getvalue()
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return "" if value is None else value
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
+def _num(value: float | None, fmt: str = "{:,.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def _where(f: Finding) -> str:
+    parts = []
+    if f.hostname:
+        parts.append(f.hostname + (f":gpu{f.gpu}" if f.gpu is not None else ""))
+    if f.rank is not None:
+        parts.append(f"rank {f.rank}")
+    elif f.pod and f.kind not in ("unallocated_gpu",):
+        parts.append(f.pod)
+    return " ".join(parts) or "-"
+
+
+def _headline(f: Finding) -> str:
+    e = f.evidence
+    for key, fmt in (("data_wait_share", "data wait {:.0%}"), ("low_util_share", "GPU idle {:.0%} of samples"),
+                     ("slowdown", "{:.2f}x slower compute"), ("stalled_minutes", "no step for {:.0f} min"),
+                     ("clock_ratio", "clock at {:.0%}"), ("mfu", "MFU {:.1%}"), ("idle_hours", "idle {:.1f} h"),
+                     ("unallocated_hours", "free {:.1f} h")):
+        if isinstance(e.get(key), (int, float)):
+            return fmt.format(e[key])
+    if "signals" in e:
+        return ", ".join(e["signals"])
+    if "xid_events" in e:
+        xids = ", ".join(f"XID {c}×{n}" for c, n in e["xid_events"].items())
+        return (xids + ("; " if xids and e.get("down_minutes") else "")
+                + (f"down {e['down_minutes']:.0f} min" if e.get("down_minutes") else ""))
+    return ""
+
+
+def render_table(report: Report) -> str:
+    lines = [f"burnrate analysis  {iso(report.window.start)} → {iso(report.window.end)}"
+             + ("  (simulated data)" if report.simulated else "")]
+    if report.missing:
+        lines.append("missing signals: " + ", ".join(report.missing) + " (detectors that need them were skipped)")
+    lines += [f"note: {n}" for n in report.notes]
+    findings = sorted(report.findings, key=lambda f: (SEVERITY_ORDER[f.severity], -(f.wasted_dollars or 0)))
+    lines += ["", f"FINDINGS ({len(findings)})"]
+    if findings:
+        rows = [[f.severity, f.kind, f"{f.namespace}/{f.training_job}" if f.job else "-", _where(f),
+                 iso(f.start)[:16].replace("T", " "), _num((f.end - f.start) / 3600), _num(f.wasted_gpu_hours),
+                 _money(f.wasted_dollars), _headline(f)] for f in findings]
+        lines += _table(["SEVERITY", "KIND", "JOB", "WHERE", "START (UTC)", "HOURS", "WASTED GPU-H", "WASTED $",
+                         "EVIDENCE"], rows, {5, 6, 7})
+        lines += ["", "WHAT TO DO"]
+        seen = set()
+        for f in findings:
+            if f.kind not in seen:
+                seen.add(f.kind)
+                lines.append(f"  {f.kind}: {f.recommendation}")
+    else:
+        lines.append("  none")
+    jobs = sorted(report.jobs, key=lambda j: -(j.cost_dollars or 0))
+    lines += ["", f"JOBS ({len(jobs)})"]
+    if jobs:
+        rows = [[f"{j.namespace}/{j.training_job}", _num(j.gpus, "{:g}"), _num(j.gpu_hours), j.capacity_type,
+                 _money(j.cost_dollars), _money(j.on_demand_cost_dollars), _num(j.cost_per_step, "{:.4f}"),
+                 _money(j.cost_per_billion_tokens), _num(j.mfu, "{:.1%}"),
+                 _money(sum(j.waste_dollars.values()) if j.waste_dollars else None),
+                 str(j.advice.get("capacity") or "-")] for j in jobs]
+        lines += _table(["JOB", "GPUS", "GPU-H", "CAPACITY", "COST $", "ON-DEMAND $", "$/STEP", "$/B TOKENS", "MFU",
+                         "WASTE $", "ADVISED"], rows, {1, 2, 4, 5, 6, 7, 8, 9})
+        total = sum(j.cost_dollars or 0 for j in jobs)
+        waste = sum(f.wasted_dollars or 0 for f in findings)
+        lines += ["", f"total cost ${total:,.2f}; waste found ${waste:,.2f}"]
+    else:
+        lines.append("  none")
+    return "\n".join(lines) + "\n"

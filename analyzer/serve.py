@@ -1,0 +1,115 @@
+"""`burnrate analyze --serve`: re-evaluate on an interval and export the latest
+findings and job costs as Prometheus metrics, for alert rules and Grafana.
+
+The collector renders the last finished report; scrapes never run an analysis.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from burnrate.cli import UserError
+
+from .cost import AdviceConfig
+from .pricing import Catalog
+from .report import Report, analyze
+
+FINDING_LABELS = ("kind", "severity", "namespace", "training_job", "Hostname", "gpu", "pod", "rank")
+
+
+class ReportCollector:
+    """Renders the latest report; series of jobs and findings that went away vanish."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._report: Report | None = None
+        self._finished = 0.0
+        self._duration = 0.0
+        self._errors = 0
+
+    def update(self, report: Report, duration: float, finished: float) -> None:
+        with self._lock:
+            self._report, self._duration, self._finished = report, duration, finished
+
+    def failed(self) -> None:
+        with self._lock:
+            self._errors += 1
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            report, duration, finished, errors = self._report, self._duration, self._finished, self._errors
+        cost = GaugeMetricFamily("burnrate_job_cost_dollars", "Cost of the job's GPUs over the analysis window.",
+                                 labels=["namespace", "training_job", "capacity_type"])
+        waste = GaugeMetricFamily("burnrate_job_waste_dollars", "Dollars the job wasted over the window, by cause.",
+                                  labels=["namespace", "training_job", "cause"])
+        finding = GaugeMetricFamily("burnrate_finding", "1 for each finding of the last analysis.",
+                                    labels=list(FINDING_LABELS))
+        wasted = GaugeMetricFamily("burnrate_finding_wasted_dollars", "Dollars a finding wasted.",
+                                   labels=list(FINDING_LABELS))
+        if report is not None:
+            for job in report.jobs:
+                if job.cost_dollars is not None:
+                    cost.add_metric([job.namespace, job.training_job, job.capacity_type], job.cost_dollars)
+                for cause, dollars in job.waste_dollars.items():
+                    waste.add_metric([job.namespace, job.training_job, cause], dollars)
+            for f in report.findings:
+                labels = [f.kind, f.severity, f.namespace or "", f.training_job or "", f.hostname or "",
+                          f.gpu or "", f.pod or "", "" if f.rank is None else str(f.rank)]
+                finding.add_metric(labels, 1.0)
+                if f.wasted_dollars is not None:
+                    wasted.add_metric(labels, f.wasted_dollars)
+        yield from (cost, waste, finding, wasted)
+        if finished:
+            yield GaugeMetricFamily("burnrate_analyze_last_run_timestamp_seconds",
+                                    "Unix time the last analysis finished.", value=finished)
+            yield GaugeMetricFamily("burnrate_analyze_duration_seconds",
+                                    "Duration of the last analysis.", value=duration)
+        yield CounterMetricFamily("burnrate_analyze_errors", "Analyses that failed.", value=errors)
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"invalid --listen {text!r} (expected HOST:PORT)")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def evaluate(args: argparse.Namespace, catalog: Catalog, advice: AdviceConfig, collector: ReportCollector) -> None:
+    from .cli import load_frames
+
+    began = time.monotonic()
+    try:
+        report = analyze(load_frames(args), catalog, advice=advice)
+    except UserError as exc:
+        collector.failed()
+        print(f"burnrate analyze: {exc}", file=sys.stderr)
+        return
+    collector.update(report, time.monotonic() - began, time.time())
+
+
+def serve(args: argparse.Namespace, catalog: Catalog, advice: AdviceConfig,
+          stop: threading.Event | None = None, registry: CollectorRegistry | None = None) -> int:
+    host, port = _listen(args.listen)
+    registry = registry or CollectorRegistry()
+    collector = ReportCollector()
+    registry.register(collector)
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise UserError(f"cannot listen on {args.listen}: {exc.strerror}") from None
+    print(f"burnrate analyze: serving metrics on http://{args.listen}/metrics", file=sys.stderr)
+    stop = stop or threading.Event()
+    try:
+        while not stop.is_set():
+            evaluate(args, catalog, advice, collector)
+            stop.wait(args.interval)
+    finally:
+        server.shutdown()
+        server.server_close()
+    return 0

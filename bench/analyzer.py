@@ -1,0 +1,94 @@
+"""Analyzer benchmark: end-to-end `analyze` on simulated fleets of 128 to 1,024 GPUs
+× 7 days at 15 s (≈ 41 M samples per metric at the largest).
+
+Recordings are generated once into a cache directory and reused. Each size runs
+in a fresh process, so its peak RSS is its own: load the recording, detect, cost,
+render the JSON document.
+
+    .venv/bin/python bench/analyzer.py [--sizes 128,256,512,1024] [--days 7] [--cache DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+TARGET_SECONDS = 10.0
+TARGET_RSS_GB = 4.0
+GPUS_PER_NODE = 8
+END = 1_800_000_000.0
+
+
+def recording(cache: str, gpus: int, days: float) -> str:
+    from analyzer.simulate import Spec, simulate
+
+    root = os.path.join(cache, f"fleet-{gpus}gpus-{days:g}d")
+    if not os.path.exists(os.path.join(root, "ground_truth.json")):
+        print(f"generating {root} …", file=sys.stderr, flush=True)
+        began = time.monotonic()
+        simulate(root, Spec(nodes=gpus // GPUS_PER_NODE, gpus_per_node=GPUS_PER_NODE, hours=days * 24,
+                            step_s=15.0, seed=0, end=END))
+        print(f"  generated in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
+    return root
+
+
+def measure(root: str) -> dict[str, float]:
+    """Runs in the child: one end-to-end analysis, timed by phase."""
+    from analyzer.pricing import load_catalog
+    from analyzer.report import analyze, render_json
+    from analyzer.sources import RecordingSource
+
+    began = time.monotonic()
+    frames = RecordingSource(root).frames()
+    loaded = time.monotonic()
+    report = analyze(frames, load_catalog())
+    analyzed = time.monotonic()
+    render_json(report)
+    done = time.monotonic()
+    return {"rows": float(len(frames.gpu)), "load_s": loaded - began, "analyze_s": analyzed - loaded,
+            "total_s": done - began, "findings": float(len(report.findings)),
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="128,256,512,1024", help="GPU counts, comma-separated")
+    parser.add_argument("--days", type=float, default=7.0)
+    parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "burnrate-bench"),
+                        help="where recordings are kept between runs")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child)))
+        return 0
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows = []
+    for gpus in sizes:
+        root = recording(args.cache, gpus, args.days)
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", root],
+                             capture_output=True, text=True, check=True)
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append((gpus, result))
+        print(f"{gpus} GPUs done: {result['total_s']:.1f} s", file=sys.stderr, flush=True)
+    print(f"{'GPUs':>6} {'samples/metric':>15} {'load s':>8} {'analyze s':>10} {'total s':>8} "
+          f"{'peak RSS GB':>12} {'findings':>9}")
+    for gpus, r in rows:
+        print(f"{gpus:>6} {r['rows']:>15,.0f} {r['load_s']:>8.1f} {r['analyze_s']:>10.1f} {r['total_s']:>8.1f} "
+              f"{r['peak_rss_gb']:>12.2f} {r['findings']:>9.0f}")
+    largest = rows[-1][1]
+    met = largest["total_s"] <= TARGET_SECONDS and largest["peak_rss_gb"] <= TARGET_RSS_GB
+    print(f"targets for {rows[-1][0]} GPUs: ≤ {TARGET_SECONDS:g} s and ≤ {TARGET_RSS_GB:g} GB: "
+          f"{'met' if met else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

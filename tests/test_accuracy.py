@@ -1,0 +1,80 @@
+"""Every detector against `burnrate simulate`'s ground truth.
+
+A finding matches a labelled fault when the kinds agree, every identity field both
+name (namespace, training_job, Hostname, gpu, pod, rank) agrees, and their times
+overlap. Precision: the share of findings that match a fault; recall: the share of
+faults some finding matches.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from analyzer.detectors import detect_all
+from analyzer.findings import KINDS, Finding
+from analyzer.simulate import GROUND_TRUTH, Spec, simulate
+from analyzer.sources import RecordingSource
+from analyzer.timeparse import parse_time
+
+END = 1_800_000_000.0
+IDENTITY = ("namespace", "training_job", "Hostname", "gpu", "pod", "rank")
+SEEDS = (0, 1, 2)
+
+
+def matches(finding: Finding, truth: dict, step: float) -> bool:
+    d = finding.to_dict()
+    if d["kind"] != truth["kind"]:
+        return False
+    if any(d[k] is not None and truth[k] is not None and str(d[k]) != str(truth[k]) for k in IDENTITY):
+        return False
+    # A labelled end is the last sample showing the fault: it covers that interval.
+    start, end = parse_time(truth["start"]), parse_time(truth["end"]) + step
+    return finding.start < end and start < max(finding.end, finding.start + step)
+
+
+def evaluate(root: str) -> tuple[list[Finding], list[dict], float]:
+    frames = RecordingSource(root).frames()
+    with open(os.path.join(root, GROUND_TRUTH), encoding="utf-8") as fh:
+        truth = json.load(fh)
+    return detect_all(frames), truth, frames.step_s
+
+
+@pytest.fixture(scope="module")
+def default_fleets(tmp_path_factory) -> list[tuple[list[Finding], list[dict], float]]:
+    out = []
+    for seed in SEEDS:
+        root = str(tmp_path_factory.mktemp(f"fleet{seed}"))
+        simulate(root, Spec(seed=seed, end=END))          # the `burnrate simulate` defaults
+        out.append(evaluate(root))
+    return out
+
+
+def test_precision_and_recall_per_detector(default_fleets):
+    lines, failures = [], []
+    for kind in KINDS:
+        found = labelled = true_found = true_labelled = 0
+        for findings, truth, step in default_fleets:
+            mine = [f for f in findings if f.kind == kind]
+            faults = [t for t in truth if t["kind"] == kind]
+            found += len(mine)
+            labelled += len(faults)
+            true_found += sum(any(matches(f, t, step) for t in faults) for f in mine)
+            true_labelled += sum(any(matches(f, t, step) for f in mine) for t in faults)
+        precision = true_found / found if found else 1.0
+        recall = true_labelled / labelled if labelled else 1.0
+        lines.append(f"{kind:22s} findings={found:3d} faults={labelled:3d} "
+                     f"precision={precision:.3f} recall={recall:.3f}")
+        assert labelled, f"the default fleet labels no {kind} fault"
+        if precision < 0.95 or recall < 0.95:
+            failures.append(kind)
+    print("\n" + "\n".join(lines))
+    assert not failures, "below 0.95: " + ", ".join(failures)
+
+
+def test_healthy_fleet_has_no_findings(tmp_path):
+    simulate(str(tmp_path), Spec(seed=5, end=END, healthy_only=True))
+    findings, truth, _ = evaluate(str(tmp_path))
+    assert truth == []
+    assert [f.to_dict() for f in findings] == []

@@ -1,0 +1,144 @@
+"""`burnrate analyze` end to end on a simulated recording: the three formats, the
+CONTRACT §5 document, one-line errors, an empty window, and `--serve`."""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import socket
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from analyzer import cli
+from analyzer.pricing import load_catalog
+from analyzer.report import analyze, render_json
+from analyzer.simulate import Spec, simulate
+from burnrate.cli import UserError
+from test_detectors import Fleet, healthy_job
+
+END = 1_800_000_000.0
+FINDING_KEYS = {"kind", "severity", "namespace", "training_job", "Hostname", "gpu", "pod", "rank", "start", "end",
+                "wasted_gpu_hours", "wasted_dollars", "evidence", "recommendation"}
+JOB_KEYS = {"namespace", "training_job", "gpus", "gpu_hours", "capacity_type", "cost_dollars", "steps", "tokens",
+            "cost_per_step", "cost_per_billion_tokens", "mfu", "waste_dollars", "on_demand_cost_dollars"}
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp("fleet"))
+    simulate(root, Spec(nodes=4, gpus_per_node=8, hours=2, seed=3, end=END))
+    return root
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="burnrate analyze")
+    cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def run(capsys, *argv: str) -> str:
+    assert cli.run(parse(*argv)) == 0
+    return capsys.readouterr().out
+
+
+def test_json_is_the_contract_document(capsys, recording):
+    doc = json.loads(run(capsys, "--recording", recording, "--format", "json"))
+    assert {"window", "findings", "jobs"} <= set(doc)
+    assert set(doc["window"]) == {"start", "end"} and doc["window"]["start"].endswith("Z")
+    assert doc["findings"] and doc["jobs"]
+    for finding in doc["findings"]:
+        assert set(finding) == FINDING_KEYS
+        assert finding["severity"] in ("info", "warning", "critical")
+        assert isinstance(finding["evidence"], dict) and finding["recommendation"]
+        assert finding["rank"] is None or isinstance(finding["rank"], int)
+    kinds = {f["kind"] for f in doc["findings"]}
+    assert {"straggler", "stalled", "idle_gpu", "unallocated_gpu"} <= kinds
+    for job in doc["jobs"]:
+        assert JOB_KEYS <= set(job)
+        assert job["capacity_type"] in ("spot", "on-demand", "mixed", "unknown")
+        assert isinstance(job["waste_dollars"], dict)
+        if job["cost_dollars"] is not None and job["capacity_type"] == "on-demand":
+            assert job["cost_dollars"] == pytest.approx(job["on_demand_cost_dollars"])
+    assert doc["simulated"] is True
+
+
+def test_table_is_the_default_and_csv_parses(capsys, recording):
+    table = run(capsys, "--recording", recording)
+    assert "FINDINGS" in table and "JOBS" in table and "WHAT TO DO" in table
+    rows = list(csv.DictReader(io.StringIO(run(capsys, "--recording", recording, "--format", "csv"))))
+    assert {r["record"] for r in rows} == {"finding", "job"}
+    assert all(json.loads(r["evidence"]) for r in rows if r["record"] == "finding")
+
+
+def test_window_selection_and_empty_window(capsys, recording):
+    doc = json.loads(run(capsys, "--recording", recording, "--format", "json",
+                         "--start", str(END - 3600), "--end", str(END)))
+    assert doc["window"]["start"] == "2027-01-15T07:00:00Z"
+    empty = json.loads(run(capsys, "--recording", recording, "--format", "json",
+                           "--start", "2020-01-01T00:00:00Z", "--end", "2020-01-01T01:00:00Z"))
+    assert empty["findings"] == [] and empty["jobs"] == []
+    assert "none" in run(capsys, "--recording", recording, "--start", "2020-01-01T00:00:00Z",
+                         "--end", "2020-01-01T01:00:00Z")
+
+
+def test_nan_losses_survive_into_strict_json():
+    f = Fleet()
+    loss = np.full(f.n, 2.5)
+    loss[300:] = np.nan
+    healthy_job(f, ranks=2, per_rank={r: {"loss": loss} for r in range(2)})
+    doc = json.loads(render_json(analyze(f.frames(), load_catalog())))
+    diverging = [x for x in doc["findings"] if x["kind"] == "diverging"]
+    assert diverging and diverging[0]["evidence"]["loss_after"] == "nan"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--recording", "/nonexistent"], "is not a burnrate recording"),
+    (["--recording", "{rec}", "--since", "2x"], "invalid duration"),
+    (["--recording", "{rec}", "--since", "1h", "--start", "0"], "either --since or --start"),
+    (["--recording", "{rec}", "--start", "10", "--end", "5"], "before it starts"),
+    (["--recording", "{rec}", "--pricing", "/nonexistent.yaml"], "cannot read pricing file"),
+    (["--recording", "{rec}", "--checkpoint-seconds", "-1"], "must be positive"),
+    (["--prometheus", "http://127.0.0.1:1", "--since", "1h", "--timeout", "2"], "Prometheus"),
+    (["--prometheus", "http://127.0.0.1:1", "--bearer-token-file", "/nonexistent"], "cannot read bearer token"),
+])
+def test_user_errors_are_one_line(recording, argv, message):
+    args = parse(*[a.replace("{rec}", recording) for a in argv])
+    with pytest.raises(UserError, match=message) as info:
+        cli.run(args)
+    assert "\n" not in str(info.value)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_exports_costs_and_findings(recording):
+    from analyzer.serve import serve
+
+    port = _free_port()
+    args = parse("--recording", recording, "--serve", "--listen", f"127.0.0.1:{port}", "--interval", "60")
+    stop = threading.Event()
+    worker = threading.Thread(target=serve, args=(args, load_catalog(), cli.AdviceConfig(), stop), daemon=True)
+    worker.start()
+    try:
+        deadline, body = time.monotonic() + 30, ""
+        while time.monotonic() < deadline and "burnrate_analyze_last_run_timestamp_seconds" not in body:
+            time.sleep(0.2)
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                continue
+    finally:
+        stop.set()
+        worker.join(10)
+    assert 'burnrate_job_cost_dollars{capacity_type=' in body
+    assert 'burnrate_job_waste_dollars{cause="straggler"' in body
+    assert 'burnrate_finding{Hostname=' in body and 'kind="stalled"' in body
+    assert not worker.is_alive()
