@@ -95,7 +95,9 @@ def _attribution(args: argparse.Namespace, reader: GpuReader, telemetry, sampler
 
     def allocations():
         latest = sampler_ref[0].latest if sampler_ref else None
-        return local_allocations(telemetry.ranks() if telemetry else (), latest.gpus if latest else ())
+        # A rank that stopped reporting for a few intervals has let go of its GPU.
+        return local_allocations(telemetry.ranks() if telemetry else (), latest.gpus if latest else (),
+                                 held_for_s=max(3 * args.interval, 5.0))
 
     return StaticAttributor(NodeInfo(args.node), allocations)
 

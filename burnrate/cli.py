@@ -11,6 +11,7 @@ import sys
 
 # command -> (module with add_arguments(parser) and run(args) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("burnrate.demo", "the embedded demo: agent, real training with faults, analyzer, dashboard"),
     "agent": ("agent.cli", "the node agent: GPU metrics, pod attribution, training telemetry"),
     "train": ("trainer.cli", "the instrumented reference DDP trainer"),
     "simulate": ("analyzer.simulate", "write a synthetic fleet recording with ground-truth faults"),
