@@ -125,7 +125,9 @@ def run(args: argparse.Namespace) -> int:
         _spawn(stack, ["dashboard", "--recording", recording, "--listen", f"127.0.0.1:{args.port}"],
                os.path.join(work, "dashboard.log"))
         print(f"  agent:     {agent_url}\n  dashboard: {dashboard_url}\n")
-        if not args.no_browser:
+        # Only with a screen: without one, webbrowser may start a console browser that takes the terminal.
+        if not args.no_browser and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+                                    or sys.platform == "darwin"):
             webbrowser.open(dashboard_url)
         env = {**os.environ, "BURNRATE_TELEMETRY_SOCKET": sock, "POD_NAMESPACE": NAMESPACE}
         live_start = time.time()
