@@ -1,0 +1,302 @@
+"""Server-side aggregation: the analyzer's (series × time) grids reduced to what a
+page draws. Nothing here sends per-sample data to the browser: time is cut into
+at most `MAX_BUCKETS` buckets, so a day of a thousand GPUs is a 1,024 × 300 heatmap.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analyzer.cost import GpuPrices
+from analyzer.detectors import idle_gpu
+from analyzer.detectors.views import Views, build_grid
+from analyzer.findings import Finding
+from analyzer.report import Report, _headline, _where
+
+MAX_BUCKETS = 300
+# An allocated GPU at or below the idle detector's threshold counts as idle.
+IDLE_UTIL_PCT = idle_gpu.Config().util_max_pct
+
+
+def bins_per_bucket(n: int, max_buckets: int = MAX_BUCKETS) -> int:
+    return max(1, -(-n // max_buckets))
+
+
+def bucket_mean(values: np.ndarray, k: int) -> np.ndarray:
+    """Mean of the finite values in each run of k time bins; NaN where there are none."""
+    values = np.atleast_2d(values)
+    s, n = values.shape
+    padded = np.full((s, -(-n // k) * k), np.nan, np.float64)
+    padded[:, :n] = values
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # an all-NaN bucket is NaN, as intended
+        return np.nanmean(padded.reshape(s, -1, k), axis=2)
+
+
+def bucket_sum(values: np.ndarray, k: int) -> np.ndarray:
+    values = np.atleast_2d(values)
+    s, n = values.shape
+    padded = np.zeros((s, -(-n // k) * k), np.float64)
+    padded[:, :n] = np.nan_to_num(values)
+    return padded.reshape(s, -1, k).sum(axis=2)
+
+
+def bucket_times(views: Views, k: int) -> np.ndarray:
+    """The start of each bucket, as UTC datetimes Plotly puts on a date axis."""
+    starts = views.start + np.arange(0, views.n, k) * views.step
+    return pd.to_datetime(starts, unit="s").to_numpy()
+
+
+def _natural(text: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+
+
+@dataclass(frozen=True)
+class Fleet:
+    times: np.ndarray               # bucket starts
+    gpu_labels: list[str]           # heatmap rows, "node/gpu", in node then index order
+    util: np.ndarray                # (GPU, bucket) mean utilization %, NaN where no sample
+    busy: np.ndarray                # GPUs allocated and working, per bucket
+    idle: np.ndarray                # allocated, at or below IDLE_UTIL_PCT
+    unallocated: np.ndarray         # reporting, held by no pod
+    burn: np.ndarray                # $/h of every reporting GPU, per bucket
+    burn_unallocated: np.ndarray    # the part of `burn` nobody holds
+    burn_now: float | None          # $/h at the last sample
+    window_dollars: float           # the fleet's cost over the window
+    unpriced_gpus: int              # GPUs no catalog price covers (left out of the dollars)
+
+    @property
+    def now(self) -> dict[str, float]:
+        last = len(self.busy) - 1
+        return {"busy": float(self.busy[last]), "idle": float(self.idle[last]),
+                "unallocated": float(self.unallocated[last])} if last >= 0 else {}
+
+
+def fleet(views: Views, prices: GpuPrices, max_buckets: int = MAX_BUCKETS) -> Fleet:
+    gpu = views.gpu
+    k = bins_per_bucket(views.n, max_buckets)
+    order = sorted(range(gpu.size), key=lambda i: (_natural(gpu.keys["Hostname"].iloc[i]),
+                                                  _natural(gpu.keys["gpu"].iloc[i])))
+    labels = [f"{gpu.keys['Hostname'].iloc[i]}/{gpu.keys['gpu'].iloc[i]}" for i in order]
+    util = gpu.values.get("gpu_util", np.full((gpu.size, views.n), np.nan))
+    reporting = gpu.present
+    held = views.held > 0
+    allocated = held & reporting
+    idle = allocated & (np.nan_to_num(util, nan=0.0) <= IDLE_UTIL_PCT)
+    rate = np.nan_to_num(prices.actual, nan=0.0)[:, None]
+    burn = (reporting * rate).sum(axis=0)
+    burn_free = ((reporting & ~held) * rate).sum(axis=0)
+    seen = np.nonzero(reporting.any(axis=0))[0]
+    return Fleet(
+        times=bucket_times(views, k), gpu_labels=labels,
+        util=bucket_mean(util[order], k).astype(np.float32) if gpu.size else np.zeros((0, -(-views.n // k))),
+        busy=bucket_mean((allocated & ~idle).sum(axis=0), k)[0], idle=bucket_mean(idle.sum(axis=0), k)[0],
+        unallocated=bucket_mean((reporting & ~held).sum(axis=0), k)[0],
+        burn=bucket_mean(burn, k)[0], burn_unallocated=bucket_mean(burn_free, k)[0],
+        burn_now=float(burn[seen[-1]]) if len(seen) else None,
+        window_dollars=float(burn.sum() * views.step / 3600),
+        unpriced_gpus=int(np.isnan(prices.actual).sum()))
+
+
+def job_table(report: Report, views: Views) -> pd.DataFrame:
+    """One row per job: what the Jobs page lists and sorts."""
+    counts: dict[tuple[str, str], int] = {}
+    for f in report.findings:
+        if f.job is not None:
+            counts[f.job] = counts.get(f.job, 0) + 1
+    rank = views.rank
+    rows_of = views.job_rows(rank)
+    rows = []
+    for j in report.jobs:
+        key = (j.namespace, j.training_job)
+        ranks = rows_of.get(key)
+        tokens_per_s = None
+        if ranks is not None and j.tokens:
+            active_s = rank.present[ranks].any(axis=0).sum() * views.step
+            tokens_per_s = j.tokens / active_s if active_s else None
+        wall_h = j.gpu_hours / j.gpus if j.gpus else 0.0
+        rows.append({
+            "namespace": j.namespace, "training_job": j.training_job, "gpus": j.gpus,
+            "capacity_type": j.capacity_type, "cost_dollars": j.cost_dollars,
+            "dollars_per_hour": j.cost_dollars / wall_h if j.cost_dollars is not None and wall_h else None,
+            "mfu": j.mfu, "tokens_per_s": tokens_per_s, "findings": counts.get(key, 0),
+            "waste_dollars": sum(j.waste_dollars.values()) if j.waste_dollars else 0.0,
+        })
+    columns = ["namespace", "training_job", "gpus", "capacity_type", "cost_dollars", "dollars_per_hour", "mfu",
+               "tokens_per_s", "findings", "waste_dollars"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def finding_rows(findings: list[Finding]) -> list[dict[str, object]]:
+    """The Findings page's table rows: what, where, what it cost, the evidence and the advice."""
+    out = []
+    for f in findings:
+        evidence = f.to_dict()["evidence"]
+        out.append({
+            "severity": f.severity, "kind": f.kind, "namespace": f.namespace or "",
+            "training_job": f.training_job or "", "where": _where(f),
+            "start": pd.to_datetime(f.start, unit="s").strftime("%Y-%m-%d %H:%M"),
+            "hours": round((f.end - f.start) / 3600, 2),
+            "wasted_gpu_hours": None if f.wasted_gpu_hours is None else round(f.wasted_gpu_hours, 2),
+            "wasted_dollars": None if f.wasted_dollars is None else round(f.wasted_dollars, 2),
+            "headline": _headline(f),
+            "evidence": "; ".join(f"{k}={_short(v)}" for k, v in evidence.items()),
+            "recommendation": f.recommendation,
+        })
+    return out
+
+
+def _short(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_short(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class RankSteps:
+    """Mean seconds per step of each rank, split into its phases."""
+
+    ranks: list[str]
+    data_wait: np.ndarray
+    compute: np.ndarray
+    other: np.ndarray               # waiting for other ranks (collectives), optimizer, logging
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    namespace: str
+    training_job: str
+    times: np.ndarray
+    gpu_labels: list[str]
+    gpu_series: dict[str, np.ndarray]   # util %, memory MiB, power W, NVLink MB/s: (GPU, bucket)
+    mfu: np.ndarray                     # mean over ranks, per bucket
+    throughput: np.ndarray              # tokens/s (samples/s for jobs that count no tokens)
+    throughput_unit: str
+    loss: np.ndarray
+    grad_norm: np.ndarray
+    checkpoints: list[float]            # unix times
+    steps: RankSteps
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.gpu_labels and not self.steps.ranks
+
+
+GPU_SERIES = {"util": "gpu_util", "memory": "fb_used_mib", "power": "power_w", "nvlink": "nvlink_bandwidth_mbps"}
+
+
+def job_detail(views: Views, report: Report, namespace: str, training_job: str,
+               max_buckets: int = MAX_BUCKETS) -> JobDetail:
+    k = bins_per_bucket(views.n, max_buckets)
+    times = bucket_times(views, k)
+    job = (namespace, training_job)
+    alloc_rows = views.job_rows(views.alloc).get(job, np.zeros(0, np.int64))
+    uuids = sorted(set(views.alloc.keys["UUID"].iloc[alloc_rows])) if len(alloc_rows) else []
+    gpu_frame = views.frames.gpu
+    mine = gpu_frame[gpu_frame["UUID"].isin(uuids)] if uuids else gpu_frame.iloc[:0]
+    columns = tuple(c for c in GPU_SERIES.values() if c in mine.columns)
+    grid = build_grid(mine, ("UUID",), columns, views.start, views.step, views.n, labels=("Hostname", "gpu"))
+    order = sorted(range(grid.size), key=lambda i: (_natural(grid.keys["Hostname"].iloc[i]),
+                                                   _natural(grid.keys["gpu"].iloc[i])))
+    labels = [f"{grid.keys['Hostname'].iloc[i]}/{grid.keys['gpu'].iloc[i]}" for i in order]
+    series = {name: bucket_mean(grid.values[col][order], k) for name, col in GPU_SERIES.items()
+              if col in grid.values and grid.size}
+
+    rank = views.rank
+    rows = views.job_rows(rank).get(job, np.zeros(0, np.int64))
+    nb = -(-views.n // k)
+    nothing = np.full(nb, np.nan)
+
+    def over_ranks(name: str) -> np.ndarray:
+        if not len(rows) or name not in rank.values:
+            return nothing
+        return bucket_mean(rank.values[name][rows], k).mean(axis=0) if len(rows) else nothing
+
+    def rate(name: str) -> np.ndarray:
+        return bucket_sum(rank.values[name][rows], k).sum(axis=0) / (k * views.step)
+
+    unit, throughput = "tokens/s", nothing
+    if len(rows) and "tokens" in rank.values and np.nansum(rank.values["tokens"][rows]) > 0:
+        throughput = rate("tokens")
+    elif len(rows) and "samples" in rank.values:
+        unit, throughput = "samples/s", rate("samples")
+    first = rows[np.argsort(rank.keys["rank_no"].to_numpy()[rows], kind="stable")][:1] if len(rows) else rows
+
+    def first_rank(name: str) -> np.ndarray:
+        return bucket_mean(rank.values[name][first], k)[0] if len(first) and name in rank.values else nothing
+
+    checkpoints: list[float] = []
+    if len(rows) and "last_checkpoint_time" in views.frames.rank.columns:
+        f = views.frames.rank
+        saved = f.loc[(f["namespace"] == namespace) & (f["training_job"] == training_job), "last_checkpoint_time"]
+        saved = np.unique(saved.to_numpy()[np.isfinite(saved.to_numpy())])
+        checkpoints = [float(t) for t in saved if views.start <= t <= views.frames.window.end]
+    return JobDetail(namespace, training_job, times, labels, series, over_ranks("mfu"), throughput, unit,
+                     first_rank("loss"), first_rank("grad_norm"), checkpoints, rank_steps(views, rows),
+                     [f for f in report.findings if f.job == job])
+
+
+def rank_steps(views: Views, rows: np.ndarray) -> RankSteps:
+    rank = views.rank
+    needed = ("steps", "step_s", "data_wait_s", "compute_s")
+    if not len(rows) or any(c not in rank.values for c in needed):
+        return RankSteps([], np.zeros(0), np.zeros(0), np.zeros(0))
+    total = {c: np.nansum(rank.values[c][rows], axis=1, dtype=np.float64) for c in needed}
+    steps = np.where(total["steps"] > 0, total["steps"], np.nan)
+    wait, compute = total["data_wait_s"] / steps, total["compute_s"] / steps
+    other = np.clip(total["step_s"] / steps - wait - compute, 0, None)
+    keys = rank.keys.iloc[rows]
+    # A rank restarted on another pod is the same rank: merge its series.
+    frame = pd.DataFrame({"rank": keys["rank_no"].to_numpy(), "wait": wait, "compute": compute, "other": other})
+    merged = frame.groupby("rank", sort=True).mean()
+    return RankSteps([str(int(r)) if float(r).is_integer() else str(r) for r in merged.index],
+                     merged["wait"].to_numpy(), merged["compute"].to_numpy(), merged["other"].to_numpy())
+
+
+@dataclass(frozen=True)
+class CostSummary:
+    by_namespace: pd.DataFrame      # namespace, capacity_type, cost_dollars
+    by_job: pd.DataFrame            # job, cost_dollars, on_demand_cost_dollars, cost_per_billion_tokens
+    waste_by_cause: pd.Series       # kind -> dollars
+    spot_dollars: float
+    spot_on_demand_dollars: float   # what the spot hours would have cost on-demand
+    total_dollars: float
+    unpriced_jobs: int
+
+    @property
+    def spot_saved(self) -> float:
+        return self.spot_on_demand_dollars - self.spot_dollars
+
+
+def cost_summary(report: Report) -> CostSummary:
+    jobs = pd.DataFrame([{
+        "namespace": j.namespace, "job": f"{j.namespace}/{j.training_job}", "capacity_type": j.capacity_type,
+        "cost_dollars": j.cost_dollars, "on_demand_cost_dollars": j.on_demand_cost_dollars,
+        "cost_per_billion_tokens": j.cost_per_billion_tokens} for j in report.jobs],
+        columns=["namespace", "job", "capacity_type", "cost_dollars", "on_demand_cost_dollars",
+                 "cost_per_billion_tokens"])
+    priced = jobs.dropna(subset=["cost_dollars"])
+    by_ns = (priced.groupby(["namespace", "capacity_type"], as_index=False)["cost_dollars"].sum()
+             .sort_values("cost_dollars", ascending=False))
+    spot = priced[priced["capacity_type"] == "spot"].dropna(subset=["on_demand_cost_dollars"])
+    waste: dict[str, float] = {}
+    for f in report.findings:
+        if f.wasted_dollars:
+            waste[f.kind] = waste.get(f.kind, 0.0) + f.wasted_dollars
+    return CostSummary(
+        by_namespace=by_ns.reset_index(drop=True),
+        by_job=priced.sort_values("cost_dollars", ascending=False).reset_index(drop=True),
+        waste_by_cause=pd.Series(waste, dtype=float).sort_values(ascending=False),
+        spot_dollars=float(spot["cost_dollars"].sum()),
+        spot_on_demand_dollars=float(spot["on_demand_cost_dollars"].sum()),
+        total_dollars=float(priced["cost_dollars"].sum()),
+        unpriced_jobs=int(jobs["cost_dollars"].isna().sum()))

@@ -1,0 +1,115 @@
+"""The app factory: one Dash app (Dash Pages) over one data source.
+
+The shell around the pages holds what they share: the URL (time range, the job
+in the path), the range picker, the live-refresh interval and the header that
+says which window is shown and whether its data is simulated. The app only reads.
+"""
+from __future__ import annotations
+
+import os
+
+import dash
+from dash import Input, Output, ctx, dcc, html, no_update
+
+from analyzer.pricing import Catalog, load_catalog
+
+from . import auth
+from .data import DataService, Source, Unavailable, describe_window
+from .timerange import ALL, CUSTOM, PRESETS, from_query, picker_value, with_params
+from .ui import SERVICE_KEY, current_service, range_search
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def create_app(source: Source, catalog: Catalog | None = None, *, where: str = "", ttl_s: float = 30.0,
+               refresh_s: float = 60.0, basic_auth: tuple[str, str] | None = None) -> dash.Dash:
+    """A dashboard over `source` (a PrometheusSource or RecordingSource). `where`
+    names the source in messages; analyses are cached for `ttl_s`; pages refresh
+    every `refresh_s` while live refresh is on."""
+    app = dash.Dash("dashboard", use_pages=True, pages_folder=os.path.join(HERE, "pages"),
+                    assets_folder=os.path.join(HERE, "assets"), title="burnrate",
+                    suppress_callback_exceptions=True, update_title=None)
+    service = DataService(source, catalog or load_catalog(None), ttl_s=ttl_s, where=where)
+    app.server.extensions[SERVICE_KEY] = service
+    if basic_auth is not None:
+        auth.require_basic_auth(app.server, *basic_auth)
+    options = [{"label": "whole recording", "value": ALL}] if service.default_range == ALL else []
+    options += [{"label": f"last {p}", "value": p} for p in PRESETS]
+    options.append({"label": "custom (from URL)", "value": CUSTOM, "disabled": True})
+    app.layout = html.Div([
+        dcc.Location(id="app-url", refresh="callback-nav"),
+        dcc.Interval(id="app-refresh", interval=int(refresh_s * 1000)),
+        html.Header([
+            html.Div("burnrate", className="br-brand"),
+            html.Nav(id="app-nav", className="br-nav"),
+            html.Div([
+                dcc.Dropdown(id="app-range", options=options, value=service.default_range, clearable=False,
+                             searchable=False, className="br-range"),
+                dcc.Checklist(id="app-live", options=[{"label": " live", "value": "live"}], value=["live"],
+                              className="br-live"),
+            ], className="br-controls"),
+        ], className="br-header"),
+        html.Div(id="app-status", className="br-status"),
+        html.Main(dash.page_container, className="br-main"),
+    ])
+    _register_shell_callbacks(app, service.default_range)
+    return app
+
+
+def _register_shell_callbacks(app: dash.Dash, default_range: str) -> None:
+    @app.callback(Output("app-url", "search"), Output("app-range", "value"),
+                  Input("app-range", "value"), Input("app-url", "search"))
+    def sync_range(value: str, search: str | None):
+        return range_sync(ctx.triggered_id, value, search, default_range)
+
+    @app.callback(Output("app-refresh", "disabled"), Input("app-live", "value"))
+    def live(value: list[str] | None) -> bool:
+        return "live" not in (value or [])
+
+    @app.callback(Output("app-nav", "children"), Input("app-url", "pathname"), Input("app-url", "search"))
+    def nav(pathname: str | None, search: str | None) -> list:
+        return nav_links(pathname, search)
+
+    @app.callback(Output("app-status", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"))
+    def status(search: str | None, _n: int | None) -> list:
+        return status_line(search)
+
+
+def range_sync(trigger: str | None, value: str, search: str | None, default_range: str):
+    """The picker writes the range into the URL; a URL (typed, shared, or history)
+    sets the picker. One callback, so the two never chase each other."""
+    if trigger == "app-range" and value != CUSTOM:
+        if value == picker_value(search, default_range):
+            return no_update, no_update
+        return with_params(search, range=value, start=None, end=None), no_update
+    return no_update, picker_value(search, default_range)
+
+
+def nav_links(pathname: str | None, search: str | None) -> list:
+    """A link per page in the registry, keeping the range; pages with path
+    variables (a job's detail) are reached from their listing instead."""
+    keep = range_search(search)
+    links = []
+    for page in dash.page_registry.values():
+        if page.get("path_template"):
+            continue
+        active = (pathname or "/") == page["relative_path"]
+        links.append(dcc.Link(page["name"], href=page["relative_path"] + keep,
+                              className="br-link br-active" if active else "br-link"))
+    return links
+
+
+def status_line(search: str | None) -> list:
+    service = current_service()
+    try:
+        analysis = service.analysis(from_query(search, service.default_range))
+    except (ValueError, Unavailable):
+        return []     # the page itself says what is wrong
+    parts: list = []
+    if analysis.simulated:
+        parts.append(html.Span("SIMULATED DATA", className="br-badge", id="app-simulated"))
+    parts.append(html.Span(f"{describe_window(analysis.frames.window)} UTC · {service.where}"))
+    if analysis.report.missing:
+        parts.append(html.Span("missing signals: " + ", ".join(analysis.report.missing), className="br-warn"))
+    parts += [html.Span(note, className="br-warn") for note in analysis.report.notes]
+    return parts

@@ -1,0 +1,71 @@
+"""`burnrate dashboard`: serve the team dashboard over Prometheus or a recording."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from burnrate.cli import UserError
+
+DEFAULT_LISTEN = "127.0.0.1:8050"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus (or Thanos/Mimir) base URL")
+    src.add_argument("--recording", metavar="DIR", help="a recording from `burnrate agent --record` or `simulate`")
+    parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
+                        help=f"where to serve the dashboard (default {DEFAULT_LISTEN})")
+    parser.add_argument("--basic-auth", metavar="USER:PASSWORD|FILE",
+                        help="require HTTP basic auth; a file holding USER:PASSWORD keeps it out of `ps`")
+    parser.add_argument("--pricing", metavar="FILE", help="YAML price overrides per instance type, GPU model or node")
+    parser.add_argument("--refresh", type=float, default=60.0, metavar="S",
+                        help="seconds between live refreshes of a page (default 60)")
+    parser.add_argument("--cache-ttl", type=float, default=30.0, metavar="S",
+                        help="seconds an analysis is reused before it is recomputed (default 30)")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                        help="per-request Prometheus timeout (default 30)")
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"invalid --listen {text!r} (expected HOST:PORT)")
+    return host.strip("[]"), int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from analyzer.pricing import PricingError, load_catalog
+    from analyzer.recording import RecordingError
+    from analyzer.sources import PrometheusSource, RecordingSource
+
+    from . import auth
+    from .app import create_app
+    from .ui import SERVICE_KEY
+
+    host, port = listen_address(args.listen)
+    if args.refresh <= 0 or args.cache_ttl <= 0 or args.timeout <= 0:
+        raise UserError("--refresh, --cache-ttl and --timeout must be positive")
+    try:
+        credentials = auth.credentials(args.basic_auth) if args.basic_auth is not None else None
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        catalog = load_catalog(args.pricing)
+    except PricingError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        if args.recording is not None:
+            source, where = RecordingSource(args.recording), f"recording {args.recording}"
+        else:
+            source, where = PrometheusSource(args.prometheus, timeout_s=args.timeout), f"Prometheus {args.prometheus}"
+    except (RecordingError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    app = create_app(source, catalog, where=where, ttl_s=args.cache_ttl, refresh_s=args.refresh,
+                     basic_auth=credentials)
+    app.server.extensions[SERVICE_KEY].warm_up()
+    print(f"burnrate dashboard: http://{args.listen}/ ({where})", file=sys.stderr, flush=True)
+    try:
+        app.run(host=host, port=port, debug=False)
+    except OSError as exc:
+        raise UserError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+    return 0

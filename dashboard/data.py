@@ -1,0 +1,226 @@
+"""Where the pages get their numbers: one analysis per time range, shared.
+
+Every page callback asks the `DataService` for the `Analysis` of its range. An
+analysis (frames, findings, job costs, and the fleet aggregates built from them)
+is cached for a short time, so the pages and the header that render together
+share one read and one detector run. After the TTL the cached analysis is still
+served while a background thread recomputes it: at fleet scale a fresh analysis
+takes seconds, a page render must not.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Callable, Protocol
+
+import numpy as np
+import pandas as pd
+
+from analyzer.cost import GpuPrices, gpu_prices
+from analyzer.detectors.views import Views
+from analyzer.frames import Frames, Window
+from analyzer.pricing import Catalog
+from analyzer.recording import RecordingError
+from analyzer.report import Report, analyze
+from analyzer.sources import PrometheusError, RecordingSource, missing_signals
+from analyzer.timeparse import format_time
+
+from . import aggregate
+from .timerange import ALL, TimeRange, from_query
+
+
+class Source(Protocol):
+    def frames(self, window: Window | None = None) -> Frames: ...
+
+
+class Unavailable(Exception):
+    """The data cannot be read (Prometheus unreachable, a broken recording, a bad
+    range); the message is one line a page shows instead of its figures."""
+
+
+@dataclass
+class Analysis:
+    """One window's frames and report, with the aggregates pages draw built at most once."""
+
+    frames: Frames
+    report: Report
+    catalog: Catalog
+
+    @property
+    def empty(self) -> bool:
+        return self.frames.gpu.empty and self.frames.rank.empty
+
+    @property
+    def simulated(self) -> bool:
+        return self.frames.simulated
+
+    @cached_property
+    def views(self) -> Views:
+        return Views(self.frames)
+
+    @cached_property
+    def prices(self) -> GpuPrices:
+        return gpu_prices(self.views, self.catalog)
+
+    @cached_property
+    def fleet(self) -> aggregate.Fleet:
+        return aggregate.fleet(self.views, self.prices)
+
+    @cached_property
+    def jobs(self) -> pd.DataFrame:
+        return aggregate.job_table(self.report, self.views)
+
+    def warm(self) -> Analysis:
+        """Build what the landing page needs, so the first render after a refresh is fast."""
+        if not self.empty:
+            _ = self.fleet, self.jobs
+        return self
+
+
+def cut(frames: Frames, window: Window) -> Frames:
+    """The frames within `window`; rows are sorted by time, so two binary searches per table."""
+    def part(frame: pd.DataFrame) -> pd.DataFrame:
+        t = frame["t"].to_numpy()
+        lo, hi = np.searchsorted(t, window.start, "left"), np.searchsorted(t, window.end, "right")
+        return frame.iloc[lo:hi].reset_index(drop=True)
+
+    tables = {name: part(getattr(frames, name)) for name in ("gpu", "alloc", "rank", "node", "xid", "pod_cpu")}
+    return replace(frames, window=window, missing=missing_signals(tables["gpu"], tables["rank"], tables["node"]),
+                   **tables)
+
+
+class DataService:
+    """Analyses of one source, cached per time range for `ttl_s` seconds."""
+
+    def __init__(self, source: Source, catalog: Catalog, ttl_s: float = 30.0, where: str = "",
+                 clock: Callable[[], float] = time.time) -> None:
+        self.source = source
+        self.catalog = catalog
+        self.where = where
+        self.clock = clock
+        # A recording's ranges end at its last sample; Prometheus' end now.
+        self.default_range = ALL if isinstance(source, RecordingSource) else "6h"
+        self.cache = TtlCache(self._compute, ttl_s)
+
+    def analysis(self, time_range: TimeRange) -> Analysis:
+        return self.cache.get(time_range)
+
+    def warm_up(self) -> threading.Thread:
+        """Start the default range's analysis now, so the first visitor does not
+        wait for a fleet-sized read (an error is cached and shown to them instead)."""
+        def run() -> None:
+            try:
+                self.analysis(from_query("", self.default_range))
+            except Unavailable:
+                pass
+        thread = threading.Thread(target=run, name="burnrate-dashboard-warm-up", daemon=True)
+        thread.start()
+        return thread
+
+    def _compute(self, time_range: TimeRange) -> Analysis:
+        try:
+            frames = self._frames(time_range)
+        except PrometheusError as exc:
+            raise Unavailable(str(exc).splitlines()[0]) from None
+        except (RecordingError, OSError, ValueError) as exc:
+            raise Unavailable(f"cannot read {self.where or 'the data'}: {exc}") from None
+        if frames.gpu.empty and frames.rank.empty:
+            return Analysis(frames, Report(frames.window, [], [], frames.missing, frames.simulated), self.catalog)
+        return Analysis(frames, analyze(frames, self.catalog), self.catalog).warm()
+
+    def _frames(self, r: TimeRange) -> Frames:
+        if isinstance(self.source, RecordingSource) and r.start is None:
+            # One read: the whole recording, then the range cut from its end in memory.
+            whole = self.source.frames(None)
+            if r.is_all:
+                return whole
+            end = whole.window.end
+            return cut(whole, Window(end - r.last, end))
+        now = self.clock()
+        if r.start is not None:
+            return self.source.frames(Window(r.start, r.end if r.end is not None else now))
+        if r.is_all:
+            raise ValueError("range=all needs a recording; pick a duration such as 6h")
+        return self.source.frames(Window(now - r.last, now))
+
+
+def describe_window(window: Window) -> str:
+    return f"{format_time(window.start)} → {format_time(window.end)}"
+
+
+class TtlCache:
+    """Results of `compute` per key. A fresh entry is returned as is; a stale
+    successful one is returned while one background thread recomputes it; an
+    error is cached like a result, so an unreachable server is not asked again by
+    every callback of a page, but it is never served stale."""
+
+    def __init__(self, compute: Callable, ttl_s: float, max_entries: int = 4,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.compute = compute
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.clock = clock
+        self._entries: dict[object, tuple[float, object]] = {}
+        self._lock = threading.Lock()
+        self._computing: dict[object, threading.Lock] = {}
+        self._refreshing: set[object] = set()
+
+    def get(self, key: object):
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is not None:
+            at, value = entry
+            if self.clock() - at < self.ttl_s:
+                return _unwrap(value)
+            if not isinstance(value, Exception):
+                self._refresh_in_background(key)
+                return value
+        return _unwrap(self._compute_once(key))
+
+    def _compute_once(self, key: object) -> object:
+        # Callbacks of one page arrive together: only the first computes.
+        with self._lock:
+            gate = self._computing.setdefault(key, threading.Lock())
+        with gate:
+            with self._lock:
+                entry = self._entries.get(key)
+            if entry is not None and self.clock() - entry[0] < self.ttl_s:
+                return entry[1]
+            try:
+                value = self.compute(key)
+            except Unavailable as exc:
+                value = exc
+            self._store(key, value)
+            return value
+
+    def _refresh_in_background(self, key: object) -> None:
+        with self._lock:
+            if key in self._refreshing:
+                return
+            self._refreshing.add(key)
+
+        def refresh() -> None:
+            try:
+                self._store(key, self.compute(key))
+            except Unavailable as exc:
+                self._store(key, exc)
+            finally:
+                with self._lock:
+                    self._refreshing.discard(key)
+
+        threading.Thread(target=refresh, name="burnrate-dashboard-refresh", daemon=True).start()
+
+    def _store(self, key: object, value: object) -> None:
+        with self._lock:
+            self._entries[key] = (self.clock(), value)
+            while len(self._entries) > self.max_entries:
+                oldest = min(self._entries, key=lambda k: self._entries[k][0])
+                del self._entries[oldest]
+
+
+def _unwrap(value: object):
+    if isinstance(value, Exception):
+        raise value
+    return value

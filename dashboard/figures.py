@@ -1,0 +1,198 @@
+"""Figure builders: aggregates in, Plotly figures out. Pure functions, no Dash, so
+they are tested without a server or a browser."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from analyzer.findings import KINDS
+
+from .aggregate import CostSummary, Fleet, JobDetail, RankSteps
+
+SIMULATED_NOTE = "simulated data"
+SEVERITY_COLORS = {"critical": "#c0392b", "warning": "#e67e22", "info": "#2980b9"}
+STATE_COLORS = {"busy": "#2e86de", "idle": "#f39c12", "unallocated": "#b2bec3"}
+PHASE_COLORS = {"data wait": "#e17055", "compute": "#00b894", "other": "#b2bec3"}
+KIND_COLORS = dict(zip(KINDS, ("#e17055", "#fdcb6e", "#b2bec3", "#6c5ce7", "#d63031", "#e84393",
+                               "#fd79a8", "#2d3436", "#0984e3")))
+
+
+def _title(text: str, simulated: bool) -> str:
+    return f"{text}  <span style='color:#d35400;font-size:0.8em'>({SIMULATED_NOTE})</span>" if simulated else text
+
+
+def _layout(fig: go.Figure, title: str, simulated: bool, height: int = 320) -> go.Figure:
+    fig.update_layout(title={"text": _title(title, simulated), "x": 0.01, "font": {"size": 15}},
+                      template="plotly_white", height=height, margin={"l": 60, "r": 20, "t": 50, "b": 40},
+                      legend={"orientation": "h", "y": -0.18}, hovermode="x unified")
+    return fig
+
+
+def empty_figure(message: str, height: int = 240) -> go.Figure:
+    """A figure that says why there is nothing to draw, instead of blank axes."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font={"size": 15, "color": "#636e72"})
+    fig.update_layout(template="plotly_white", height=height, xaxis={"visible": False},
+                      yaxis={"visible": False}, margin={"l": 20, "r": 20, "t": 20, "b": 20})
+    return fig
+
+
+def utilization_heatmap(fleet: Fleet, simulated: bool) -> go.Figure:
+    if not fleet.gpu_labels:
+        return empty_figure("no GPU data in this window")
+    fig = go.Figure(go.Heatmap(
+        z=np.round(fleet.util, 1), x=fleet.times, y=fleet.gpu_labels, zmin=0, zmax=100, colorscale="Viridis",
+        colorbar={"title": {"text": "util %"}}, hovertemplate="%{y}<br>%{x}<br>%{z:.0f}%<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", showticklabels=len(fleet.gpu_labels) <= 64, title="node/GPU")
+    height = int(min(900, max(300, 14 * len(fleet.gpu_labels) + 120)))
+    return _layout(fig, f"GPU utilization ({len(fleet.gpu_labels)} GPUs)", simulated, height)
+
+
+def fleet_state(fleet: Fleet, simulated: bool) -> go.Figure:
+    if not len(fleet.times):
+        return empty_figure("no GPU data in this window")
+    fig = go.Figure()
+    for name, values in (("busy", fleet.busy), ("idle", fleet.idle), ("unallocated", fleet.unallocated)):
+        fig.add_trace(go.Scatter(x=fleet.times, y=np.round(values, 2), name=name, stackgroup="gpus",
+                                 line={"width": 0.5, "color": STATE_COLORS[name]}))
+    fig.update_yaxes(title="GPUs", rangemode="tozero")
+    return _layout(fig, "Allocated (busy, idle) vs unallocated GPUs", simulated)
+
+
+def burn_rate(fleet: Fleet, simulated: bool) -> go.Figure:
+    if not len(fleet.times):
+        return empty_figure("no GPU data in this window")
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=fleet.times, y=np.round(fleet.burn, 2), name="fleet $/h",
+                             line={"color": "#2d3436"}))
+    fig.add_trace(go.Scatter(x=fleet.times, y=np.round(fleet.burn_unallocated, 2), name="of which unallocated",
+                             fill="tozeroy", line={"color": STATE_COLORS["unallocated"]}))
+    fig.update_yaxes(title="$ per hour", rangemode="tozero", tickprefix="$")
+    return _layout(fig, "Burn rate", simulated)
+
+
+def rank_breakdown(steps: RankSteps, simulated: bool) -> go.Figure:
+    """Stacked seconds per step by rank: a straggler's compute bar stands out, a
+    starving loader turns every bar's data-wait part tall."""
+    if not steps.ranks:
+        return empty_figure("no training telemetry for this job in this window")
+    fig = go.Figure()
+    for name, values in (("data wait", steps.data_wait), ("compute", steps.compute), ("other", steps.other)):
+        fig.add_trace(go.Bar(x=steps.ranks, y=np.round(values, 4), name=name, marker_color=PHASE_COLORS[name]))
+    fig.update_layout(barmode="stack", hovermode="x")
+    fig.update_xaxes(title="rank", type="category")
+    fig.update_yaxes(title="seconds per step")
+    return _layout(fig, "Step time by rank", simulated)
+
+
+def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
+    """The job's GPUs, training progress and findings on one shared time axis,
+    with checkpoints as vertical lines through every panel."""
+    panels = [("GPU util %", "util"), ("memory used MiB", "memory"), ("power W", "power"),
+              ("NVLink MB/s", "nvlink")]
+    panels = [(t, key) for t, key in panels if key in detail.gpu_series]
+    titles = [t for t, _ in panels] + ["MFU and " + detail.throughput_unit, "loss and grad norm", "findings"]
+    rows = len(titles)
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.035, subplot_titles=titles,
+                        specs=[[{"secondary_y": True}]] * rows)
+    palette = ["#0984e3", "#00b894", "#6c5ce7", "#e17055", "#fdcb6e", "#e84393", "#00cec9", "#2d3436"]
+    for row, (_, key) in enumerate(panels, start=1):
+        for i, label in enumerate(detail.gpu_labels):
+            fig.add_trace(go.Scatter(x=detail.times, y=np.round(detail.gpu_series[key][i], 2), name=label,
+                                     legendgroup=label, showlegend=row == 1, mode="lines",
+                                     line={"width": 1.2, "color": palette[i % len(palette)]}), row=row, col=1)
+    row = len(panels) + 1
+    fig.add_trace(go.Scatter(x=detail.times, y=np.round(detail.mfu, 4), name="MFU", line={"color": "#2d3436"}),
+                  row=row, col=1)
+    fig.add_trace(go.Scatter(x=detail.times, y=np.round(detail.throughput, 1), name=detail.throughput_unit,
+                             line={"color": "#00b894", "dash": "dot"}), row=row, col=1, secondary_y=True)
+    fig.update_yaxes(tickformat=".0%", row=row, col=1, secondary_y=False)
+    row += 1
+    fig.add_trace(go.Scatter(x=detail.times, y=detail.loss, name="loss", line={"color": "#d63031"}), row=row, col=1)
+    fig.add_trace(go.Scatter(x=detail.times, y=detail.grad_norm, name="grad norm", line={"color": "#636e72"}),
+                  row=row, col=1, secondary_y=True)
+    row += 1
+    for f in detail.findings:
+        start, end = pd.to_datetime([f.start, f.end], unit="s")
+        fig.add_trace(go.Scatter(
+            x=[start, end], y=[f.kind, f.kind], mode="lines+markers", name=f.kind, showlegend=False,
+            line={"width": 10, "color": SEVERITY_COLORS[f.severity]},
+            hovertext=f"{f.kind} ({f.severity}) {_money(f.wasted_dollars)}", hoverinfo="text"), row=row, col=1)
+    if not detail.findings:
+        fig.add_annotation(text="no findings for this job", showarrow=False, xref="x domain", yref="y domain",
+                           x=0.5, y=0.5, row=row, col=1)
+    # All rows share one x range and domain, so one paper-high line per checkpoint
+    # crosses every panel (add_vline per panel costs seconds at a day of checkpoints).
+    fig.update_layout(shapes=[{"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
+                               "line": {"color": "#b2bec3", "dash": "dash", "width": 1}}
+                              for x in pd.to_datetime(detail.checkpoints, unit="s")])
+    if detail.checkpoints:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="checkpoint",
+                                 line={"color": "#b2bec3", "dash": "dash"}), row=1, col=1)
+    fig = _layout(fig, f"{detail.namespace}/{detail.training_job} over time", simulated, height=190 * rows)
+    fig.update_layout(legend={"orientation": "h", "y": -0.04}, hovermode="x")
+    return fig
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def cost_by_namespace(summary: CostSummary, simulated: bool) -> go.Figure:
+    if summary.by_namespace.empty:
+        return empty_figure("no priced jobs in this window")
+    fig = go.Figure()
+    for capacity, part in summary.by_namespace.groupby("capacity_type", sort=True):
+        fig.add_trace(go.Bar(x=part["namespace"], y=part["cost_dollars"].round(2), name=str(capacity)))
+    fig.update_layout(barmode="stack", hovermode="x")
+    fig.update_yaxes(title="$", tickprefix="$")
+    return _layout(fig, "Cost by namespace and capacity type", simulated)
+
+
+def cost_by_job(summary: CostSummary, simulated: bool, top: int = 15) -> go.Figure:
+    jobs = summary.by_job.head(top)
+    if jobs.empty:
+        return empty_figure("no priced jobs in this window")
+    fig = go.Figure(go.Bar(x=jobs["cost_dollars"].round(2)[::-1], y=jobs["job"][::-1], orientation="h",
+                           marker_color="#0984e3", name="cost"))
+    fig.update_xaxes(title="$", tickprefix="$")
+    fig.update_layout(hovermode="y")
+    return _layout(fig, f"Top {len(jobs)} jobs by cost", simulated, height=max(320, 26 * len(jobs) + 100))
+
+
+def spot_savings(summary: CostSummary, simulated: bool) -> go.Figure:
+    if summary.spot_on_demand_dollars <= 0:
+        return empty_figure("no spot capacity in this window")
+    fig = go.Figure(go.Bar(x=["paid on spot", "same hours on-demand"],
+                           y=[round(summary.spot_dollars, 2), round(summary.spot_on_demand_dollars, 2)],
+                           marker_color=["#00b894", "#b2bec3"],
+                           text=[_money(summary.spot_dollars), _money(summary.spot_on_demand_dollars)]))
+    fig.update_yaxes(title="$", tickprefix="$")
+    fig.update_layout(hovermode="x")
+    return _layout(fig, f"Spot saved {_money(summary.spot_saved)}", simulated)
+
+
+def waste_by_cause(summary: CostSummary, simulated: bool) -> go.Figure:
+    waste = summary.waste_by_cause
+    if waste.empty:
+        return empty_figure("no waste found in this window")
+    fig = go.Figure(go.Bar(x=list(waste.index), y=waste.round(2).to_numpy(),
+                           marker_color=[KIND_COLORS.get(k, "#636e72") for k in waste.index]))
+    fig.update_yaxes(title="wasted $", tickprefix="$")
+    fig.update_layout(hovermode="x")
+    return _layout(fig, "Waste by cause", simulated)
+
+
+def cost_per_billion_tokens(summary: CostSummary, simulated: bool, top: int = 15) -> go.Figure:
+    jobs = summary.by_job.dropna(subset=["cost_per_billion_tokens"]).sort_values("cost_per_billion_tokens")
+    jobs = jobs.tail(top)
+    if jobs.empty:
+        return empty_figure("no job reported tokens in this window")
+    fig = go.Figure(go.Bar(x=jobs["cost_per_billion_tokens"].round(2), y=jobs["job"], orientation="h",
+                           marker_color="#6c5ce7"))
+    fig.update_xaxes(title="$ per billion tokens", tickprefix="$")
+    fig.update_layout(hovermode="y")
+    return _layout(fig, "Cost per billion tokens (highest)", simulated, height=max(320, 26 * len(jobs) + 100))

@@ -1,0 +1,1 @@
+"""One module per page, each registered with `dash.register_page`."""

@@ -1,0 +1,42 @@
+"""Cost: by namespace and job, what spot saved, what waste cost, and unit costs."""
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, callback, html
+
+from ..aggregate import cost_summary
+from ..data import Analysis
+from ..figures import cost_by_job, cost_by_namespace, cost_per_billion_tokens, spot_savings, waste_by_cause
+from ..ui import graph, money, render, stat
+
+dash.register_page(__name__, path="/cost", name="Cost", title="burnrate · cost", order=3)
+
+
+def layout(**_query: str) -> html.Div:
+    return html.Div([html.H2("Cost"), html.Div(id="cost-content")])
+
+
+@callback(Output("cost-content", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"))
+def update(search: str | None, _n: int | None):
+    return render(search, content)
+
+
+def content(a: Analysis, _search: str) -> list:
+    summary, sim = cost_summary(a.report), a.simulated
+    waste = float(summary.waste_by_cause.sum()) if len(summary.waste_by_cause) else 0.0
+    stats = html.Div([
+        stat("jobs' cost", money(summary.total_dollars),
+             f"{summary.unpriced_jobs} jobs unpriced" if summary.unpriced_jobs else None),
+        stat("paid on spot", money(summary.spot_dollars)),
+        stat("spot saved", money(summary.spot_saved), "against on-demand prices"),
+        stat("wasted", money(waste), "incl. unallocated capacity"),
+        stat("fleet over the window", money(a.fleet.window_dollars)),
+    ], className="br-stats")
+    return [
+        stats,
+        html.Div([graph("cost-namespace", cost_by_namespace(summary, sim)),
+                  graph("cost-spot", spot_savings(summary, sim))], className="br-row"),
+        html.Div([graph("cost-jobs", cost_by_job(summary, sim)),
+                  graph("cost-waste", waste_by_cause(summary, sim))], className="br-row"),
+        graph("cost-tokens", cost_per_billion_tokens(summary, sim)),
+    ]

@@ -1,0 +1,57 @@
+"""Job detail: why one job costs what it does. The URL names the job, so it can be shared."""
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, callback, dcc, html
+
+from ..aggregate import job_detail
+from ..data import Analysis
+from ..figures import SEVERITY_COLORS, job_timeline, rank_breakdown
+from ..ui import graph, money, notice, render, stat
+
+dash.register_page(__name__, path_template="/job/<namespace>/<training_job>", name="Job",
+                   title="burnrate · job", order=9)
+
+
+def layout(namespace: str | None = None, training_job: str | None = None, **_query: str) -> html.Div:
+    return html.Div([
+        html.H2(f"{namespace}/{training_job}"),
+        dcc.Store(id="job-key", data={"namespace": namespace, "training_job": training_job}),
+        html.Div(id="job-content"),
+    ])
+
+
+@callback(Output("job-content", "children"), Input("job-key", "data"), Input("app-url", "search"),
+          Input("app-refresh", "n_intervals"))
+def update(key: dict | None, search: str | None, _n: int | None):
+    if not key or not key.get("namespace") or not key.get("training_job"):
+        return notice("No job named in the URL (expected /job/<namespace>/<training_job>).", error=True)
+    return render(search, lambda a, s: content(a, key["namespace"], key["training_job"]))
+
+
+def content(a: Analysis, namespace: str, training_job: str) -> list:
+    jobs = a.jobs
+    match = jobs[(jobs["namespace"] == namespace) & (jobs["training_job"] == training_job)]
+    if match.empty:
+        return [notice(f"No job {namespace}/{training_job} held GPUs in this window.")]
+    row = match.iloc[0]
+    detail = job_detail(a.views, a.report, namespace, training_job)
+    sim = a.simulated
+    mfu, tps = row["mfu"], row["tokens_per_s"]
+    stats = html.Div([
+        stat("GPUs", f"{row['gpus']:g}", row["capacity_type"]),
+        stat("cost so far", money(row["cost_dollars"]), f"{money(row['dollars_per_hour'])}/h"),
+        stat("MFU", "-" if mfu != mfu or mfu is None else f"{mfu:.1%}"),
+        stat("tokens/s", "-" if tps != tps or tps is None else f"{tps:,.0f}"),
+        stat("findings", str(len(detail.findings)), f"{money(row['waste_dollars'])} wasted"),
+    ], className="br-stats")
+    findings = [html.Li([html.Span(f.severity, className="br-sev",
+                                   style={"background": SEVERITY_COLORS[f.severity]}),
+                         html.B(f" {f.kind} "), html.Span(f"{money(f.wasted_dollars)} wasted · "),
+                         html.Span(f.recommendation)]) for f in detail.findings]
+    return [
+        stats,
+        html.Ul(findings, className="br-findings") if findings else html.P("No findings for this job."),
+        graph("job-ranks", rank_breakdown(detail.steps, sim)),
+        graph("job-timeline", job_timeline(detail, sim)),
+    ]

@@ -1,0 +1,60 @@
+"""Jobs: every job in the window, sortable and filterable."""
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, callback, dash_table, html
+from dash.dash_table.Format import Format, Group, Scheme, Symbol
+
+from ..data import Analysis
+from ..ui import job_href, render
+
+dash.register_page(__name__, path="/jobs", name="Jobs", title="burnrate · jobs", order=1)
+
+_MONEY = Format(precision=2, scheme=Scheme.fixed, symbol=Symbol.yes, group=Group.yes)
+COLUMNS = [
+    {"name": "job", "id": "job", "presentation": "markdown"},
+    {"name": "namespace", "id": "namespace"},
+    {"name": "GPUs", "id": "gpus", "type": "numeric"},
+    {"name": "capacity", "id": "capacity_type"},
+    {"name": "cost so far", "id": "cost_dollars", "type": "numeric", "format": _MONEY},
+    {"name": "$/h", "id": "dollars_per_hour", "type": "numeric", "format": _MONEY},
+    {"name": "MFU", "id": "mfu", "type": "numeric", "format": Format(precision=1, scheme=Scheme.percentage)},
+    {"name": "tokens/s", "id": "tokens_per_s", "type": "numeric",
+     "format": Format(precision=0, scheme=Scheme.fixed, group=Group.yes)},
+    {"name": "findings", "id": "findings", "type": "numeric"},
+    {"name": "waste $", "id": "waste_dollars", "type": "numeric", "format": _MONEY},
+]
+
+
+def layout(**_query: str) -> html.Div:
+    return html.Div([html.H2("Jobs"), html.Div(id="jobs-content")])
+
+
+@callback(Output("jobs-content", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"))
+def update(search: str | None, _n: int | None):
+    return render(search, content)
+
+
+def rows(a: Analysis, search: str) -> list[dict]:
+    table = a.jobs.sort_values("cost_dollars", ascending=False, na_position="last")
+    out = []
+    for record in table.to_dict("records"):
+        href = job_href(record["namespace"], record["training_job"], search)
+        record["job"] = f"[{record.pop('training_job')}]({href})"
+        out.append({k: (None if isinstance(v, float) and v != v else v) for k, v in record.items()})
+    return out
+
+
+def content(a: Analysis, search: str) -> list:
+    data = rows(a, search)
+    if not data:
+        return [html.Div("No jobs held GPUs in this window.", className="br-notice")]
+    note = "simulated data · " if a.simulated else ""
+    return [
+        html.P(f"{note}{len(data)} jobs. Click a column to sort; type in the row under the headers to filter "
+               "(e.g. `> 100` under cost, `spot` under capacity).", className="br-hint"),
+        dash_table.DataTable(id="jobs-table", data=data, columns=COLUMNS, sort_action="native",
+                             filter_action="native", page_size=25, markdown_options={"link_target": "_self"},
+                             sort_by=[{"column_id": "cost_dollars", "direction": "desc"}],
+                             style_cell={"textAlign": "left", "fontSize": 13}, style_as_list_view=True),
+    ]

@@ -1,0 +1,66 @@
+"""Layout pieces every page uses: the empty and error states, number cards,
+links that keep the time range, and the one place a page's callback turns a URL
+into an analysis."""
+from __future__ import annotations
+
+from typing import Any, Callable
+from urllib.parse import quote
+
+import flask
+from dash import dcc, html
+from plotly.graph_objects import Figure
+
+from .data import Analysis, DataService, Unavailable, describe_window
+from .timerange import from_query, query, with_params
+
+SERVICE_KEY = "burnrate"
+
+
+def current_service() -> DataService:
+    """The app's data service; callbacks and layouts run inside its Flask app."""
+    return flask.current_app.extensions[SERVICE_KEY]
+
+
+def notice(message: str, error: bool = False) -> html.Div:
+    return html.Div(message, className="br-notice br-error" if error else "br-notice")
+
+
+def stat(label: str, value: str, sub: str | None = None) -> html.Div:
+    return html.Div([html.Div(label, className="br-stat-label"), html.Div(value, className="br-stat-value"),
+                     html.Div(sub or "", className="br-stat-sub")], className="br-stat")
+
+
+def graph(id_: str, figure: Figure) -> dcc.Graph:
+    return dcc.Graph(id=id_, figure=figure, config={"displaylogo": False, "responsive": True})
+
+
+def money(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"${value:,.{digits}f}"
+
+
+def range_search(search: str | None) -> str:
+    """Only the time range of a query string: what a link to another page keeps."""
+    params = query(search)
+    return with_params("", **{k: params[k] for k in ("range", "start", "end") if k in params})
+
+
+def job_href(namespace: str, training_job: str, search: str | None) -> str:
+    return f"/job/{quote(namespace, safe='')}/{quote(training_job, safe='')}{range_search(search)}"
+
+
+def render(search: str | None, build: Callable[[Analysis, str], Any],
+           service: DataService | None = None) -> Any:
+    """A page's content for the URL's range: `build(analysis, search)`, or a clear
+    notice when the range is malformed, the data unreachable, or the window empty."""
+    service = service or current_service()
+    try:
+        time_range = from_query(search, service.default_range)
+    except ValueError as exc:
+        return notice(f"Invalid time range in the URL: {exc}", error=True)
+    try:
+        analysis = service.analysis(time_range)
+    except Unavailable as exc:
+        return notice(str(exc), error=True)
+    if analysis.empty:
+        return notice(f"No data in this window ({describe_window(analysis.frames.window)}).")
+    return build(analysis, search or "")

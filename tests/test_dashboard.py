@@ -1,0 +1,263 @@
+"""The dashboard without a browser: time ranges in the URL, the analysis cache,
+aggregation, figure builders, page callbacks, empty and error states, basic auth
+and the command line."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+from dash import no_update
+
+from analyzer.simulate import Spec, simulate
+from analyzer.sources import PrometheusSource, RecordingSource
+from burnrate.cli import main as burnrate
+from dashboard import aggregate, figures
+from dashboard.app import create_app, nav_links, range_sync
+from dashboard.data import TtlCache, Unavailable
+from dashboard.timerange import TimeRange, from_query, picker_value, with_params
+from dashboard.ui import current_service, render
+from tests.conftest import free_port
+
+# Three nodes of 8 GPUs: room for a full-node straggler job beside the GPUs kept free.
+SPEC = Spec(nodes=3, gpus_per_node=8, hours=1.0, step_s=15.0, seed=0, end=1_795_000_000.0)
+
+
+def make_recording(root: str) -> list[dict]:
+    """A small simulated fleet with every common fault injected; returns its ground truth."""
+    simulate(root, SPEC)
+    with open(os.path.join(root, "ground_truth.json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("dash") / "recording")
+    return root, make_recording(root)
+
+
+@pytest.fixture(scope="module")
+def app(recording):
+    return create_app(RecordingSource(recording[0]), where="test recording", refresh_s=3600)
+
+
+@pytest.fixture(scope="module")
+def analysis(app):
+    with app.server.app_context():
+        service = current_service()
+        return service.analysis(from_query("", service.default_range))
+
+
+@pytest.fixture(scope="module")
+def pages(app):
+    from dashboard.pages import cost, fleet, findings, job, jobs   # registered by create_app
+    return {"fleet": fleet, "jobs": jobs, "job": job, "findings": findings, "cost": cost}
+
+
+def _text(component) -> str:
+    """Every string inside a Dash component tree."""
+    if isinstance(component, str):
+        return component
+    if isinstance(component, (list, tuple)):
+        return " ".join(_text(c) for c in component)
+    children = getattr(component, "children", None)
+    return _text(children) if children is not None else ""
+
+
+# --- time ranges -----------------------------------------------------------------------
+def test_time_ranges_from_the_url():
+    assert from_query("?range=6h", "all") == TimeRange(last=6 * 3600)
+    assert from_query("", "all").is_all
+    assert from_query("?start=2026-11-21T00:00:00Z&end=2026-11-21T01:00:00Z", "6h").end - \
+        from_query("?start=2026-11-21T00:00:00Z", "6h").start == 3600
+    for bad in ("?range=soon", "?end=2026-11-21T00:00:00Z", "?start=20&end=10"):
+        with pytest.raises(ValueError):
+            from_query(bad, "6h")
+    assert picker_value("?start=1&end=2", "6h") == "custom"
+    assert with_params("?range=1h&x=1", range="6h", x=None) == "?range=6h"
+
+
+def test_the_range_picker_and_the_url_follow_each_other():
+    assert range_sync("app-range", "24h", "?start=1&end=2&keep=1", "all") == ("?keep=1&range=24h", no_update)
+    _, value = range_sync("app-url", "all", "?range=7d", "all")
+    assert value == "7d"
+    _, value = range_sync(None, "all", "", "6h")
+    assert value == "6h"
+
+
+def test_navigation_comes_from_the_page_registry_and_keeps_the_range(app):
+    links = nav_links("/jobs", "?range=1h&other=x")
+    assert [link.children for link in links] == ["Fleet", "Jobs", "Findings", "Cost"]
+    assert links[1].href == "/jobs?range=1h" and "br-active" in links[1].className
+
+
+# --- the analysis cache ----------------------------------------------------------------
+def test_the_cache_serves_a_stale_analysis_while_it_refreshes_in_the_background():
+    now = [0.0]
+    calls = []
+    release = threading.Event()
+
+    def compute(key):
+        calls.append(key)
+        if len(calls) > 1:
+            release.wait(5)
+        return len(calls)
+
+    cache = TtlCache(compute, ttl_s=10, clock=lambda: now[0])
+    assert cache.get("k") == 1 and cache.get("k") == 1 and len(calls) == 1
+    now[0] = 11
+    assert cache.get("k") == 1          # stale, served at once
+    release.set()
+    deadline = time.monotonic() + 5
+    while cache.get("k") != 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cache.get("k") == 2
+
+
+def test_the_cache_keeps_an_error_for_its_ttl_but_never_serves_it_stale():
+    now = [0.0]
+    calls = []
+
+    def compute(key):
+        calls.append(key)
+        raise Unavailable("down")
+
+    cache = TtlCache(compute, ttl_s=10, clock=lambda: now[0])
+    for _ in range(3):
+        with pytest.raises(Unavailable):
+            cache.get("k")
+    assert len(calls) == 1
+    now[0] = 11
+    with pytest.raises(Unavailable):
+        cache.get("k")
+    assert len(calls) == 2
+
+
+# --- aggregation -----------------------------------------------------------------------
+def test_time_is_cut_into_at_most_300_buckets():
+    assert aggregate.bins_per_bucket(5760) == 20 and -(-5760 // 20) <= aggregate.MAX_BUCKETS
+    values = np.array([[1.0, 3.0, np.nan, np.nan, 5.0]])
+    np.testing.assert_array_equal(aggregate.bucket_mean(values, 2), [[2.0, np.nan, 5.0]])
+
+
+def test_fleet_counts_add_up_to_every_gpu(analysis, recording):
+    fleet = analysis.fleet
+    gpus = len(fleet.gpu_labels)
+    assert gpus == 24 and fleet.util.shape == (24, len(fleet.times))
+    np.testing.assert_allclose(fleet.busy + fleet.idle + fleet.unallocated, gpus)
+    unallocated = sum(t["kind"] == "unallocated_gpu" for t in recording[1])
+    assert fleet.now["unallocated"] == unallocated
+    assert fleet.burn_now > 0 and fleet.window_dollars > 0 and fleet.unpriced_gpus == 0
+
+
+def test_the_straggler_rank_has_the_longest_compute(analysis, recording):
+    hit = next(t for t in recording[1] if t["kind"] == "straggler")
+    detail = aggregate.job_detail(analysis.views, analysis.report, hit["namespace"], hit["training_job"])
+    steps = detail.steps
+    assert steps.ranks[int(np.argmax(steps.compute))] == str(hit["rank"])
+    assert len(detail.gpu_labels) == len(steps.ranks)
+    assert len(detail.times) <= aggregate.MAX_BUCKETS and detail.checkpoints
+    assert [f.kind for f in detail.findings] == ["straggler"]
+
+
+def test_the_job_table_has_every_job_with_its_rates(analysis):
+    table = analysis.jobs
+    assert len(table) == len(analysis.report.jobs)
+    trained = table.dropna(subset=["tokens_per_s"])
+    assert len(trained) and (trained["tokens_per_s"] > 0).all() and (table["dollars_per_hour"].dropna() > 0).all()
+
+
+# --- figures ---------------------------------------------------------------------------
+def test_figure_builders_draw_the_aggregates_and_say_when_data_is_simulated(analysis):
+    fleet = analysis.fleet
+    summary = aggregate.cost_summary(analysis.report)
+    built = [figures.utilization_heatmap(fleet, True), figures.fleet_state(fleet, True),
+             figures.burn_rate(fleet, True), figures.cost_by_namespace(summary, True),
+             figures.cost_by_job(summary, True), figures.spot_savings(summary, True),
+             figures.waste_by_cause(summary, True), figures.cost_per_billion_tokens(summary, True)]
+    for fig in built:
+        assert isinstance(fig, go.Figure) and fig.data
+        assert figures.SIMULATED_NOTE in fig.layout.title.text
+    assert figures.SIMULATED_NOTE not in figures.burn_rate(fleet, False).layout.title.text
+    heat = built[0].data[0]
+    assert np.asarray(heat.z).shape == (24, len(fleet.times))
+
+
+def test_empty_inputs_give_a_figure_that_says_so(analysis):
+    empty = aggregate.RankSteps([], np.zeros(0), np.zeros(0), np.zeros(0))
+    fig = figures.rank_breakdown(empty, False)
+    assert not fig.data and "no training telemetry" in fig.layout.annotations[0].text
+
+
+# --- page callbacks as plain functions ---------------------------------------------------
+def test_every_page_callback_renders(app, pages, recording):
+    hit = next(t for t in recording[1] if t["kind"] == "straggler")
+    with app.server.test_request_context():
+        assert "Top findings" in _text(pages["fleet"].update("", 1))
+        assert "jobs-table" in str(pages["jobs"].update("?range=30m", 1))
+        job = pages["job"].update({"namespace": hit["namespace"], "training_job": hit["training_job"]}, "", 1)
+        assert "straggler" in _text(job)
+        assert "cost-waste" in str(pages["cost"].update("", 1))
+        missing = pages["job"].update({"namespace": "nope", "training_job": "nope"}, "", 1)
+        assert "No job nope/nope" in _text(missing)
+
+
+def test_the_findings_filters(app, pages, recording):
+    with app.server.test_request_context():
+        children, namespaces = pages["findings"].update("", 1, ["straggler"], None, None)
+        rows = children[1].data
+        assert {r["kind"] for r in rows} == {"straggler"}
+        assert namespaces and all(isinstance(n, str) for n in namespaces)
+        children, _ = pages["findings"].update("", 1, None, None, ["critical"])
+        assert {r["severity"] for r in children[1].data} == {"critical"}
+
+
+def test_an_empty_window_and_a_bad_range_are_explained(app, pages):
+    with app.server.test_request_context():
+        empty = pages["fleet"].update("?start=2000-01-01T00:00:00Z&end=2000-01-01T01:00:00Z", 1)
+        assert "No data in this window" in _text(empty)
+        assert "Invalid time range" in _text(pages["cost"].update("?range=forever", 1))
+
+
+def test_an_unreachable_prometheus_is_explained():
+    url = f"http://127.0.0.1:{free_port()}"
+    app = create_app(PrometheusSource(url, timeout_s=2), where=f"Prometheus {url}")
+    with app.server.test_request_context():
+        message = _text(render("?range=1h", lambda a, s: "drawn"))
+    assert "cannot reach Prometheus at " + url in message
+
+
+# --- serving ---------------------------------------------------------------------------
+def test_basic_auth_guards_every_route(recording):
+    app = create_app(RecordingSource(recording[0]), basic_auth=("team", "s3cret"))
+    client = app.server.test_client()
+    assert client.get("/").status_code == 401
+    assert client.get("/_dash-layout").status_code == 401
+    bad = base64.b64encode(b"team:wrong").decode()
+    assert client.get("/", headers={"Authorization": f"Basic {bad}"}).status_code == 401
+    good = base64.b64encode(b"team:s3cret").decode()
+    assert client.get("/", headers={"Authorization": f"Basic {good}"}).status_code == 200
+
+
+def test_the_app_only_reads(app):
+    client = app.server.test_client()
+    assert client.get("/").status_code == 200
+    assert client.delete("/").status_code == 405
+
+
+def test_command_line_errors_are_one_line(tmp_path, capsys, recording):
+    assert burnrate(["dashboard", "--recording", str(tmp_path)]) == 2
+    assert "not a burnrate recording" in capsys.readouterr().err
+    assert burnrate(["dashboard", "--recording", recording[0], "--listen", "nowhere"]) == 2
+    assert "invalid --listen" in capsys.readouterr().err
+    assert burnrate(["dashboard", "--recording", recording[0], "--basic-auth", "nopassword"]) == 2
+    assert "USER:PASSWORD" in capsys.readouterr().err
+    secret = tmp_path / "auth"
+    secret.write_text("team:s3cret\n")
+    from dashboard.auth import credentials
+    assert credentials(str(secret)) == ("team", "s3cret")
