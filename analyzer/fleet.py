@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from agent.gpu.simulated import H100_SXM, SIMULATED
+from agent.gpu.simulated import H100_SXM, SIMULATED, GpuModelSpec
 
 # What each scenario injects (CONTRACT §4 kinds are in `GroundTruth.kind`).
 HEALTHY = "healthy"
@@ -39,23 +39,14 @@ HEALTHY_MFU_ABOVE = 0.30
 
 
 @dataclass(frozen=True)
-class GpuModel:
-    name: str
-    memory_mib: int
-    idle_w: float
-    tdp_w: float
-    sm_clock_max_mhz: float
-    sm_clock_idle_mhz: float
-    mem_clock_mhz: float
-    nvlink_bytes_per_s: float     # per direction, all links
-    slowdown_temp_c: float
+class GpuModel(GpuModelSpec):
+    """The agent's simulated-GPU physics, plus what a fleet of them needs."""
+
     peak_flops: float             # dense BF16, the MFU denominator
     thermal_c_per_w: float        # steady-state heating per watt on a healthy node
 
 
-H100 = GpuModel(H100_SXM.name, H100_SXM.memory_mib, H100_SXM.idle_w, H100_SXM.tdp_w,
-                H100_SXM.sm_clock_max_mhz, H100_SXM.sm_clock_idle_mhz, H100_SXM.mem_clock_mhz,
-                H100_SXM.nvlink_bytes_per_s, H100_SXM.slowdown_temp_c, 989e12, 0.072)
+H100 = GpuModel(**vars(H100_SXM), peak_flops=989e12, thermal_c_per_w=0.072)
 A100 = GpuModel("NVIDIA A100-SXM4-40GB", 40960, 50.0, 400.0, 1410.0, 210.0, 1215.0, 300e9, 85.0, 312e12, 0.11)
 
 

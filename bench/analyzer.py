@@ -18,26 +18,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from fleets import cached_fleet  # bench/ is on sys.path when run as a script
 
 TARGET_SECONDS = 10.0
 TARGET_RSS_GB = 4.0
-GPUS_PER_NODE = 8
-END = 1_800_000_000.0
-
-
-def recording(cache: str, gpus: int, days: float) -> str:
-    from analyzer.simulate import Spec, simulate
-
-    root = os.path.join(cache, f"fleet-{gpus}gpus-{days:g}d")
-    if not os.path.exists(os.path.join(root, "ground_truth.json")):
-        print(f"generating {root} …", file=sys.stderr, flush=True)
-        began = time.monotonic()
-        simulate(root, Spec(nodes=gpus // GPUS_PER_NODE, gpus_per_node=GPUS_PER_NODE, hours=days * 24,
-                            step_s=15.0, seed=0, end=END))
-        print(f"  generated in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
-    return root
 
 
 def measure(root: str) -> dict[str, float]:
@@ -72,7 +56,7 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = []
     for gpus in sizes:
-        root = recording(args.cache, gpus, args.days)
+        root = cached_fleet(args.cache, gpus, args.days * 24)
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", root],
                              capture_output=True, text=True, check=True)
         result = json.loads(out.stdout.strip().splitlines()[-1])

@@ -19,23 +19,9 @@ import time
 
 import plotly.io as pio
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from fleets import cached_fleet  # bench/ is on sys.path when run as a script
 
 TARGET_SECONDS = 2.0
-GPUS_PER_NODE = 8
-END = 1_800_000_000.0
-
-
-def recording(cache: str, gpus: int, hours: float) -> str:
-    from analyzer.simulate import Spec, simulate
-
-    root = os.path.join(cache, f"fleet-{gpus}gpus-{hours:g}h")
-    if not os.path.exists(os.path.join(root, "ground_truth.json")):
-        print(f"generating {root} …", file=sys.stderr, flush=True)
-        simulate(root, Spec(nodes=gpus // GPUS_PER_NODE, gpus_per_node=GPUS_PER_NODE, hours=hours, step_s=15.0,
-                            seed=0, end=END))
-    return root
 
 
 def timed(fn, repeat: int) -> tuple[float, object]:
@@ -60,7 +46,7 @@ def main() -> int:
     from dashboard.timerange import from_query
     from dashboard.ui import current_service, render
 
-    root = recording(args.cache, args.gpus, args.hours)
+    root = cached_fleet(args.cache, args.gpus, args.hours)
     app = create_app(RecordingSource(root), where=root, ttl_s=3600)
     from dashboard.pages import cost, findings, fleet, job, jobs  # registered by create_app
 
