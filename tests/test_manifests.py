@@ -1,0 +1,415 @@
+"""manifests/: every object validates offline against the Kubernetes 1.30 schemas (custom
+resources against tests/schemas/), the kustomization lists every file and the objects fit
+together, the agent and training pods are set up as the design needs, and each container's
+arguments parse with the burnrate command it runs."""
+import argparse
+import copy
+import importlib
+import json
+import os
+import posixpath
+import shutil
+import subprocess
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from agent.cli import DEFAULT_KUBELET_SOCKET, DEFAULT_SOCKET
+from burnrate.cli import COMMANDS
+from tests.conftest import ROOT, require
+
+MANIFESTS = os.path.join(ROOT, "manifests")
+SCHEMAS = os.path.join(ROOT, "tests", "schemas")
+KUBERNETES_VERSION = "1.30.0"
+NAMESPACE = "burnrate"
+# Prometheus' own files, not Kubernetes objects: they are for a Prometheus run without
+# the operator, and checked by promtool (here and in test_alert_rules.py).
+PROMETHEUS_FILES = {"alerts/burnrate-rules.yaml", "prometheus/scrape-configs.yaml"}
+CUSTOM_RESOURCES = {"ServiceMonitor": "servicemonitor.json", "PrometheusRule": "prometheusrule.json",
+                    "PyTorchJob": "pytorchjob.json"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+WORKLOADS = {"DaemonSet", "Deployment"}
+
+
+def load_yaml(path: str) -> list[dict]:
+    with open(path) as fh:
+        return [doc for doc in yaml.safe_load_all(fh) if doc is not None]
+
+
+def kustomization() -> dict:
+    return load_yaml(os.path.join(MANIFESTS, "kustomization.yaml"))[0]
+
+
+def render() -> list[dict]:
+    """What `kubectl apply -k manifests/` creates, without kustomize: the listed files with
+    the namespace set, plus the generated ConfigMaps (under their base names)."""
+    k = kustomization()
+    objects = []
+    for resource in k["resources"]:
+        for obj in load_yaml(os.path.join(MANIFESTS, resource)):
+            if obj["kind"] not in CLUSTER_SCOPED:
+                obj["metadata"]["namespace"] = k["namespace"]
+            objects.append(obj)
+    for generator in k.get("configMapGenerator", []):
+        data = dict(literal.split("=", 1) for literal in generator.get("literals", []))
+        objects.append({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": generator["name"], "namespace": k["namespace"]}, "data": data})
+    return objects
+
+
+OBJECTS = render()
+
+
+def ident(obj: dict) -> str:
+    meta = obj["metadata"]
+    return f"{obj['kind']}/{meta.get('namespace', '-')}/{meta['name']}"
+
+
+def find(kind: str, name: str | None = None) -> list[dict]:
+    return [o for o in OBJECTS if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+
+
+def one(kind: str, name: str) -> dict:
+    found = find(kind, name)
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} objects"
+    return found[0]
+
+
+def pod_templates() -> list[tuple[str, dict]]:
+    """(owner, pod template) of every workload and training replica."""
+    out = [(ident(o), o["spec"]["template"]) for o in OBJECTS if o["kind"] in WORKLOADS]
+    for job in find("PyTorchJob"):
+        for replica, spec in job["spec"]["pytorchReplicaSpecs"].items():
+            out.append((f"{ident(job)}/{replica}", spec["template"]))
+    return out
+
+
+def containers() -> list[tuple[str, dict, dict]]:
+    return [(f"{owner}/{c['name']}", c, template)
+            for owner, template in pod_templates() for c in template["spec"]["containers"]]
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def env_of(container: dict) -> dict:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def option(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag:
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+# --- the kustomization -----------------------------------------------------------------
+
+def test_the_kustomization_lists_every_manifest_and_nothing_else():
+    on_disk = set()
+    for folder, _, files in os.walk(MANIFESTS):
+        for name in files:
+            on_disk.add(os.path.relpath(os.path.join(folder, name), MANIFESTS).replace(os.sep, "/"))
+    listed = kustomization()["resources"]
+    assert len(listed) == len(set(listed)), "a file is listed twice"
+    assert set(listed) == on_disk - {"kustomization.yaml"} - PROMETHEUS_FILES
+    assert PROMETHEUS_FILES <= on_disk
+
+
+def test_objects_render_together_with_unique_identities():
+    idents = [ident(o) for o in OBJECTS]
+    assert len(idents) == len(set(idents)), sorted(i for i in idents if idents.count(i) > 1)
+    namespace = one("Namespace", NAMESPACE)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert {o["metadata"].get("namespace") for o in OBJECTS if o["kind"] not in CLUSTER_SCOPED} == {NAMESPACE}
+
+
+def test_kustomize_renders_the_same_objects():
+    """kubectl's own kustomize, where installed: the same objects, each valid for 1.30."""
+    if shutil.which("kubectl"):
+        command = ["kubectl", "kustomize", MANIFESTS]
+    elif shutil.which("kustomize"):
+        command = ["kustomize", "build", MANIFESTS]
+    else:
+        pytest.skip("neither kubectl nor kustomize is installed; test_objects_render_together covers the rest")
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rendered = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    generated = {g["name"] for g in kustomization().get("configMapGenerator", [])}
+
+    def base(obj: dict) -> str:
+        name = obj["metadata"]["name"]
+        if obj["kind"] == "ConfigMap" and name.rsplit("-", 1)[0] in generated:
+            name = name.rsplit("-", 1)[0]
+        return f"{obj['kind']}/{obj['metadata'].get('namespace', '-')}/{name}"
+
+    assert sorted(base(o) for o in rendered) == sorted(ident(o) for o in OBJECTS)
+    for obj in rendered:
+        if obj["kind"] not in CUSTOM_RESOURCES:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "burnrate", base(obj)
+
+
+# --- schemas -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("obj", [o for o in OBJECTS if o["kind"] not in CUSTOM_RESOURCES], ids=ident)
+def test_objects_validate_against_kubernetes_1_30(obj):
+    kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def _schema(kind: str) -> dict:
+    with open(os.path.join(SCHEMAS, CUSTOM_RESOURCES[kind])) as fh:
+        return json.load(fh)
+
+
+@pytest.mark.parametrize("obj", [o for o in OBJECTS if o["kind"] in CUSTOM_RESOURCES], ids=ident)
+def test_custom_resources_validate_against_their_crd_schemas(obj):
+    schema = _schema(obj["kind"])
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(obj)
+    if obj["kind"] == "PyTorchJob":
+        for spec in obj["spec"]["pytorchReplicaSpecs"].values():
+            kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
+                                          "metadata": {"name": obj["metadata"]["name"]},
+                                          "template": spec["template"]}, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_crd_schemas_reject_what_the_operators_would():
+    """The vendored schemas are strict on the fields burnrate uses."""
+    monitor = copy.deepcopy(one("ServiceMonitor", "burnrate-agent"))
+    monitor["spec"]["endpoints"][0]["interval"] = "15 seconds"
+    rule = copy.deepcopy(find("PrometheusRule")[0])
+    rule["spec"]["groups"][0]["rules"][0]["record"] = "both_alert_and_record"
+    job = copy.deepcopy(find("PyTorchJob")[0])
+    job["spec"]["pytorchReplicaSpecs"]["Launcher"] = job["spec"]["pytorchReplicaSpecs"]["Worker"]
+    typo = copy.deepcopy(find("PyTorchJob")[0])
+    typo["spec"]["runPolicy"]["cleanPodPolicy"] = "Sometimes"
+    for bad in (monitor, rule, job, typo):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.Draft202012Validator(_schema(bad["kind"])).validate(bad)
+
+
+# --- references between objects -------------------------------------------------------------
+
+def test_services_select_pods_and_name_their_ports():
+    for service in find("Service"):
+        matched = [t for _, t in pod_templates() if selects({"matchLabels": service["spec"]["selector"]},
+                                                            t["metadata"]["labels"])]
+        assert len(matched) == 1, ident(service)
+        ports = {p["name"] for c in matched[0]["spec"]["containers"] for p in c.get("ports", [])}
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in ports, (ident(service), port)
+
+
+def test_service_monitors_select_services_by_port_name():
+    for monitor in find("ServiceMonitor"):
+        matched = [s for s in find("Service") if selects(monitor["spec"]["selector"], s["metadata"]["labels"])]
+        assert len(matched) == 1, ident(monitor)
+        names = {p["name"] for p in matched[0]["spec"]["ports"]}
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert endpoint["port"] in names
+            # Series carry their training pod's namespace/pod/container labels.
+            assert endpoint["honorLabels"] is True
+
+
+def test_network_policies_open_only_the_metrics_port_to_prometheus():
+    for policy in find("NetworkPolicy"):
+        matched = [t for _, t in pod_templates() if selects(policy["spec"]["podSelector"], t["metadata"]["labels"])]
+        assert len(matched) == 1, ident(policy)
+        ports = {p["containerPort"] for c in matched[0]["spec"]["containers"] for p in c.get("ports", [])}
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        [rule] = policy["spec"]["ingress"]
+        assert {p["port"] for p in rule["ports"]} == ports
+        [peer] = rule["from"]
+        assert peer["namespaceSelector"]["matchLabels"] and peer["podSelector"]["matchLabels"]
+
+
+def test_references_resolve():
+    for owner, container, template in containers():
+        spec = template["spec"]
+        if "serviceAccountName" in spec:
+            one("ServiceAccount", spec["serviceAccountName"])
+        for env in container.get("env", []):
+            ref = env.get("valueFrom", {}).get("configMapKeyRef")
+            if ref:
+                assert ref["key"] in one("ConfigMap", ref["name"])["data"], owner
+        for volume in spec.get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                one("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+        mounts = {m["name"] for m in container.get("volumeMounts", [])}
+        assert mounts <= {v["name"] for v in spec.get("volumes", [])}, owner
+        ports = {p["name"] for p in container.get("ports", [])}
+        for probe in ("livenessProbe", "readinessProbe"):
+            if probe in container:
+                assert container[probe]["httpGet"]["port"] in ports, (owner, probe)
+    for binding in find("ClusterRoleBinding"):
+        one("ClusterRole", binding["roleRef"]["name"])
+        for subject in binding["subjects"]:
+            assert subject["namespace"] == NAMESPACE
+            one("ServiceAccount", subject["name"])
+
+
+# --- how the pods are set up -------------------------------------------------------------------
+
+@pytest.mark.parametrize("owner,container,template", containers(), ids=[o for o, _, _ in containers()])
+def test_every_container_is_locked_down_and_sized(owner, container, template):
+    pod = template["spec"].get("securityContext", {})
+    ctx = container["securityContext"]
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in ctx["capabilities"] and not ctx.get("privileged")
+    assert (ctx.get("seccompProfile") or pod.get("seccompProfile")) == {"type": "RuntimeDefault"}
+    resources = container["resources"]
+    assert resources["requests"]["cpu"] and resources["requests"]["memory"] and resources["limits"]["memory"]
+    if not owner.startswith("DaemonSet/"):
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0
+
+
+def test_the_cluster_role_only_reads_pods_and_nodes():
+    [role] = find("ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]}]
+
+
+def _volume(template: dict, container: dict, mount_path: str) -> dict:
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == mount_path]
+    [volume] = [v for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
+    return {**volume, "readOnly": mount.get("readOnly", False)}
+
+
+def test_the_agent_daemonset():
+    ds = one("DaemonSet", "burnrate-agent")
+    template = ds["spec"]["template"]
+    spec = template["spec"]
+    [container] = spec["containers"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["runtimeClassName"] == "nvidia"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in spec["tolerations"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]} in terms[0]["matchExpressions"]
+    env = env_of(container)
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # No GPU request: the agent watches every GPU without holding one.
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/healthz"
+    pod_resources = _volume(template, container, posixpath.dirname(DEFAULT_KUBELET_SOCKET))
+    assert pod_resources["hostPath"]["path"] == posixpath.dirname(DEFAULT_KUBELET_SOCKET)
+    assert pod_resources["readOnly"] is True
+    telemetry = _volume(template, container, posixpath.dirname(DEFAULT_SOCKET))
+    assert telemetry["hostPath"] == {"path": "/run/burnrate", "type": "DirectoryOrCreate"}
+    assert telemetry["readOnly"] is False
+
+
+def test_the_training_job_reaches_the_agent_and_survives_eviction():
+    ds = one("DaemonSet", "burnrate-agent")
+    agent_socket_dir = _volume(ds["spec"]["template"], ds["spec"]["template"]["spec"]["containers"][0],
+                               posixpath.dirname(DEFAULT_SOCKET))["hostPath"]["path"]
+    [job] = find("PyTorchJob")
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert set(replicas) == {"Master", "Worker"}
+    for replica in replicas.values():
+        template = replica["template"]
+        [container] = template["spec"]["containers"]
+        assert container["name"] == "pytorch"
+        assert container["command"] == ["python", "-m", "trainer"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
+        env = env_of(container)
+        socket = env["BURNRATE_TELEMETRY_SOCKET"]["value"]
+        telemetry = _volume(template, container, posixpath.dirname(socket))
+        assert telemetry["hostPath"]["path"] == agent_socket_dir
+        assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+        assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+        args = container["args"]
+        assert "--resume" in args
+        checkpoints = _volume(template, container, option(args, "--checkpoint-dir"))
+        assert "persistentVolumeClaim" in checkpoints and not checkpoints["readOnly"]
+        # Room for a step and an emergency checkpoint after SIGTERM.
+        assert template["spec"]["terminationGracePeriodSeconds"] >= 60
+        assert {"key": "nvidia.com/gpu", "operator": "Exists"} in template["spec"]["tolerations"]
+
+
+# --- container arguments against the commands they run -------------------------------------------
+
+def _command_parser(args: list[str]) -> tuple[str, argparse.ArgumentParser]:
+    command = args[0]
+    if command not in COMMANDS:
+        pytest.skip(f"`burnrate {command}` is not a registered command")
+    parser = argparse.ArgumentParser(prog=f"burnrate {command}", exit_on_error=False)
+    importlib.import_module(COMMANDS[command][0]).add_arguments(parser)
+    return command, parser
+
+
+def _expanded(args: list[str], container: dict) -> list[str]:
+    """Arguments with $(VAR) replaced as the kubelet does, from literal or ConfigMap env."""
+    values = {}
+    for name, env in env_of(container).items():
+        if "value" in env:
+            values[name] = env["value"]
+        elif "configMapKeyRef" in env.get("valueFrom", {}):
+            ref = env["valueFrom"]["configMapKeyRef"]
+            values[name] = one("ConfigMap", ref["name"])["data"][ref["key"]]
+    out = []
+    for arg in args:
+        for name, value in values.items():
+            arg = arg.replace(f"$({name})", value)
+        out.append(arg)
+    return out
+
+
+BURNRATE_CONTAINERS = [(o, c) for o, c, _ in containers() if not c.get("command")]
+
+
+@pytest.mark.parametrize("owner,container", BURNRATE_CONTAINERS, ids=[o for o, _ in BURNRATE_CONTAINERS])
+def test_burnrate_arguments_parse_and_listen_on_the_container_port(owner, container):
+    command, parser = _command_parser(_expanded(container["args"], container))
+    args = parser.parse_args(_expanded(container["args"], container)[1:])
+    [port] = [p["containerPort"] for p in container["ports"]]
+    assert args.listen.rsplit(":", 1) == ["0.0.0.0", str(port)], owner
+    if command in ("analyze", "dashboard"):
+        assert args.prometheus.startswith("http"), owner
+
+
+def test_trainer_arguments_parse():
+    from trainer import config
+
+    for _, container, _ in containers():
+        if container.get("command") == ["python", "-m", "trainer"]:
+            parser = argparse.ArgumentParser(prog="python -m trainer", exit_on_error=False)
+            config.add_arguments(parser)
+            cfg = config.from_args(parser.parse_args(container["args"]))
+            assert cfg.checkpoint.resume and cfg.checkpoint.checkpoint_dir
+
+
+# --- Prometheus without the operator ---------------------------------------------------------------
+
+def test_plain_prometheus_configuration_loads(tmp_path):
+    """promtool checks the jobs and the rule file. Debian's promtool is built without
+    Kubernetes service discovery, so it sees each job with a static target instead and
+    the discovery section is checked here."""
+    scrape = load_yaml(os.path.join(MANIFESTS, "prometheus", "scrape-configs.yaml"))[0]
+    jobs = copy.deepcopy(scrape["scrape_configs"])
+    for job in jobs:
+        assert job.pop("kubernetes_sd_configs") == [{"role": "endpoints", "namespaces": {"names": [NAMESPACE]}}]
+        job["static_configs"] = [{"targets": ["127.0.0.1:9400"]}]
+        # Series carry their training pod's namespace/pod/container labels.
+        assert job["honor_labels"] is True
+    config = {"global": {"evaluation_interval": "1m"},
+              "rule_files": [os.path.join(MANIFESTS, "alerts", "burnrate-rules.yaml")],
+              "scrape_configs": jobs}
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([require("promtool"), "check", "config", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The same jobs with or without the operator (the operator names a job after its Service).
+    assert {job["job_name"] for job in jobs} == {m["metadata"]["name"] for m in find("ServiceMonitor")}
+    services = {s["metadata"]["name"]: {p["name"] for p in s["spec"]["ports"]} for s in find("Service")}
+    for job in jobs:
+        service, port = job["relabel_configs"][0]["regex"].split(";")
+        assert port in services[service]
