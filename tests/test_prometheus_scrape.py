@@ -1,4 +1,5 @@
 """A real Prometheus (Debian's package) scrapes the real agent on loopback."""
+import threading
 import time
 
 import pytest
@@ -29,6 +30,14 @@ def telemetry(rank: int, step: int) -> dict:
             "flops": 6.0e13, "loss": 3.1, "grad_norm": 1.2, "mfu": 0.42}
 
 
+def heartbeat(sock: str, stop: threading.Event) -> None:
+    while not stop.is_set():
+        for rank in (0, 1):
+            send_datagram(sock, {**telemetry(rank, 30), "steps": 0, "step_s": 0.0, "data_wait_s": 0.0,
+                                 "compute_s": 0.0, "samples": 0, "tokens": 0, "flops": 0.0})
+        stop.wait(0.5)
+
+
 def test_prometheus_scrapes_agent(tmp_path):
     with agent(tmp_path, "--interval", "0.5") as (url, sock, _):
         instance = url.removeprefix("http://")
@@ -50,8 +59,16 @@ def test_prometheus_scrapes_agent(tmp_path):
                 assert result, f"no data for {promql}"
                 for sample in result:
                     assert float(sample["value"][1]) >= 0
-            # the GPUs the ranks drive are attributed to their pods, joinable on UUID
-            held = prom.wait_for('burnrate_gpu_allocated{training_job="llm"}')
-            assert {r["metric"]["pod"] for r in held} == {"llm-worker-0", "llm-worker-1"}
-            joined = prom.query('DCGM_FI_DEV_GPU_UTIL * on(UUID) group_left(training_job) burnrate_gpu_allocated')
-            assert len(joined) == 2
+            # A rank holds its GPU while it reports: keep both ranks alive (no new steps).
+            stop = threading.Event()
+            keepalive = threading.Thread(target=heartbeat, args=(sock, stop), daemon=True)
+            keepalive.start()
+            try:
+                held = prom.wait_for('burnrate_gpu_allocated{training_job="llm"}')
+                assert {r["metric"]["pod"] for r in held} == {"llm-worker-0", "llm-worker-1"}
+                joined = prom.query(
+                    'DCGM_FI_DEV_GPU_UTIL * on(UUID) group_left(training_job) burnrate_gpu_allocated')
+                assert len(joined) == 2
+            finally:
+                stop.set()
+                keepalive.join()

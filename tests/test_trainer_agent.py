@@ -32,9 +32,6 @@ def test_trainer_telemetry_reaches_the_agent(tmp_path):
     compute = series(text, "burnrate_train_compute_seconds_total")
     assert compute["1"] >= 1.5 * compute["0"]          # the straggler, as the analyzer will see it
     assert set(series(text, "burnrate_train_world_size").values()) == {2.0}
-    # the simulated GPUs are held by the ranks that drive them
-    held = [line for line in text.splitlines() if line.startswith("burnrate_gpu_allocated{")]
-    assert len(held) == 2 and all('training_job="e2e"' in line for line in held)
     rejected = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                 if line.startswith("burnrate_agent_telemetry_rejected_total{")]
     assert sum(rejected) == 0
