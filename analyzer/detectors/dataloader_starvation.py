@@ -48,15 +48,12 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
     return _from_telemetry(v, config) + _from_sawtooth(v, config)
 
 
-def _bins(v: Views, minutes: float) -> int:
-    return max(int(np.ceil(minutes * 60 / v.step)), 1)
-
 
 def _from_telemetry(v: Views, config: Config) -> list[Finding]:
     rank = v.rank
     if not rank.size or "data_wait_s" not in rank.values or "step_s" not in rank.values:
         return []
-    half = _bins(v, config.window_minutes) // 2
+    half = v.span(config.window_minutes) // 2
     out = []
     for job, rows in v.job_rows(rank).items():
         wait = np.nansum(rank.values["data_wait_s"][rows], axis=0, dtype=np.float64)
@@ -67,7 +64,7 @@ def _from_telemetry(v: Views, config: Config) -> list[Finding]:
         with np.errstate(invalid="ignore", divide="ignore"):
             share = np.where(w_step > 0, w_wait / w_step, np.nan)
         mask = share >= config.warning_share
-        for r in runs(mask[None], _bins(v, config.min_minutes), int(config.gap_minutes * 60 // v.step)).itertuples():
+        for r in runs(mask[None], v.span(config.min_minutes), v.gap(config.gap_minutes)).itertuples():
             span = slice(r.start, r.end)
             total = step[span].sum()
             ratio = float(wait[span].sum() / total) if total > 0 else 0.0
@@ -89,7 +86,7 @@ def _from_sawtooth(v: Views, config: Config) -> list[Finding]:
     util_all = v.gpu.values.get("gpu_util")
     if not alloc.size or util_all is None:
         return []
-    half = _bins(v, config.window_minutes) // 2
+    half = v.span(config.window_minutes) // 2
     out = []
     for job, rows in v.job_rows(alloc).items():
         if job in v.telemetry_jobs:
@@ -108,7 +105,7 @@ def _from_sawtooth(v: Views, config: Config) -> list[Finding]:
         saw = (high >= config.saw_tail) & (low >= config.saw_tail) & held
         job_saw = saw.sum(axis=0) >= config.saw_gpu_share * np.maximum(held.sum(axis=0), 1)
         job_saw &= held.any(axis=0)
-        for r in runs(job_saw[None], _bins(v, config.min_minutes), int(config.gap_minutes * 60 // v.step)).itertuples():
+        for r in runs(job_saw[None], v.span(config.min_minutes), v.gap(config.gap_minutes)).itertuples():
             span = slice(r.start, r.end)
             share = np.nan_to_num(alloc.values["share"][rows, span])
             waiting = np.nan_to_num(low[:, span])

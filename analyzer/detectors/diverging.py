@@ -50,7 +50,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
     rank = v.rank
     if not rank.size or "loss" not in rank.values:
         return []
-    history = max(int(config.history_minutes * 60 / v.step), 1)
+    history = v.span(config.history_minutes)
     alloc_rows = v.job_rows(v.alloc)
     out = []
     for job, rows in v.job_rows(rank).items():

@@ -42,8 +42,8 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
     util[ok] = gpu.values["gpu_util"][rows[ok]]
     share = alloc.values["share"]
     idle = (share > 0) & (util <= config.util_max_pct)
-    found = runs(idle, min_len=int(np.ceil(config.min_minutes * 60 / v.step)),
-                 max_gap=int(config.gap_minutes * 60 // v.step))
+    found = runs(idle, min_len=v.span(config.min_minutes),
+                 max_gap=v.gap(config.gap_minutes))
     out = []
     for r in found.itertuples(index=False):
         k = alloc.keys.iloc[r.row]

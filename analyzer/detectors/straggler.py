@@ -43,9 +43,6 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
     return _from_telemetry(v, config) + _from_gpus(v, config)
 
 
-def _block(v: Views, config: Config) -> int:
-    return max(int(round(config.block_minutes * 60 / v.step)), 1)
-
 
 def _gpu_of(v: Views, pod: str, host: str, rank_no: float) -> str | None:
     """The GPU a rank runs on: the pod's only GPU, else the local-rank-th by index
@@ -64,7 +61,7 @@ def _from_telemetry(v: Views, config: Config) -> list[Finding]:
     rank = v.rank
     if not rank.size or "compute_s" not in rank.values:
         return []
-    k = _block(v, config)
+    k = v.span(config.block_minutes)
     min_blocks = max(int(np.ceil(config.min_minutes / config.block_minutes)), 1)
     out = []
     for job, rows in v.job_rows(rank).items():
@@ -111,7 +108,7 @@ def _from_gpus(v: Views, config: Config) -> list[Finding]:
     alloc, gpu = v.alloc, v.gpu
     if not alloc.size or "gpu_util" not in gpu.values:
         return []
-    k = _block(v, config)
+    k = v.span(config.block_minutes)
     min_blocks = max(int(np.ceil(config.min_minutes / config.block_minutes)), 1)
     out = []
     for job, rows in v.job_rows(alloc).items():

@@ -48,7 +48,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
             ref[model == name] = np.median(peak[mine])
     with np.errstate(invalid="ignore"):
         slow = (bits & THERMAL_BITS).astype(bool) & (clock < config.clock_ratio * ref[:, None])
-    found = runs(slow, int(np.ceil(config.min_minutes * 60 / v.step)), int(config.gap_minutes * 60 // v.step))
+    found = runs(slow, v.span(config.min_minutes), v.gap(config.gap_minutes))
     out = []
     for r in found.itertuples(index=False):
         k = gpu.keys.iloc[r.row]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 
 from ..findings import Finding
 from ..frames import Frames
@@ -30,8 +29,8 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         return []
     up = gpu.values["up"] > 0.5 if "up" in gpu.values else gpu.present
     free = gpu.present & up & (v.held <= 0)
-    found = runs(free, min_len=int(np.ceil(config.min_minutes * 60 / v.step)),
-                 max_gap=int(config.gap_minutes * 60 // v.step))
+    found = runs(free, min_len=v.span(config.min_minutes),
+                 max_gap=v.gap(config.gap_minutes))
     out = []
     util = gpu.values.get("gpu_util")
     for r in found.itertuples(index=False):

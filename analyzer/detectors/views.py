@@ -186,6 +186,14 @@ class Views:
         self.start = float(frames.window.start)
         self.n = max(int(np.floor((frames.window.end - frames.window.start) / self.step)) + 1, 1)
 
+    def span(self, minutes: float) -> int:
+        """Samples that cover `minutes` (at least one): run lengths and windows."""
+        return max(int(np.ceil(minutes * 60 / self.step)), 1)
+
+    def gap(self, minutes: float) -> int:
+        """Whole samples that fit in `minutes`: the holes a run may have and stay one run."""
+        return int(minutes * 60 // self.step)
+
     @classmethod
     def of(cls, data: Frames | Views) -> Views:
         return data if isinstance(data, Views) else cls(data)
