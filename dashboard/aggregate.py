@@ -265,7 +265,8 @@ def rank_steps(views: Views, rows: np.ndarray) -> RankSteps:
 @dataclass(frozen=True)
 class CostSummary:
     by_namespace: pd.DataFrame      # namespace, capacity_type, cost_dollars
-    by_job: pd.DataFrame            # job, cost_dollars, on_demand_cost_dollars, cost_per_billion_tokens
+    by_job: pd.DataFrame            # namespace, training_job, job ("ns/name"), cost_dollars,
+                                    # on_demand_cost_dollars, cost_per_billion_tokens
     waste_by_cause: pd.Series       # kind -> dollars
     spot_dollars: float
     spot_on_demand_dollars: float   # what the spot hours would have cost on-demand
@@ -279,10 +280,11 @@ class CostSummary:
 
 def cost_summary(report: Report) -> CostSummary:
     jobs = pd.DataFrame([{
-        "namespace": j.namespace, "job": f"{j.namespace}/{j.training_job}", "capacity_type": j.capacity_type,
-        "cost_dollars": j.cost_dollars, "on_demand_cost_dollars": j.on_demand_cost_dollars,
-        "cost_per_billion_tokens": j.cost_per_billion_tokens} for j in report.jobs],
-        columns=["namespace", "job", "capacity_type", "cost_dollars", "on_demand_cost_dollars",
+        "namespace": j.namespace, "training_job": j.training_job, "job": f"{j.namespace}/{j.training_job}",
+        "capacity_type": j.capacity_type, "cost_dollars": j.cost_dollars,
+        "on_demand_cost_dollars": j.on_demand_cost_dollars, "cost_per_billion_tokens": j.cost_per_billion_tokens}
+        for j in report.jobs],
+        columns=["namespace", "training_job", "job", "capacity_type", "cost_dollars", "on_demand_cost_dollars",
                  "cost_per_billion_tokens"])
     priced = jobs.dropna(subset=["cost_dollars"])
     by_ns = (priced.groupby(["namespace", "capacity_type"], as_index=False)["cost_dollars"].sum()

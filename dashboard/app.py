@@ -1,7 +1,7 @@
 """The app factory: one Dash app (Dash Pages) over one data source.
 
 The shell around the pages holds what they share: the URL (time range, the job
-in the path), the range picker, the live-refresh interval and the header that
+in the path, the findings' filters), the range picker, the live-refresh interval and the header that
 says which window is shown and whether its data is simulated. The app only reads.
 """
 from __future__ import annotations
@@ -21,15 +21,14 @@ from .ui import SERVICE_KEY, current_service, range_search
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def create_app(source: Source, catalog: Catalog | None = None, *, where: str = "", ttl_s: float = 30.0,
+def create_app(source: Source, catalog: Catalog | None = None, *, ttl_s: float = 30.0,
                refresh_s: float = 60.0, basic_auth: tuple[str, str] | None = None) -> dash.Dash:
-    """A dashboard over `source` (a PrometheusSource or RecordingSource). `where`
-    names the source in messages; analyses are cached for `ttl_s`; pages refresh
-    every `refresh_s` while live refresh is on."""
+    """A dashboard over `source` (a PrometheusSource or RecordingSource). Analyses
+    are cached for `ttl_s`; pages refresh every `refresh_s` while live refresh is on."""
     app = dash.Dash("dashboard", use_pages=True, pages_folder=os.path.join(HERE, "pages"),
                     assets_folder=os.path.join(HERE, "assets"), title="burnrate",
                     suppress_callback_exceptions=True, update_title=None)
-    service = DataService(source, catalog or load_catalog(None), ttl_s=ttl_s, where=where)
+    service = DataService(source, catalog or load_catalog(None), ttl_s=ttl_s)
     app.server.extensions[SERVICE_KEY] = service
     if basic_auth is not None:
         auth.require_basic_auth(app.server, *basic_auth)

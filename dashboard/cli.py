@@ -60,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
             source, where = PrometheusSource(args.prometheus, timeout_s=args.timeout), f"Prometheus {args.prometheus}"
     except (RecordingError, ValueError) as exc:
         raise UserError(str(exc)) from None
-    app = create_app(source, catalog, where=where, ttl_s=args.cache_ttl, refresh_s=args.refresh,
-                     basic_auth=credentials)
+    app = create_app(source, catalog, ttl_s=args.cache_ttl, refresh_s=args.refresh, basic_auth=credentials)
     app.server.extensions[SERVICE_KEY].warm_up()
     print(f"burnrate dashboard: http://{args.listen}/ ({where})", file=sys.stderr, flush=True)
     try:

@@ -9,6 +9,7 @@ takes seconds, a page render must not.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -24,7 +25,7 @@ from analyzer.frames import Frames, Window
 from analyzer.pricing import Catalog
 from analyzer.recording import RecordingError
 from analyzer.report import Report, analyze
-from analyzer.sources import PrometheusError, RecordingSource, missing_signals
+from analyzer.sources import PrometheusError, PrometheusSource, RecordingSource, missing_signals
 from analyzer.timeparse import format_time
 
 from . import aggregate
@@ -94,11 +95,11 @@ def cut(frames: Frames, window: Window) -> Frames:
 class DataService:
     """Analyses of one source, cached per time range for `ttl_s` seconds."""
 
-    def __init__(self, source: Source, catalog: Catalog, ttl_s: float = 30.0, where: str = "",
+    def __init__(self, source: Source, catalog: Catalog, ttl_s: float = 30.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.source = source
         self.catalog = catalog
-        self.where = where
+        self.where = describe_source(source)
         self.clock = clock
         # A recording's ranges end at its last sample; Prometheus' end now.
         self.default_range = ALL if isinstance(source, RecordingSource) else "6h"
@@ -125,7 +126,7 @@ class DataService:
         except PrometheusError as exc:
             raise Unavailable(str(exc).splitlines()[0]) from None
         except (RecordingError, OSError, ValueError) as exc:
-            raise Unavailable(f"cannot read {self.where or 'the data'}: {exc}") from None
+            raise Unavailable(f"cannot read {self.where}: {exc}") from None
         if frames.gpu.empty and frames.rank.empty:
             return Analysis(frames, Report(frames.window, [], [], frames.missing, frames.simulated), self.catalog)
         return Analysis(frames, analyze(frames, self.catalog), self.catalog).warm()
@@ -144,6 +145,16 @@ class DataService:
         if r.is_all:
             raise ValueError("range=all needs a recording; pick a duration such as 6h")
         return self.source.frames(Window(now - r.last, now))
+
+
+def describe_source(source: Source) -> str:
+    """The source's kind and a name that reads the same on every machine: a
+    recording's directory name, not its path."""
+    if isinstance(source, RecordingSource):
+        return f"recording {os.path.basename(os.path.normpath(source.root))}"
+    if isinstance(source, PrometheusSource):
+        return f"Prometheus {source.url}"
+    return type(source).__name__
 
 
 def describe_window(window: Window) -> str:

@@ -116,7 +116,7 @@ def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
                   row=row, col=1, secondary_y=True)
     row += 1
     for f in detail.findings:
-        start, end = pd.to_datetime([f.start, f.end], unit="s")
+        start, end = _datetimes([f.start, f.end])
         fig.add_trace(go.Scatter(
             x=[start, end], y=[f.kind, f.kind], mode="lines+markers", name=f.kind, showlegend=False,
             line={"width": 10, "color": SEVERITY_COLORS[f.severity]},
@@ -128,13 +128,18 @@ def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
     # crosses every panel (add_vline per panel costs seconds at a day of checkpoints).
     fig.update_layout(shapes=[{"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
                                "line": {"color": "#b2bec3", "dash": "dash", "width": 1}}
-                              for x in pd.to_datetime(detail.checkpoints, unit="s")])
+                              for x in _datetimes(detail.checkpoints)])
     if detail.checkpoints:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="checkpoint",
                                  line={"color": "#b2bec3", "dash": "dash"}), row=1, col=1)
     fig = _layout(fig, f"{detail.namespace}/{detail.training_job} over time", simulated, height=190 * rows)
     fig.update_layout(legend={"orientation": "h", "y": -0.04}, hovermode="x")
     return fig
+
+
+def _datetimes(seconds: list[float]) -> pd.DatetimeIndex:
+    # To the millisecond: Plotly would drop the nanoseconds a float's conversion leaves, with a warning each.
+    return pd.to_datetime(seconds, unit="s").round("ms")
 
 
 def _money(value: float | None) -> str:
@@ -156,11 +161,18 @@ def cost_by_job(summary: CostSummary, simulated: bool, top: int = 15) -> go.Figu
     jobs = summary.by_job.head(top)
     if jobs.empty:
         return empty_figure("no priced jobs in this window")
-    fig = go.Figure(go.Bar(x=jobs["cost_dollars"].round(2)[::-1], y=jobs["job"][::-1], orientation="h",
-                           marker_color="#0984e3", name="cost"))
+    jobs = jobs[::-1]     # the costliest on top
+    fig = go.Figure(go.Bar(x=jobs["cost_dollars"].round(2), y=jobs["job"], orientation="h", marker_color="#0984e3",
+                           name="cost", **_opens_job(jobs, "$%{x:,.2f}")))
     fig.update_xaxes(title="$", tickprefix="$")
     fig.update_layout(hovermode="y")
     return _layout(fig, f"Top {len(jobs)} jobs by cost", simulated, height=max(320, 26 * len(jobs) + 100))
+
+
+def _opens_job(jobs: pd.DataFrame, value: str) -> dict:
+    """A bar per job carries the job's key, so that a click on it can open the job's page."""
+    return {"customdata": jobs[["namespace", "training_job"]].to_numpy().tolist(),
+            "hovertemplate": f"%{{y}}: {value}<br>click to open the job<extra></extra>"}
 
 
 def spot_savings(summary: CostSummary, simulated: bool) -> go.Figure:
@@ -192,7 +204,7 @@ def cost_per_billion_tokens(summary: CostSummary, simulated: bool, top: int = 15
     if jobs.empty:
         return empty_figure("no job reported tokens in this window")
     fig = go.Figure(go.Bar(x=jobs["cost_per_billion_tokens"].round(2), y=jobs["job"], orientation="h",
-                           marker_color="#6c5ce7"))
+                           marker_color="#6c5ce7", **_opens_job(jobs, "$%{x:,.2f} per billion tokens")))
     fig.update_xaxes(title="$ per billion tokens", tickprefix="$")
     fig.update_layout(hovermode="y")
     return _layout(fig, "Cost per billion tokens (highest)", simulated, height=max(320, 26 * len(jobs) + 100))

@@ -66,11 +66,14 @@ def from_query(search: str | None, default: str) -> TimeRange:
 
 
 def picker_value(search: str | None, default: str) -> str:
-    """What the range dropdown shows for a query string."""
+    """What the range dropdown shows for a query string: a range it has no option
+    for (`?range=30m`) shows as custom, as a value outside its options would be
+    cleared, and the range with it."""
     params = query(search)
-    if "start" in params:
+    value = params.get("range", default)
+    if "start" in params or (value not in PRESETS and value != default):
         return CUSTOM
-    return params.get("range", default)
+    return value
 
 
 def with_params(search: str | None, **changes: str | None) -> str:
@@ -81,4 +84,5 @@ def with_params(search: str | None, **changes: str | None) -> str:
             params.pop(key, None)
         else:
             params[key] = value
-    return "?" + urlencode(params) if params else ""
+    # Commas stay readable: the Findings filters list values with them.
+    return "?" + urlencode(params, safe=",") if params else ""

@@ -48,6 +48,12 @@ def job_href(namespace: str, training_job: str, search: str | None) -> str:
     return f"/job/{quote(namespace, safe='')}/{quote(training_job, safe='')}{range_search(search)}"
 
 
+def job_link(namespace: str, training_job: str, search: str | None) -> str:
+    """A job's name linking to its page, as markdown: what a table cell can hold.
+    assets/links.js makes such links navigate inside the app."""
+    return f"[{training_job}]({job_href(namespace, training_job, search)})"
+
+
 def render(search: str | None, build: Callable[[Analysis, str], Any],
            service: DataService | None = None) -> Any:
     """A page's content for the URL's range: `build(analysis, search)`, or a clear

@@ -1,6 +1,6 @@
-"""The dashboard without a browser: time ranges in the URL, the analysis cache,
-aggregation, figure builders, page callbacks, empty and error states, basic auth
-and the command line."""
+"""The dashboard without a browser: time ranges and the findings' filters in the
+URL, the analysis cache, aggregation, figure builders, page callbacks, the status
+line, empty and error states, basic auth and the command line."""
 from __future__ import annotations
 
 import base64
@@ -18,8 +18,9 @@ from analyzer.simulate import Spec, simulate
 from analyzer.sources import PrometheusSource, RecordingSource
 from burnrate.cli import main as burnrate
 from dashboard import aggregate, figures
-from dashboard.app import create_app, nav_links, range_sync
-from dashboard.data import TtlCache, Unavailable
+from dashboard.app import create_app, nav_links, range_sync, status_line
+from dashboard.data import TtlCache, Unavailable, describe_source
+from dashboard.filters import FindingFilters
 from dashboard.timerange import TimeRange, from_query, picker_value, with_params
 from dashboard.ui import current_service, render
 from tests.conftest import free_port
@@ -43,7 +44,7 @@ def recording(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app(recording):
-    return create_app(RecordingSource(recording[0]), where="test recording", refresh_s=3600)
+    return create_app(RecordingSource(recording[0]), refresh_s=3600)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,17 @@ def analysis(app):
 def pages(app):
     from dashboard.pages import cost, fleet, findings, job, jobs   # registered by create_app
     return {"fleet": fleet, "jobs": jobs, "job": job, "findings": findings, "cost": cost}
+
+
+def _find(component, id_: str):
+    """The component with `id_` inside a Dash component tree (None if absent)."""
+    if getattr(component, "id", None) == id_:
+        return component
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, (list, tuple)) else [children]:
+        if child is not None and not isinstance(child, str) and (found := _find(child, id_)) is not None:
+            return found
+    return None
 
 
 def _text(component) -> str:
@@ -79,6 +91,9 @@ def test_time_ranges_from_the_url():
         with pytest.raises(ValueError):
             from_query(bad, "6h")
     assert picker_value("?start=1&end=2", "6h") == "custom"
+    assert picker_value("?range=1h", "all") == "1h" and picker_value("", "all") == "all"
+    # No option for these: shown as custom rather than cleared (with the range).
+    assert picker_value("?range=30m", "all") == "custom" and picker_value("?range=all", "6h") == "custom"
     assert with_params("?range=1h&x=1", range="6h", x=None) == "?range=6h"
 
 
@@ -188,6 +203,18 @@ def test_figure_builders_draw_the_aggregates_and_say_when_data_is_simulated(anal
     assert np.asarray(heat.z).shape == (24, len(fleet.times))
 
 
+def test_a_job_bar_carries_its_job_and_a_click_on_it_opens_the_job(analysis, pages):
+    summary = aggregate.cost_summary(analysis.report)
+    for fig in (figures.cost_by_job(summary, False), figures.cost_per_billion_tokens(summary, False)):
+        bars = fig.data[0]
+        assert ["/".join(key) for key in bars.customdata] == list(bars.y)
+    assert figures.cost_by_job(summary, False).data[0].y[-1] == summary.by_job["job"].iloc[0]   # costliest on top
+    href = pages["cost"].clicked_job_href
+    click = {"points": [{"y": "ml/llm 7b", "customdata": ["ml", "llm 7b"]}]}
+    assert href(click, "?range=1h&kind=straggler") == "/job/ml/llm%207b?range=1h"
+    assert href(None, "") is None and href({"points": [{"y": "ml/x"}]}, "") is None
+
+
 def test_empty_inputs_give_a_figure_that_says_so(analysis):
     empty = aggregate.RankSteps([], np.zeros(0), np.zeros(0), np.zeros(0))
     fig = figures.rank_breakdown(empty, False)
@@ -207,14 +234,41 @@ def test_every_page_callback_renders(app, pages, recording):
         assert "No job nope/nope" in _text(missing)
 
 
-def test_the_findings_filters(app, pages, recording):
+def test_the_findings_filters_come_from_the_url(app, pages, recording):
     with app.server.test_request_context():
-        children, namespaces = pages["findings"].update("", 1, ["straggler"], None, None)
+        children, namespaces = pages["findings"].update("?kind=straggler", 1)
         rows = children[1].data
         assert {r["kind"] for r in rows} == {"straggler"}
-        assert namespaces and all(isinstance(n, str) for n in namespaces)
-        children, _ = pages["findings"].update("", 1, None, None, ["critical"])
+        assert set(namespaces) == {t["namespace"] for t in recording[1] if t["namespace"]}
+        children, _ = pages["findings"].update("?severity=critical", 1)
         assert {r["severity"] for r in children[1].data} == {"critical"}
+        children, namespaces = pages["findings"].update("?namespace=elsewhere", 1)
+        assert "No findings match" in _text(children) and "elsewhere" in namespaces
+
+
+def test_findings_filters_to_the_url_and_back():
+    chosen = FindingFilters(kinds=("straggler", "idle_gpu"), namespaces=("ml",), severities=("critical",))
+    search = chosen.in_query("?range=1h&severity=warning")
+    assert search == "?range=1h&severity=critical&kind=straggler,idle_gpu&namespace=ml"
+    assert FindingFilters.from_query(search) == chosen
+    assert FindingFilters().in_query("?range=1h&kind=straggler&namespace=ml") == "?range=1h"
+    assert FindingFilters.from_query("") == FindingFilters() and FindingFilters().in_query("") == ""
+    # Repeated parameters (as Dash Pages hands them to a layout) and unknown values.
+    assert FindingFilters.from_params({"kind": ["straggler", "idle_gpu,bogus"], "severity": "fatal,info"}) == \
+        FindingFilters(kinds=("straggler", "idle_gpu"), severities=("info",))
+    assert FindingFilters.from_query("?kind=straggler,,straggler&namespace=%20ml") == \
+        FindingFilters(kinds=("straggler",), namespaces=("ml",))
+
+
+def test_the_findings_controls_and_the_url_follow_each_other(app, pages):
+    findings = pages["findings"]
+    page = findings.layout(range="1h", kind="straggler,stalled", namespace="ml")
+    assert _find(page, "findings-kind").value == ["straggler", "stalled"]
+    assert _find(page, "findings-namespace").value == ["ml"] == _find(page, "findings-namespace").options
+    assert _find(page, "findings-severity").value == []
+    assert findings.filters_to_url(["straggler"], None, ["critical"], "?range=1h") == \
+        "?range=1h&kind=straggler&severity=critical"
+    assert findings.filters_to_url(["straggler"], [], [], "?range=1h&kind=straggler") is no_update
 
 
 def test_an_empty_window_and_a_bad_range_are_explained(app, pages):
@@ -226,10 +280,18 @@ def test_an_empty_window_and_a_bad_range_are_explained(app, pages):
 
 def test_an_unreachable_prometheus_is_explained():
     url = f"http://127.0.0.1:{free_port()}"
-    app = create_app(PrometheusSource(url, timeout_s=2), where=f"Prometheus {url}")
+    app = create_app(PrometheusSource(url, timeout_s=2))
     with app.server.test_request_context():
         message = _text(render("?range=1h", lambda a, s: "drawn"))
     assert "cannot reach Prometheus at " + url in message
+
+
+def test_the_status_line_names_the_source_without_a_local_path(app, recording):
+    with app.server.test_request_context():
+        status = _text(status_line(""))
+    assert "SIMULATED DATA" in status
+    assert status.endswith(f"UTC · recording {os.path.basename(recording[0])}") and recording[0] not in status
+    assert describe_source(PrometheusSource("http://prometheus:9090/")) == "Prometheus http://prometheus:9090"
 
 
 # --- serving ---------------------------------------------------------------------------

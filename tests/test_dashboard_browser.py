@@ -1,30 +1,30 @@
 """A real headless Chromium loads every page of the dashboard serving a simulated
-recording: the pages render, the browser logs no errors, and the Findings page
-lists the injected faults. Screenshots go to $BURNRATE_SCREENSHOTS when set
-(docs/screenshots holds the committed ones)."""
+recording: the pages render, the browser logs no errors, the Findings page lists
+the injected faults and keeps its filters in the URL, and links to a job's page
+navigate inside the app. Screenshots go to $BURNRATE_SCREENSHOTS when set
+(docs/screenshots holds the committed ones: `BURNRATE_SCREENSHOTS=docs/screenshots
+.venv/bin/python -m pytest tests/test_dashboard_browser.py` makes them again)."""
 from __future__ import annotations
 
 import os
-import shutil
-import threading
+from urllib.parse import unquote, urlsplit
 
 import pytest
-from werkzeug.serving import make_server
 
-from tests.conftest import free_port
 from tests.test_dashboard import make_recording
 
 pytestmark = pytest.mark.slow
 
-webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.webdriver.chrome.service import Service  # noqa: E402
+pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-WIDTH = 1400
+from dashboard.testing import HEIGHT, WIDTH, chromium, chromium_installed, serve, wait_drawn  # noqa: E402
+
+# The recording's directory name is what the status line shows (and the screenshots).
+RECORDING_NAME = "example-fleet"
 
 
 @pytest.fixture(scope="module")
@@ -32,45 +32,25 @@ def served(tmp_path_factory):
     from analyzer.sources import RecordingSource
     from dashboard.app import create_app
 
-    root = str(tmp_path_factory.mktemp("dash") / "recording")
+    root = str(tmp_path_factory.mktemp("dash") / RECORDING_NAME)
     truth = make_recording(root)
-    app = create_app(RecordingSource(root), where=f"recording {root}", refresh_s=3600)
-    port = free_port()
-    server = make_server("127.0.0.1", port, app.server, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{port}", truth
-    server.shutdown()
-    thread.join(5)
+    with serve(create_app(RecordingSource(root), refresh_s=3600)) as base:
+        yield base, truth, root
 
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+    if not chromium_installed():
         if os.environ.get("CI"):
             pytest.fail("chromium and chromium-driver are not installed (.ci/run installs them)")
         pytest.skip("chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
-    # Never let Selenium Manager look for (or download) a browser or driver.
-    os.environ["SE_OFFLINE"] = "true"
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",
-                f"--window-size={WIDTH},1000"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    yield driver
-    driver.quit()
+    with chromium(str(tmp_path_factory.mktemp("chromium"))) as driver:
+        yield driver
 
 
 def _load(driver, url: str, ready_css: str) -> None:
     driver.get(url)
-    WebDriverWait(driver, 30).until(EC.presence_of_element_located((By.CSS_SELECTOR, ready_css)))
-    # Plotly draws after the element exists: wait until every graph on the page has its SVG.
-    WebDriverWait(driver, 30).until(lambda d: d.execute_script(
-        "return [...document.querySelectorAll('.dash-graph')].every(g => g.querySelector('.main-svg'))"))
+    wait_drawn(driver, ready_css)
 
 
 def _errors(driver) -> list[str]:
@@ -85,7 +65,7 @@ def _screenshot(driver, name: str) -> None:
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(WIDTH, min(max(height, 800), 4000))
     driver.save_screenshot(os.path.join(out, f"{name}.png"))
-    driver.set_window_size(WIDTH, 1000)
+    driver.set_window_size(WIDTH, HEIGHT)
 
 
 def _straggler_job(truth: list[dict]) -> tuple[str, str]:
@@ -93,8 +73,17 @@ def _straggler_job(truth: list[dict]) -> tuple[str, str]:
     return hit["namespace"], hit["training_job"]
 
 
+def _column(driver, table: str, column: str) -> list[str]:
+    return [cell.text for cell in driver.find_elements(By.CSS_SELECTOR, f"#{table} td[data-dash-column={column}]")]
+
+
+def _chosen(driver, dropdown: str) -> list[str]:
+    """The values a multi-select dropdown shows as selected."""
+    return [item.text for item in driver.find_elements(By.CSS_SELECTOR, f"#{dropdown}-value .dash-dropdown-value-item")]
+
+
 def test_every_page_renders_without_browser_errors(served, browser):
-    base, truth = served
+    base, truth, root = served
     namespace, job = _straggler_job(truth)
     pages = {
         "fleet": ("/", "#fleet-heatmap"),
@@ -105,24 +94,92 @@ def test_every_page_renders_without_browser_errors(served, browser):
     }
     for name, (path, ready) in pages.items():
         _load(browser, base + path, ready)
+        WebDriverWait(browser, 30).until(EC.text_to_be_present_in_element((By.ID, "app-status"), RECORDING_NAME))
         assert _errors(browser) == [], f"browser errors on {path}"
         assert browser.find_element(By.ID, "app-simulated").text == "SIMULATED DATA"
+        status = browser.find_element(By.ID, "app-status").text
+        assert f"UTC · recording {RECORDING_NAME}" in status and root not in status
         _screenshot(browser, name)
 
 
 def test_findings_page_lists_the_injected_faults(served, browser):
-    base, truth = served
+    base, truth, _ = served
     _load(browser, base + "/findings", "#findings-table")
-    kinds = {cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#findings-table td[data-dash-column=kind]")}
-    assert {t["kind"] for t in truth} <= kinds
+    assert {t["kind"] for t in truth} <= set(_column(browser, "findings-table", "kind"))
+    assert _errors(browser) == []
+
+
+def test_a_filtered_findings_url_opens_the_same_view(served, browser):
+    base, truth, _ = served
+    _load(browser, base + "/findings?range=1h&kind=straggler,stalled", "#findings-table td")
+    assert _chosen(browser, "findings-kind") == ["straggler", "stalled"]
+    assert _chosen(browser, "findings-severity") == []
+    assert set(_column(browser, "findings-table", "kind")) == {"straggler", "stalled"}
+
+    # A filter chosen on the page goes into the URL, next to the range and the other filters...
+    browser.find_element(By.ID, "findings-severity").click()
+    WebDriverWait(browser, 10).until(EC.element_to_be_clickable(
+        (By.XPATH, "//*[@role='option'][normalize-space()='critical']"))).click()
+    WebDriverWait(browser, 30).until(EC.url_contains("severity=critical"))
+    shared = browser.current_url
+    assert urlsplit(shared).query == "range=1h&kind=straggler,stalled&severity=critical"
+    WebDriverWait(browser, 30).until(lambda d: set(_column(d, "findings-table", "severity")) == {"critical"})
+    rows = sorted(zip(_column(browser, "findings-table", "kind"), _column(browser, "findings-table", "where")))
+
+    # ...and that URL, opened afresh, shows the same controls and the same rows.
+    _load(browser, shared, "#findings-table td")
+    assert _chosen(browser, "findings-kind") == ["straggler", "stalled"]
+    assert _chosen(browser, "findings-severity") == ["critical"]
+    assert "last 1h" in browser.find_element(By.ID, "app-range").text
+    assert sorted(zip(_column(browser, "findings-table", "kind"), _column(browser, "findings-table", "where"))) == rows
+    assert _errors(browser) == []
+
+
+def _click_job_link(table: str, column: str):
+    def click(driver) -> None:
+        driver.find_element(By.CSS_SELECTOR, f"#{table} td[data-dash-column={column}] a").click()
+    return click
+
+
+def _click_costliest_job_bar(driver) -> None:
+    bars = driver.find_elements(By.CSS_SELECTOR, "#cost-jobs .bars .point path")
+    ActionChains(driver).move_to_element(bars[-1]).click().perform()    # the top bar
+
+
+@pytest.mark.parametrize("path, ready, click", [
+    ("/", "#fleet-findings td", _click_job_link("fleet-findings", "training_job")),
+    ("/jobs", "#jobs-table td", _click_job_link("jobs-table", "job")),
+    ("/findings", "#findings-table td", _click_job_link("findings-table", "training_job")),
+    ("/cost", "#cost-jobs", _click_costliest_job_bar),
+], ids=["fleet", "jobs", "findings", "cost"])
+def test_links_to_a_job_navigate_without_reloading_the_document(served, browser, path, ready, click):
+    base, _, _ = served
+    _load(browser, f"{base}{path}?range=1h", ready)
+    browser.execute_script("window.__marker = 'same document'")
+    click(browser)
+    WebDriverWait(browser, 30).until(EC.url_contains("/job/"))
+    wait_drawn(browser, "#job-timeline")
+    assert browser.execute_script("return window.__marker") == "same document"
+    url = urlsplit(browser.current_url)
+    assert url.query == "range=1h"
+    _, namespace, job = unquote(url.path).strip("/").split("/")
+    assert browser.find_element(By.CSS_SELECTOR, "#_pages_content h2").text == f"{namespace}/{job}"
     assert _errors(browser) == []
 
 
 def test_the_range_picker_puts_the_range_in_the_url(served, browser):
-    base, _ = served
+    base, _, _ = served
     _load(browser, base + "/findings?range=1h", "#findings-table")
     assert "last 1h" in browser.find_element(By.ID, "app-range").text
     browser.find_element(By.CSS_SELECTOR, "#app-nav a[href^='/cost']").click()
     WebDriverWait(browser, 30).until(EC.presence_of_element_located((By.CSS_SELECTOR, "#cost-waste")))
     assert browser.current_url.endswith("/cost?range=1h")
+    assert _errors(browser) == []
+
+
+def test_a_range_without_a_preset_stays_in_the_url(served, browser):
+    base, _, _ = served
+    _load(browser, base + "/jobs?range=30m", "#jobs-table")
+    WebDriverWait(browser, 30).until(EC.text_to_be_present_in_element((By.ID, "app-range"), "custom"))
+    assert urlsplit(browser.current_url).query == "range=30m"
     assert _errors(browser) == []

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import dash
-from dash import Input, Output, callback, html
+from dash import Input, Output, State, callback, ctx, html, no_update
 
 from ..aggregate import cost_summary
 from ..data import Analysis
 from ..figures import cost_by_job, cost_by_namespace, cost_per_billion_tokens, spot_savings, waste_by_cause
-from ..ui import graph, money, render, stat
+from ..ui import graph, job_href, money, render, stat
 
 dash.register_page(__name__, path="/cost", name="Cost", title="burnrate · cost", order=3)
 
@@ -19,6 +19,21 @@ def layout(**_query: str) -> html.Div:
 @callback(Output("cost-content", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"))
 def update(search: str | None, _n: int | None):
     return render(search, content)
+
+
+@callback(Output("app-url", "href", allow_duplicate=True), Input("cost-jobs", "clickData"),
+          Input("cost-tokens", "clickData"), State("app-url", "search"), prevent_initial_call=True)
+def open_job(by_cost: dict | None, by_tokens: dict | None, search: str | None):
+    """A click on a job's bar opens the job's page, inside the app (the URL changes, the document stays)."""
+    click = by_cost if ctx.triggered_id == "cost-jobs" else by_tokens
+    return clicked_job_href(click, search) or no_update
+
+
+def clicked_job_href(click: dict | None, search: str | None) -> str | None:
+    """The page of the job whose bar `click` (a graph's clickData) hit; None for anything else."""
+    points = (click or {}).get("points") or [{}]
+    key = points[0].get("customdata")
+    return job_href(key[0], key[1], search) if isinstance(key, list) and len(key) == 2 else None
 
 
 def content(a: Analysis, _search: str) -> list:

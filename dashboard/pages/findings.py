@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import dash
-from dash import Input, Output, callback, dash_table, dcc, html
+from dash import Input, Output, State, callback, dash_table, dcc, html, no_update
 
 from analyzer.findings import KINDS, SEVERITIES
 from analyzer.report import SEVERITY_ORDER
 
 from ..aggregate import finding_rows
 from ..data import Analysis
-from ..ui import job_href, money, render
+from ..filters import FindingFilters
+from ..ui import job_link, money, render
 
 dash.register_page(__name__, path="/findings", name="Findings", title="burnrate · findings", order=2)
 
@@ -18,48 +19,60 @@ COLUMNS = [("severity", "severity"), ("kind", "kind"), ("namespace", "namespace"
            ("wasted $", "wasted_dollars"), ("evidence", "evidence"), ("what to do", "recommendation")]
 
 
-def layout(**_query: str) -> html.Div:
-    def picker(id_: str, label: str, options: list[str]) -> html.Div:
-        return html.Div([html.Label(label), dcc.Dropdown(id=id_, options=options, multi=True, placeholder="all")],
-                        className="br-filter")
+def layout(**query: str | list[str]) -> html.Div:
+    """The filters start as the URL says, so a shared link opens the same view."""
+    chosen = FindingFilters.from_params(query)
+
+    def picker(id_: str, label: str, options: list[str], value: tuple[str, ...]) -> html.Div:
+        return html.Div([html.Label(label), dcc.Dropdown(id=id_, options=options, value=list(value), multi=True,
+                                                         placeholder="all")], className="br-filter")
     return html.Div([
         html.H2("Findings"),
-        html.Div([picker("findings-kind", "kind", list(KINDS)), picker("findings-namespace", "namespace", []),
-                  picker("findings-severity", "severity", list(SEVERITIES))], className="br-filters"),
+        html.Div([picker("findings-kind", "kind", list(KINDS), chosen.kinds),
+                  # Until the analysis lists every namespace, the URL's must be options, or they would not show.
+                  picker("findings-namespace", "namespace", list(chosen.namespaces), chosen.namespaces),
+                  picker("findings-severity", "severity", list(SEVERITIES), chosen.severities)],
+                 className="br-filters"),
         html.Div(id="findings-content"),
     ])
 
 
+@callback(Output("app-url", "search", allow_duplicate=True), Input("findings-kind", "value"),
+          Input("findings-namespace", "value"), Input("findings-severity", "value"), State("app-url", "search"),
+          prevent_initial_call=True)
+def filters_to_url(kinds: list[str] | None, namespaces: list[str] | None, severities: list[str] | None,
+                   search: str | None):
+    """A changed filter goes into the URL; the page then draws what the URL says."""
+    changed = FindingFilters.of(kinds, namespaces, severities).in_query(search)
+    return no_update if changed == (search or "") else changed
+
+
 @callback(Output("findings-content", "children"), Output("findings-namespace", "options"),
-          Input("app-url", "search"), Input("app-refresh", "n_intervals"), Input("findings-kind", "value"),
-          Input("findings-namespace", "value"), Input("findings-severity", "value"))
-def update(search: str | None, _n: int | None, kinds: list[str] | None, namespaces: list[str] | None,
-           severities: list[str] | None):
-    namespaces_seen: list[str] = []
+          Input("app-url", "search"), Input("app-refresh", "n_intervals"))
+def update(search: str | None, _n: int | None):
+    filters = FindingFilters.from_query(search)
+    namespaces = set(filters.namespaces)
 
     def build(a: Analysis, s: str) -> list:
-        namespaces_seen.extend(sorted({f.namespace for f in a.report.findings if f.namespace}))
-        return content(a, s, kinds, namespaces, severities)
+        namespaces.update(f.namespace for f in a.report.findings if f.namespace)
+        return content(a, s, filters)
 
     children = render(search, build)
-    return children, namespaces_seen
+    return children, sorted(namespaces)
 
 
-def select(findings: list, kinds: list[str] | None, namespaces: list[str] | None,
-           severities: list[str] | None) -> list:
-    """The findings the filters keep (an empty filter keeps all), worst and costliest first."""
-    kept = [f for f in findings if (not kinds or f.kind in kinds)
-            and (not namespaces or f.namespace in namespaces) and (not severities or f.severity in severities)]
+def select(findings: list, filters: FindingFilters) -> list:
+    """The findings the filters keep, worst and costliest first."""
+    kept = [f for f in findings if filters.keeps(f)]
     return sorted(kept, key=lambda f: (SEVERITY_ORDER[f.severity], -(f.wasted_dollars or 0.0)))
 
 
-def content(a: Analysis, search: str, kinds: list[str] | None, namespaces: list[str] | None,
-            severities: list[str] | None) -> list:
-    kept = select(a.report.findings, kinds, namespaces, severities)
+def content(a: Analysis, search: str, filters: FindingFilters) -> list:
+    kept = select(a.report.findings, filters)
     rows = finding_rows(kept)
     for row in rows:
         if row["training_job"]:
-            row["training_job"] = f"[{row['training_job']}]({job_href(row['namespace'], row['training_job'], search)})"
+            row["training_job"] = job_link(row["namespace"], row["training_job"], search)
     hours = sum(f.wasted_gpu_hours or 0.0 for f in kept)
     dollars = sum(f.wasted_dollars or 0.0 for f in kept)
     summary = (f"{len(kept)} of {len(a.report.findings)} findings · {hours:,.1f} GPU-hours and {money(dollars)} "

@@ -7,7 +7,7 @@ from dash import Input, Output, callback, dash_table, html
 from ..aggregate import finding_rows
 from ..data import Analysis
 from ..figures import burn_rate, fleet_state, utilization_heatmap
-from ..ui import graph, job_href, money, render, stat
+from ..ui import graph, job_link, money, render, stat
 
 dash.register_page(__name__, path="/", name="Fleet", title="burnrate · fleet", order=0)
 
@@ -42,7 +42,7 @@ def content(a: Analysis, search: str) -> list:
     rows = finding_rows(top)
     for row in rows:
         if row["training_job"]:
-            row["training_job"] = f"[{row['training_job']}]({job_href(row['namespace'], row['training_job'], search)})"
+            row["training_job"] = job_link(row["namespace"], row["training_job"], search)
     table = dash_table.DataTable(
         id="fleet-findings", data=rows, markdown_options={"link_target": "_self"},
         columns=[{"name": n, "id": c, "presentation": "markdown"} if c == "training_job" else {"name": n, "id": c}

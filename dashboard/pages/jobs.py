@@ -6,7 +6,7 @@ from dash import Input, Output, callback, dash_table, html
 from dash.dash_table.Format import Format, Group, Scheme, Symbol
 
 from ..data import Analysis
-from ..ui import job_href, render
+from ..ui import job_link, render
 
 dash.register_page(__name__, path="/jobs", name="Jobs", title="burnrate · jobs", order=1)
 
@@ -39,8 +39,7 @@ def rows(a: Analysis, search: str) -> list[dict]:
     table = a.jobs.sort_values("cost_dollars", ascending=False, na_position="last")
     out = []
     for record in table.to_dict("records"):
-        href = job_href(record["namespace"], record["training_job"], search)
-        record["job"] = f"[{record.pop('training_job')}]({href})"
+        record["job"] = job_link(record["namespace"], record.pop("training_job"), search)
         out.append({k: (None if isinstance(v, float) and v != v else v) for k, v in record.items()})
     return out
 

@@ -1,0 +1,77 @@
+"""The dashboard in a real headless Chromium, for its browser test and its load-time
+benchmark: serve an app on a free local port, start Chromium, wait until a page is
+drawn. Needs selenium (the `test` extra) and Debian's chromium and chromium-driver."""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+import dash
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.support.ui import WebDriverWait
+from werkzeug.serving import WSGIRequestHandler, make_server
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+WIDTH, HEIGHT = 1400, 1000
+
+# When the page's main element is there and Plotly has drawn every graph (it draws
+# after the element exists): the time since navigation began, in ms; else null.
+_DRAWN_AT = """
+    const drawn = document.querySelector(arguments[0])
+        && [...document.querySelectorAll('.dash-graph')].every(g => g.querySelector('.main-svg'));
+    return drawn ? performance.now() : null;
+"""
+
+
+def chromium_installed() -> bool:
+    return os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)
+
+
+class _Unlogged(WSGIRequestHandler):
+    def log_request(self, *args: object) -> None:
+        """A page load makes dozens of requests: not one line each."""
+
+
+@contextmanager
+def serve(app: dash.Dash) -> Iterator[str]:
+    """The app served on a free local port, in a thread; yields its base URL."""
+    server = make_server("127.0.0.1", 0, app.server, threaded=True, request_handler=_Unlogged)
+    thread = threading.Thread(target=server.serve_forever, name="dashboard-under-test", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
+@contextmanager
+def chromium(profile_dir: str) -> Iterator[webdriver.Chrome]:
+    """Headless Chromium with a fresh profile in `profile_dir`, keeping the browser's console log."""
+    # Never let Selenium Manager look for (or download) a browser or driver.
+    os.environ["SE_OFFLINE"] = "true"
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", f"--user-data-dir={profile_dir}", f"--window-size={WIDTH},{HEIGHT}"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_drawn(driver: webdriver.Chrome, ready_css: str, timeout_s: float = 30.0, poll_s: float = 0.5) -> float:
+    """Wait until the element `ready_css` is on the page and every graph is drawn;
+    returns the milliseconds from the start of the document's navigation (a full
+    load; navigation inside the app keeps the document) to when that was seen."""
+    return WebDriverWait(driver, timeout_s, poll_frequency=poll_s).until(
+        lambda d: d.execute_script(_DRAWN_AT, ready_css))
