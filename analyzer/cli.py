@@ -92,21 +92,30 @@ def window_of(args: argparse.Namespace, now: float | None = None) -> Window | No
 
 
 def load_frames(args: argparse.Namespace, source=None) -> Frames:
+    from .detectors.views import ANALYSIS_COLUMNS
     from .sources import PrometheusError
 
     source = source or _source(args)
     window = window_of(args)
-    progress = args.format == "table" and sys.stderr.isatty()
-    if progress:
-        print("burnrate analyze: reading metrics…", file=sys.stderr, end="", flush=True)
+    bar = args.format == "table" and sys.stderr.isatty()
+    if bar:
+        progress_bar(0, 1)
     try:
-        frames = source.frames(window)
+        frames = source.frames(window, ANALYSIS_COLUMNS, progress_bar if bar else None)
     except (PrometheusError, OSError, ValueError) as exc:
         raise UserError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     finally:
-        if progress:
+        if bar:
             print("\r\033[K", file=sys.stderr, end="", flush=True)
     return frames
+
+
+def progress_bar(done: int, total: int, width: int = 30) -> None:
+    """One line on the terminal, redrawn in place while a long window is read."""
+    share = done / total if total else 1.0
+    filled = int(round(share * width))
+    print(f"\rburnrate analyze: reading metrics [{'#' * filled}{'.' * (width - filled)}] {share:4.0%}",
+          file=sys.stderr, end="", flush=True)
 
 
 def catalog_of(args: argparse.Namespace) -> Catalog:

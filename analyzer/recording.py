@@ -1,24 +1,44 @@
 """Load a recording written by `burnrate agent --record` or `burnrate simulate`
 into tidy pandas frames: one row per (time, series), label columns as categoricals.
 
-Columns are read with one `numpy.fromfile` each and only those asked for; a segment
-whose columns differ in length (a crash mid-write) is cut to its shortest
-complete column, and rows whose key never reached keys.jsonl are dropped.
+Only the columns asked for are read, and only the rows of the window asked for
+(rows are time-sorted within a segment: two binary searches find them). Long
+windows are read in chunks and reduced to the window's step as they go
+(analyzer.resample), so memory follows the frames, not the recording.
+A segment whose columns differ in length (a crash mid-write) is cut to its
+shortest complete column, and rows whose key never reached keys.jsonl are dropped.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 
 from agent.recording import FORMAT, TABLES
 
+from .resample import reduce_rows
+
+# Rows read at once: small enough that a chunk's arrays are reused from the heap
+# instead of faulted in afresh, and that a long window never sits in memory whole.
+CHUNK_ROWS = 1 << 19
+
 
 class RecordingError(ValueError):
     """Not a recording, or a table that does not exist."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """The rows to read: t in [start, end]; with `step`, reduced to the points
+    first, first + step, … (each holding the samples of (point - step, point])."""
+    start: float
+    end: float
+    first: float | None = None
+    step: float | None = None
 
 
 def check(root: str) -> None:
@@ -29,6 +49,11 @@ def check(root: str) -> None:
         raise RecordingError(f"{root} is not a burnrate recording (no readable burnrate.json)") from exc
     if meta.get("format") != FORMAT["format"] or meta.get("version") != FORMAT["version"]:
         raise RecordingError(f"{root}: unsupported recording format {meta}")
+
+
+def segments(root: str, table: str) -> list[str]:
+    directory = os.path.join(root, table)
+    return [os.path.join(directory, s) for s in sorted(os.listdir(directory))] if os.path.isdir(directory) else []
 
 
 def _keys(segment: str) -> dict[int, dict[str, str]]:
@@ -45,29 +70,82 @@ def _keys(segment: str) -> dict[int, dict[str, str]]:
     return keys
 
 
-def _segment(segment: str, label_names: tuple[str, ...], dtypes: dict[str, str]) -> pd.DataFrame | None:
-    paths = {c: os.path.join(segment, f"{c}.{d}") for c, d in dtypes.items()}
-    sizes = {c: os.path.getsize(p) if os.path.exists(p) else 0 for c, p in paths.items()}
-    rows = min(sizes[c] // np.dtype(dtypes[c]).itemsize for c in dtypes)
+def _read(path: str, dtype: str, lo: int, hi: int) -> np.ndarray:
+    size = np.dtype(dtype).itemsize
+    return np.fromfile(path, dtype="<" + dtype, count=hi - lo, offset=lo * size)
+
+
+def complete_rows(segment: str, dtypes: dict[str, str]) -> int:
+    """Rows every column of a segment has in full."""
+    def rows(column: str, dtype: str) -> int:
+        path = os.path.join(segment, f"{column}.{dtype}")
+        return os.path.getsize(path) // np.dtype(dtype).itemsize if os.path.exists(path) else 0
+    return min(rows(c, d) for c, d in dtypes.items())
+
+
+def _chunks(t: np.ndarray, span: Span | None) -> Iterator[tuple[int, int]]:
+    """Row ranges of the span (t is the memory-mapped time column); when reducing,
+    each ends on a point boundary, so that no point is split between chunks."""
+    if span is None:
+        lo, hi = 0, len(t)
+    elif span.step is None:
+        lo, hi = int(np.searchsorted(t, span.start, "left")), int(np.searchsorted(t, span.end, "right"))
+    else:
+        lo, hi = int(np.searchsorted(t, span.first - span.step, "right")), int(np.searchsorted(t, span.end, "right"))
+    while lo < hi:
+        end = min(lo + CHUNK_ROWS, hi)
+        if span is not None and span.step is not None and end < hi:
+            point = np.ceil((t[end] - span.first) / span.step)
+            end = max(int(np.searchsorted(t, span.first + (point - 1) * span.step, "right")), lo + 1)
+        yield lo, end
+        lo = end
+
+
+def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str], table: str,
+             span: Span | None) -> pd.DataFrame | None:
+    dtypes = {"t": "f8", "key": "u4", **columns}
+    rows = complete_rows(segment, dtypes)
     if rows == 0:
         return None
-    data = {c: np.fromfile(paths[c], dtype="<" + dtypes[c], count=rows) for c in dtypes}
+    path = {c: os.path.join(segment, f"{c}.{d}") for c, d in dtypes.items()}
     keys = _keys(segment)
-    known = np.isin(data["key"], np.fromiter(keys, dtype=np.uint32, count=len(keys)))
-    if not known.all():
-        data = {c: v[known] for c, v in data.items()}
-    frame = pd.DataFrame({c: v for c, v in data.items() if c != "key"})
-    # Labels via the small key table, not per row: one take per label column.
-    codes = data["key"].astype(np.int64)
     order = np.array(sorted(keys), dtype=np.int64)
-    position = np.searchsorted(order, codes)
+    # Row key -> position in `order`, -1 for a key that never reached keys.jsonl.
+    position = np.full(int(order[-1]) + 2 if len(order) else 1, -1, np.int64)
+    position[order] = np.arange(len(order))
+    parts = []
+    for lo, hi in _chunks(np.memmap(path["t"], dtype="<f8", mode="r", shape=(rows,)), span):
+        times, key = _read(path["t"], "f8", lo, hi), _read(path["key"], "u4", lo, hi)
+        values = {c: _read(path[c], d, lo, hi) for c, d in columns.items()}
+        series = position[np.minimum(key, len(position) - 1)]
+        known = series >= 0
+        if not known.all():
+            times, series, values = times[known], series[known], {c: v[known] for c, v in values.items()}
+        if span is not None and span.step is not None:
+            times, series, values = reduce_rows(times, series, len(order), values, table, span.first, span.step)
+        parts.append((times, series, values))
+    if not sum(len(p[0]) for p in parts):
+        return None
+    frame = pd.DataFrame({"t": np.concatenate([p[0] for p in parts]),
+                          **{c: np.concatenate([p[2][c] for p in parts]) for c in columns}}, copy=False)
+    # Labels via the small key table, not per row: one take per label column.
+    at = np.concatenate([p[1] for p in parts])
     for name in label_names:
         values = pd.Categorical([keys[k].get(name, "") for k in order])
-        frame[name] = pd.Categorical.from_codes(values.codes[position], values.categories)
+        frame[name] = pd.Categorical.from_codes(values.codes[at], values.categories)
     return frame
 
 
-def load_table(root: str, table: str, columns: Iterable[str] | None = None) -> pd.DataFrame:
+def empty_table(table: str, columns: Iterable[str] | None = None) -> pd.DataFrame:
+    """A table with no rows and the columns (in order) load_table gives it."""
+    label_names, all_columns = TABLES[table]
+    wanted = list(all_columns) if columns is None else list(columns)
+    empty = {"t": pd.Series(dtype="f8"), **{c: pd.Series(dtype=all_columns[c]) for c in wanted},
+             **{n: pd.Categorical([]) for n in label_names}}
+    return pd.DataFrame(empty)
+
+
+def load_table(root: str, table: str, columns: Iterable[str] | None = None, span: Span | None = None) -> pd.DataFrame:
     """All segments of one table: `t` (unix seconds), the label columns, the values."""
     check(root)
     if table not in TABLES:
@@ -77,16 +155,15 @@ def load_table(root: str, table: str, columns: Iterable[str] | None = None) -> p
     missing = set(wanted) - set(all_columns)
     if missing:
         raise RecordingError(f"table {table} has no columns {sorted(missing)}")
-    dtypes = {"t": "f8", "key": "u4", **{c: all_columns[c] for c in wanted}}
-    directory = os.path.join(root, table)
-    segments = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
-    frames = [f for s in segments if (f := _segment(os.path.join(directory, s), label_names, dtypes)) is not None]
+    dtypes = {c: all_columns[c] for c in wanted}
+    frames = [f for s in segments(root, table)
+              if (f := _segment(s, label_names, dtypes, table, span)) is not None]
     if not frames:
-        empty = {"t": pd.Series(dtype="f8"), **{n: pd.Categorical([]) for n in label_names}}
-        empty.update({c: pd.Series(dtype=all_columns[c]) for c in wanted})
-        return pd.DataFrame(empty)
+        return empty_table(table, wanted)
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     for name in label_names:  # concat of differing categories falls back to object
         if frame[name].dtype != "category":
             frame[name] = frame[name].astype("category")
-    return frame.sort_values("t", kind="stable", ignore_index=True)
+    if len(frames) > 1:
+        frame = frame.sort_values("t", kind="stable", ignore_index=True)
+    return frame

@@ -6,7 +6,11 @@ import argparse
 import csv
 import io
 import json
+import os
+import pty
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -142,3 +146,29 @@ def test_serve_exports_costs_and_findings(recording):
     assert 'burnrate_job_waste_dollars{cause="straggler"' in body
     assert 'burnrate_finding{Hostname=' in body and 'kind="stalled"' in body
     assert not worker.is_alive()
+
+
+def test_a_terminal_sees_a_progress_bar_while_metrics_are_read(recording):
+    """Through a real pseudo-terminal: the bar is drawn, reaches 100% and is erased
+    before the table; a pipe (a script) gets no bar at all."""
+    main, terminal = pty.openpty()
+    done = subprocess.run([sys.executable, "-m", "burnrate", "analyze", "--recording", recording],
+                          stdout=subprocess.PIPE, stderr=terminal, timeout=120, check=True)
+    os.close(terminal)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:          # the terminal closed: everything is read
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(main)
+    frames = drawn.decode().split("\r")
+    assert any("reading metrics [" in f and "100%" in f for f in frames), drawn
+    assert drawn.endswith(b"\x1b[K")
+    assert b"FINDINGS" in done.stdout and b"reading metrics" not in done.stdout
+    piped = subprocess.run([sys.executable, "-m", "burnrate", "analyze", "--recording", recording],
+                           capture_output=True, timeout=120, check=True)
+    assert b"reading metrics" not in piped.stderr

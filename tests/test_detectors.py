@@ -123,8 +123,8 @@ def test_empty_window_gives_no_findings():
 def test_runs_bridges_short_gaps_and_drops_short_runs():
     mask = np.array([[1, 1, 0, 1, 1, 0, 0, 0, 1]], bool)
     found = runs(mask, min_len=3, max_gap=1)
-    assert found[["start", "end"]].values.tolist() == [[0, 5]]
-    assert runs(mask, min_len=1)[["start", "end"]].values.tolist() == [[0, 2], [3, 5], [8, 9]]
+    assert [(r.start, r.end) for r in found] == [(0, 5)]
+    assert [(r.start, r.end) for r in runs(mask, min_len=1)] == [(0, 2), (3, 5), (8, 9)]
 
 
 def test_idle_gpu_fires_on_an_allocated_gpu_at_zero():

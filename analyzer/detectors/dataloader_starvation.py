@@ -64,7 +64,7 @@ def _from_telemetry(v: Views, config: Config) -> list[Finding]:
         with np.errstate(invalid="ignore", divide="ignore"):
             share = np.where(w_step > 0, w_wait / w_step, np.nan)
         mask = share >= config.warning_share
-        for r in runs(mask[None], v.span(config.min_minutes), v.gap(config.gap_minutes)).itertuples():
+        for r in runs(mask[None], v.span(config.min_minutes), v.gap(config.gap_minutes)):
             span = slice(r.start, r.end)
             total = step[span].sum()
             ratio = float(wait[span].sum() / total) if total > 0 else 0.0
@@ -105,7 +105,7 @@ def _from_sawtooth(v: Views, config: Config) -> list[Finding]:
         saw = (high >= config.saw_tail) & (low >= config.saw_tail) & held
         job_saw = saw.sum(axis=0) >= config.saw_gpu_share * np.maximum(held.sum(axis=0), 1)
         job_saw &= held.any(axis=0)
-        for r in runs(job_saw[None], v.span(config.min_minutes), v.gap(config.gap_minutes)).itertuples():
+        for r in runs(job_saw[None], v.span(config.min_minutes), v.gap(config.gap_minutes)):
             span = slice(r.start, r.end)
             share = np.nan_to_num(alloc.values["share"][rows, span])
             waiting = np.nan_to_num(low[:, span])

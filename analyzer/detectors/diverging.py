@@ -12,7 +12,7 @@ import numpy as np
 
 from ..findings import Finding, iso
 from ..frames import Frames
-from .views import Views, runs, trailing_mean
+from .views import Views, median_over_rows, runs, trailing_mean
 
 KIND = "diverging"
 
@@ -42,7 +42,7 @@ def _first_finite_seen(values: np.ndarray, present: np.ndarray) -> np.ndarray:
 def _consecutive(mask: np.ndarray, count: int) -> int:
     """The first bin of the first run of `count` or more True bins, or -1."""
     found = runs(mask[None], min_len=count)
-    return int(found["start"].iloc[0]) if len(found) else -1
+    return int(found.start[0]) if len(found) else -1
 
 
 def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
@@ -110,12 +110,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
 
 
 def _job_median(values: np.ndarray, present: np.ndarray) -> np.ndarray:
-    finite = np.where(present & np.isfinite(values), values, np.nan)
-    counts = np.isfinite(finite).sum(axis=0)
-    out = np.full(values.shape[1], np.nan)
-    cols = counts > 0
-    out[cols] = np.nanmedian(finite[:, cols], axis=0) if len(values) > 1 else finite[0, cols]
-    return out
+    return median_over_rows(np.where(present, values, np.nan))
 
 
 def _iso(v: Views, col: int) -> str:

@@ -63,7 +63,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
     mask[ev_rows, ev_cols] = True
     found = runs(mask, 1, v.gap(config.merge_minutes))
     out = []
-    for r in found.itertuples(index=False):
+    for r in found:
         k = gpu.keys.iloc[r.row]
         inside = (ev_rows == r.row) & (ev_cols >= r.start) & (ev_cols < r.end)
         codes, counts = np.unique(ev_codes[inside], return_counts=True)

@@ -45,7 +45,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
     found = runs(idle, min_len=v.span(config.min_minutes),
                  max_gap=v.gap(config.gap_minutes))
     out = []
-    for r in found.itertuples(index=False):
+    for r in found:
         k = alloc.keys.iloc[r.row]
         span = slice(r.start, r.end)
         held = np.nan_to_num(share[r.row, span])

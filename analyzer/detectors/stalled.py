@@ -70,7 +70,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
             reported = np.maximum.accumulate(np.nan_to_num(reported, nan=-np.inf))
             last = np.maximum(last, reported)
         stalled = (held > 0) & (times - last > limit)
-        for r in runs(stalled[None, :]).itertuples(index=False):
+        for r in runs(stalled[None, :]):
             since = float(last[r.start])
             begin = max(int(np.floor((since - v.start) / v.step)), 0)
             span = slice(begin, r.end)

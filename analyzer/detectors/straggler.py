@@ -14,7 +14,7 @@ import numpy as np
 
 from ..findings import Finding
 from ..frames import Frames
-from .views import Views, block_sum, fmean, runs
+from .views import Views, block_sum, fmean, median_over_rows, runs
 
 KIND = "straggler"
 ADVICE = ("Cordon and drain the straggler's node (or replace the GPU) and restart from the last checkpoint; "
@@ -79,11 +79,11 @@ def _from_telemetry(v: Views, config: Config) -> list[Finding]:
         cols = np.nonzero(usable)[0]
         sub = per_step[:, cols]
         # With two ranks the median is their mean and hides half the gap: compare with the faster one.
-        ref[cols] = np.nanmin(sub, axis=0) if len(rows) == 2 else np.nanmedian(sub, axis=0)
+        ref[cols] = np.nanmin(sub, axis=0) if len(rows) == 2 else median_over_rows(sub)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = per_step / ref
         slow = ratio >= config.slowdown
-        for r in runs(slow, min_blocks, max_gap=1).itertuples(index=False):
+        for r in runs(slow, min_blocks, max_gap=1):
             row = rows[r.row]
             key = rank.keys.iloc[row]
             span = slice(r.start, r.end)
@@ -131,13 +131,13 @@ def _from_gpus(v: Views, config: Config) -> list[Finding]:
             continue
         med_util = np.full(util.shape[1], np.nan)
         med_clock = np.full(util.shape[1], np.nan)
-        med_util[enough] = np.nanmedian(util[:, enough], axis=0)
+        med_util[enough] = median_over_rows(util[:, enough])
         if np.isfinite(clock[:, enough]).any():
-            med_clock[enough] = np.nanmedian(clock[:, enough], axis=0)
+            med_clock[enough] = median_over_rows(clock[:, enough])
         with np.errstate(invalid="ignore"):
             busier = util - med_util >= config.util_excess_pct
             slower = clock <= config.clock_ratio * med_clock
-        for r in runs(busier | slower, min_blocks, max_gap=1).itertuples(index=False):
+        for r in runs(busier | slower, min_blocks, max_gap=1):
             key = alloc.keys.iloc[rows[r.row]]
             span = slice(r.start, r.end)
             peers_wait = np.nan_to_num(np.clip(util[r.row, span] - med_util[span], 0, None) / 100)

@@ -50,7 +50,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         slow = (bits & THERMAL_BITS).astype(bool) & (clock < config.clock_ratio * ref[:, None])
     found = runs(slow, v.span(config.min_minutes), v.gap(config.gap_minutes))
     out = []
-    for r in found.itertuples(index=False):
+    for r in found:
         k = gpu.keys.iloc[r.row]
         span = slice(r.start, r.end)
         ratio = np.clip(clock[r.row, span] / ref[r.row], 0, 1)

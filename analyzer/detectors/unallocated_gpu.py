@@ -33,7 +33,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
                  max_gap=v.gap(config.gap_minutes))
     out = []
     util = gpu.values.get("gpu_util")
-    for r in found.itertuples(index=False):
+    for r in found:
         k = gpu.keys.iloc[r.row]
         hours = (r.end - r.start) * v.step / 3600
         evidence = {"unallocated_hours": hours}

@@ -9,6 +9,7 @@ within seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator, NamedTuple
 from functools import cached_property
 
 import numpy as np
@@ -22,8 +23,14 @@ HOLDER = ("namespace", "pod", "training_job")
 # A rank series is named by its pod and rank; its job and node follow from the pod.
 RANK_KEY = ("namespace", "pod", "rank")
 RANK_LABELS = ("training_job", "Hostname")
-RANK_COUNTERS = ("steps", "step_s", "data_wait_s", "compute_s", "tokens", "flops")
-RANK_GAUGES = ("mfu", "loss", "grad_norm", "last_step_time")
+RANK_COUNTERS = ("steps", "step_s", "data_wait_s", "compute_s", "tokens")
+RANK_TIMES = ("last_step_time", "last_checkpoint_time")
+RANK_GAUGES = ("mfu", "loss", "grad_norm") + RANK_TIMES
+GPU_SIGNALS = ("gpu_util", "up", "sm_clock_mhz", "throttle_reasons")
+# The value columns the detectors and the cost model read, per table: what a
+# source needs to fetch for an analysis (the dashboard's charts read more).
+ANALYSIS_COLUMNS = {"gpu": GPU_SIGNALS, "alloc": ("share",), "rank": RANK_COUNTERS + RANK_GAUGES,
+                    "node": (), "xid": ("count",)}
 
 
 @dataclass(frozen=True)
@@ -77,22 +84,34 @@ def last_rows(frame: pd.DataFrame, column: str) -> pd.DataFrame:
 
 
 def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...],
-               start: float, step: float, n: int, labels: tuple[str, ...] = ()) -> Grid:
+               start: float, step: float, n: int, labels: tuple[str, ...] = (),
+               counters: tuple[str, ...] = (), wide: tuple[str, ...] | None = None) -> Grid:
+    """`counters` become per-bin increases (counter_delta); float64 columns stay
+    float64 only when named in `wide` (all of them when it is None): a week of
+    timestamps needs the precision, a loss or an increase does not."""
     codes, keys = _codes(frame, by, labels)
     col = np.rint((frame["t"].to_numpy() - start) / step).astype(np.int64) if len(frame) else codes
     keep = (col >= 0) & (col < n)
     if not keep.all():
         codes, col = codes[keep], col[keep]
     s = len(keys)
+    cell = codes * n + col                 # one flat index, computed once for every column
     present = np.zeros((s, n), bool)
-    present[codes, col] = True
+    present.ravel()[cell] = True
     values = {}
+    cumulative = np.empty((s, n)) if counters else None     # one buffer for every counter
     for name in columns:
         data = frame[name].to_numpy()
         if not keep.all():
             data = data[keep]
-        arr = np.full((s, n), np.nan, dtype=np.float64 if data.dtype == np.float64 else np.float32)
-        arr[codes, col] = data
+        if name in counters:
+            cumulative.fill(np.nan)
+            cumulative.ravel()[cell] = data
+            values[name] = counter_delta(cumulative)
+            continue
+        exact = data.dtype == np.float64 and (wide is None or name in wide)
+        arr = np.full((s, n), np.nan, dtype=np.float64 if exact else np.float32)
+        arr.ravel()[cell] = data
         values[name] = arr
     return Grid(keys, values, present)
 
@@ -107,8 +126,31 @@ def counter_delta(cumulative: np.ndarray) -> np.ndarray:
     return delta
 
 
-def runs(mask: np.ndarray, min_len: int = 1, max_gap: int = 0) -> pd.DataFrame:
-    """Contiguous True stretches of each row: columns row, start, end (exclusive).
+class Run(NamedTuple):
+    row: int
+    start: int
+    end: int            # exclusive
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Stretches as three parallel arrays; iterating yields `Run`s."""
+    row: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+    def __iter__(self) -> Iterator[Run]:
+        return map(Run._make, zip(self.row.tolist(), self.start.tolist(), self.end.tolist()))
+
+    def where(self, keep: np.ndarray) -> Runs:
+        return Runs(self.row[keep], self.start[keep], self.end[keep])
+
+
+def runs(mask: np.ndarray, min_len: int = 1, max_gap: int = 0) -> Runs:
+    """Contiguous True stretches of each row.
 
     Gaps of at most `max_gap` False bins between two True stretches are bridged, so a
     single noisy sample does not split a sustained condition.
@@ -116,16 +158,15 @@ def runs(mask: np.ndarray, min_len: int = 1, max_gap: int = 0) -> pd.DataFrame:
     mask = np.asarray(mask, bool)
     if max_gap > 0 and mask.size:
         holes = _bounds(~mask)
-        inner = holes[(holes["start"] > 0) & (holes["end"] < mask.shape[1])
-                      & (holes["end"] - holes["start"] <= max_gap)]
+        inner = holes.where((holes.start > 0) & (holes.end < mask.shape[1]) & (holes.end - holes.start <= max_gap))
         if len(inner):
             mask = mask.copy()
-            length = (inner["end"] - inner["start"]).to_numpy()
-            rows = np.repeat(inner["row"].to_numpy(), length)
-            cols = np.repeat(inner["start"].to_numpy(), length) + _ramps(length)
+            length = inner.end - inner.start
+            rows = np.repeat(inner.row, length)
+            cols = np.repeat(inner.start, length) + _ramps(length)
             mask[rows, cols] = True
     out = _bounds(mask)
-    return out[out["end"] - out["start"] >= min_len].reset_index(drop=True)
+    return out.where(out.end - out.start >= min_len)
 
 
 def _ramps(length: np.ndarray) -> np.ndarray:
@@ -135,14 +176,14 @@ def _ramps(length: np.ndarray) -> np.ndarray:
     return np.arange(total) - offsets
 
 
-def _bounds(mask: np.ndarray) -> pd.DataFrame:
+def _bounds(mask: np.ndarray) -> Runs:
     s, n = mask.shape
     padded = np.zeros((s, n + 2), np.int8)
     padded[:, 1:-1] = mask
     edges = np.diff(padded, axis=1)
     r0, c0 = np.nonzero(edges == 1)
     _, c1 = np.nonzero(edges == -1)
-    return pd.DataFrame({"row": r0, "start": c0, "end": c1})
+    return Runs(r0, c0, c1)
 
 
 def window_sum(arr: np.ndarray, half: int) -> np.ndarray:
@@ -185,6 +226,8 @@ class Views:
         self.step = float(frames.step_s)
         self.start = float(frames.window.start)
         self.n = max(int(np.floor((frames.window.end - frames.window.start) / self.step)) + 1, 1)
+        self._job_rows: dict[int, dict[tuple[str, str], np.ndarray]] = {}
+        self._row_extents: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def span(self, minutes: float) -> int:
         """Samples that cover `minutes` (at least one): run lengths and windows."""
@@ -205,7 +248,7 @@ class Views:
     def gpu(self) -> Grid:
         """One row per physical GPU (by UUID), labelled with its Hostname, index and model."""
         f = self.frames.gpu
-        cols = tuple(c for c in ("gpu_util", "up", "sm_clock_mhz", "throttle_reasons") if c in f.columns)
+        cols = tuple(c for c in GPU_SIGNALS if c in f.columns)
         return build_grid(f, ("UUID",), cols, self.start, self.step, self.n,
                           labels=("Hostname", "gpu", "modelName"))
 
@@ -238,10 +281,8 @@ class Views:
     def rank(self) -> Grid:
         f = self.frames.rank
         cols = tuple(c for c in RANK_COUNTERS + RANK_GAUGES if c in f.columns)
-        grid = build_grid(f, RANK_KEY, cols, self.start, self.step, self.n, labels=RANK_LABELS)
-        for name in RANK_COUNTERS:
-            if name in grid.values:
-                grid.values[name] = counter_delta(grid.values[name])
+        grid = build_grid(f, RANK_KEY, cols, self.start, self.step, self.n, labels=RANK_LABELS,
+                          counters=RANK_COUNTERS, wide=RANK_TIMES)
         keys = grid.keys
         keys["job"] = job_name(keys["training_job"], keys["pod"])
         keys["rank_no"] = pd.to_numeric(keys["rank"], errors="coerce")
@@ -257,15 +298,51 @@ class Views:
 
     def job_rows(self, grid: Grid) -> dict[tuple[str, str], np.ndarray]:
         """Row numbers of each (namespace, job) in an alloc or rank grid."""
-        keys = grid.keys
-        if not len(keys):
-            return {}
-        groups = keys.groupby(["namespace", "job"], sort=True).indices
-        return {(str(ns), str(job)): rows for (ns, job), rows in groups.items()}
+        if id(grid) not in self._job_rows:
+            keys = grid.keys
+            groups = keys.groupby(["namespace", "job"], sort=True).indices if len(keys) else {}
+            self._job_rows[id(grid)] = {(str(ns), str(job)): rows for (ns, job), rows in groups.items()}
+        return self._job_rows[id(grid)]
+
+    def _extents(self, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
+        """First bin and one past the last bin with a sample, per row; (n, 0) for none."""
+        if id(grid) not in self._row_extents:
+            present = grid.present
+            seen = present.any(axis=1)
+            first = np.where(seen, np.argmax(present, axis=1), self.n)
+            end = np.where(seen, self.n - np.argmax(present[:, ::-1], axis=1), 0)
+            self._row_extents[id(grid)] = (first, end)
+        return self._row_extents[id(grid)]
+
+    def job_cols(self, job: tuple[str, str], align: int = 1) -> slice:
+        """The time bins where a job holds GPUs or reports, its start rounded down
+        to a multiple of `align` (block sums keep their boundaries): a job's own
+        detectors need look nowhere else, which keeps a week of many short jobs cheap."""
+        lo, hi = self.n, 0
+        for grid in (self.alloc, self.rank):
+            rows = self.job_rows(grid).get(job)
+            if rows is not None and len(rows):
+                first, end = self._extents(grid)
+                lo, hi = min(lo, int(first[rows].min())), max(hi, int(end[rows].max()))
+        return slice((lo // align) * align, hi) if hi > lo else slice(0, 0)
 
     @cached_property
     def telemetry_jobs(self) -> set[tuple[str, str]]:
         return set(self.job_rows(self.rank))
+
+
+def median_over_rows(values: np.ndarray) -> np.ndarray:
+    """np.nanmedian(values, axis=0) for the few rows of one job, by one sort:
+    numpy's nanmedian falls back to masked arrays column by column, 100x slower."""
+    values = np.asarray(values, np.float64)
+    finite = np.isfinite(values)
+    ordered = np.sort(np.where(finite, values, np.nan), axis=0)     # NaN sorts last
+    count = finite.sum(axis=0)
+    cols = np.arange(values.shape[1])
+    lo, hi = np.maximum((count - 1) // 2, 0), np.minimum(count // 2, max(len(values) - 1, 0))
+    with np.errstate(invalid="ignore"):
+        middle = (ordered[lo, cols] + ordered[hi, cols]) / 2 if len(values) else np.full(len(cols), np.nan)
+    return np.where(count > 0, middle, np.nan)
 
 
 def fmean(values: np.ndarray) -> float | None:

@@ -5,6 +5,8 @@ detector and the cost model work on either.
 """
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import pandas as pd
 
 from agent.gpu.simulated import SIMULATED
@@ -18,6 +20,7 @@ POD_CPU = "pod CPU"
 # What a cluster running dcgm-exporter without the burnrate agent cannot give.
 DCGM_ONLY_MISSING = (GPU_LOST_SIGNAL, XID_EVENT_COUNTS, POD_CPU)
 DEFAULT_STEP_S = 15.0
+Progress = Callable[[int, int], None]    # (done, total): how far a source is in reading a window
 
 
 def missing_signals(gpu: pd.DataFrame, rank: pd.DataFrame, node: pd.DataFrame,
@@ -35,10 +38,10 @@ def missing_signals(gpu: pd.DataFrame, rank: pd.DataFrame, node: pd.DataFrame,
     return tuple(missing)
 
 
-def column_order(table: str) -> list[str]:
+def column_order(table: str, columns: Sequence[str] | None = None) -> list[str]:
     """Columns in the order load_table gives them: time, values, labels."""
-    labels, columns = TABLES[table]
-    return ["t", *columns, *labels]
+    labels, every = TABLES[table]
+    return ["t", *(every if columns is None else columns), *labels]
 
 
 def is_simulated(gpu: pd.DataFrame) -> bool:

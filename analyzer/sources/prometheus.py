@@ -22,13 +22,14 @@ import math
 import re
 import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -38,9 +39,10 @@ from exporter import catalog as C
 from exporter import labels as L
 
 from ..frames import Frames, Window
-from . import column_order, is_simulated, missing_signals
+from ..recording import empty_table
+from ..resample import MAX_POINTS, reduction, step_for
+from . import Progress, column_order, is_simulated, missing_signals
 
-MAX_POINTS = 11_000       # Prometheus refuses a query_range of more points per series
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _POD_SUFFIX = re.compile(r"-(?:worker|master|launcher)-\d+$")
 
@@ -87,12 +89,11 @@ class _Query:
 def _queries() -> list[_Query]:
     device, device_pod = C.DEVICE, C.DEVICE_POD
     by = C.BY_NAME
-    out = [_Query("gpu", spec.field, spec.name, device_pod,
-                  "max" if spec.field == "throttle_reasons" else "last" if spec.type == C.COUNTER else "avg")
+    out = [_Query("gpu", spec.field, spec.name, device_pod, reduction("gpu", spec.field))
            for spec in C.CATALOG if spec.source == C.GPU_FIELD]
     out += [
         _Query("gpu", "last_xid", "DCGM_FI_DEV_XID_ERRORS", device_pod, "last"),
-        _Query("gpu", "up", "burnrate_gpu_up", device, "min"),
+        _Query("gpu", "up", "burnrate_gpu_up", device, reduction("gpu", "up")),
         _Query("gpu", "nvlink_tx_bytes", by["burnrate_gpu_nvlink_bytes_total"].sample_name, device, "last",
                {"direction": "tx"}),
         _Query("gpu", "nvlink_rx_bytes", by["burnrate_gpu_nvlink_bytes_total"].sample_name, device, "last",
@@ -136,6 +137,8 @@ class PrometheusSource:
         self.min_step_s = min_step_s
         self.chunk_points = max(1, min(chunk_points, MAX_POINTS))
         self.workers = workers
+        self._lock = threading.Lock()
+        self._answered = 0
         self._headers = {"Accept": "application/json"}
         if bearer_token:
             self._headers["Authorization"] = f"Bearer {bearer_token}"
@@ -187,7 +190,7 @@ class PrometheusSource:
 
     # --- frames --------------------------------------------------------------------
     def step_for(self, window: Window) -> float:
-        return float(max(self.min_step_s, math.ceil((window.end - window.start) / MAX_POINTS)))
+        return step_for(window, self.min_step_s)
 
     def promql(self, q: _Query, step: float) -> str:
         labels = {k: v for k, v in self.matchers.items() if k in _LABELS_OF[q.metric]}
@@ -196,8 +199,21 @@ class PrometheusSource:
         query = f"max by ({', '.join(q.by)}) ({inner})"
         return f"sum by ({', '.join(q.outer)}) ({query})" if q.outer else query
 
-    def frames(self, window: Window | None = None) -> Frames:
-        """The window's tables; the last hour when no window is given."""
+    def _answer(self, job: tuple[_Query, np.ndarray], step: float, total: int, progress: Progress | None) -> list[dict]:
+        q, points = job
+        answer = self.query_range(self.promql(q, step), points[0], points[-1], step)
+        if progress:
+            with self._lock:
+                self._answered += 1
+                progress(self._answered, total)
+        return answer
+
+    def frames(self, window: Window | None = None, columns: Mapping[str, Sequence[str]] | None = None,
+               progress: Progress | None = None) -> Frames:
+        """The window's tables; the last hour when no window is given. `columns`
+        names the value columns to query per table; tables it leaves out come back
+        empty, and no query is sent for them. `progress(done, total)` is told of
+        every query answered."""
         if window is None:
             now = time.time()
             window = Window(now - 3600.0, now)
@@ -205,14 +221,20 @@ class PrometheusSource:
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         grid = np.arange(first, last + step / 2, step) if last >= first else np.empty(0)
         chunks = [grid[k:k + self.chunk_points] for k in range(0, len(grid), self.chunk_points)]
-        jobs = [(q, chunk) for chunk in chunks for q in QUERIES]
+        jobs = [(q, chunk) for chunk in chunks for q in QUERIES if _wanted(q, columns)]
+        self._answered = 0
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-            answers = list(pool.map(lambda job: self.query_range(self.promql(job[0], step), job[1][0],
-                                                                 job[1][-1], step), jobs))
+            answers = list(pool.map(lambda job: self._answer(job, step, len(jobs), progress), jobs))
         results: dict[tuple[str, str], list[dict]] = {}
         for (q, _), answer in zip(jobs, answers):
             results.setdefault((q.table, q.column), []).extend(answer)
-        return _assemble(results, window, step, first)
+        return _assemble(results, window, step, first, columns)
+
+
+def _wanted(q: _Query, columns: Mapping[str, Sequence[str]] | None) -> bool:
+    # Node info carries the node's labels and `up` tells the agent's series from
+    # dcgm-exporter's: both are asked whenever their table is.
+    return columns is None or q.table in columns and (q.column in columns[q.table] or q.column in ("_info", "up"))
 
 
 def _num(value: float) -> str:
@@ -281,11 +303,8 @@ class _Dense:
         return frame
 
 
-def _table_columns(table: str) -> dict[str, str]:
-    return {c: "<" + d for c, d in TABLES[table][1].items()}
-
-
-def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: float, first: float) -> Frames:
+def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: float, first: float,
+              columns: Mapping[str, Sequence[str]] | None = None) -> Frames:
     n_times = max(0, int(round((window.end - first) / step)) + 1) if first <= window.end else 0
     if n_times == 0 or not any(results.values()):
         return _empty(window, step)
@@ -295,23 +314,29 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
                                                                           "xid_total") else ()
         for series in answer:
             dense[table].add(column, series, row_labels)
+
+    def table(name: str, frame_of=None) -> pd.DataFrame:
+        if columns is not None and name not in columns:
+            return empty_table(name)
+        chosen = [c for c in TABLES[name][1] if columns is None or c in columns[name]]
+        frame = frame_of(chosen) if frame_of else dense[name].frame({c: "<" + TABLES[name][1][c] for c in chosen},
+                                                                     n_times)
+        return frame[column_order(name, chosen)]
+
     dcgm_only = not results.get(("gpu", "up")) and bool(dense["gpu"].keys)
-    gpu = dense["gpu"].frame(_table_columns("gpu"), n_times, L.POD_LABELS)
-    gpu = gpu[column_order("gpu")]
+    gpu = table("gpu", lambda chosen: dense["gpu"].frame({c: "<" + TABLES["gpu"][1][c] for c in chosen},
+                                                         n_times, L.POD_LABELS))
     if dcgm_only:
         gpu = _label_jobs(gpu)
-        alloc = _alloc_from_pods(gpu)
+        alloc = _alloc_from_pods(gpu) if columns is None or "alloc" in columns else empty_table("alloc")
     else:
-        gpu["xid_total"] = gpu["xid_total"].fillna(0.0).astype(gpu["xid_total"].dtype)
-        alloc = dense["alloc"].frame(_table_columns("alloc"), n_times)
-    node = dense["node"].frame({"_info": "<f8"}, n_times).drop(columns="_info")
-    node = _node_cpu(node, results.get(("node", "cpu_utilization"), []), first, step)
-    rank = dense["rank"].frame(_table_columns("rank"), n_times)
-    pod_cpu = dense["pod_cpu"].frame(_table_columns("pod_cpu"), n_times)
-    xid = dense["xid"].frame(_table_columns("xid"), n_times)
-    tables = {"gpu": gpu, "alloc": alloc[column_order("alloc")], "rank": rank[column_order("rank")],
-              "node": node[column_order("node")], "pod_cpu": pod_cpu[column_order("pod_cpu")],
-              "xid": xid[column_order("xid")]}
+        if "xid_total" in gpu.columns:
+            gpu["xid_total"] = gpu["xid_total"].fillna(0.0).astype(gpu["xid_total"].dtype)
+        alloc = table("alloc")
+    node = table("node", lambda chosen: _node_cpu(dense["node"].frame({"_info": "<f8"}, n_times).drop(columns="_info"),
+                                                  results.get(("node", "cpu_utilization"), []), first, step))
+    rank = table("rank")
+    tables = {"gpu": gpu, "alloc": alloc, "rank": rank, "node": node, "pod_cpu": table("pod_cpu"), "xid": table("xid")}
     return Frames(window=window, step_s=step, missing=missing_signals(gpu, rank, node, dcgm_only),
                   simulated=is_simulated(gpu), **tables)
 
@@ -338,7 +363,8 @@ def _label_jobs(gpu: pd.DataFrame) -> pd.DataFrame:
     jobs = gpu[L.TRAINING_JOB].astype(str)
     derived = pods.map(job_from_pod) if len(pods) else pods
     gpu[L.TRAINING_JOB] = pd.Categorical(jobs.where(jobs != "", derived))
-    gpu["up"] = gpu["up"].astype("<f4")
+    if "up" in gpu.columns:
+        gpu["up"] = gpu["up"].astype("<f4")
     return gpu
 
 
@@ -350,9 +376,4 @@ def _alloc_from_pods(gpu: pd.DataFrame) -> pd.DataFrame:
 
 
 def _empty(window: Window, step: float) -> Frames:
-    tables = {}
-    for name, (labels, columns) in TABLES.items():
-        frame = {"t": pd.Series(dtype="f8"), **{n: pd.Categorical([]) for n in labels}}
-        frame.update({c: pd.Series(dtype=d) for c, d in columns.items()})
-        tables[name] = pd.DataFrame(frame)[column_order(name)]
-    return Frames(window=window, step_s=step, **tables)
+    return Frames(window=window, step_s=step, **{name: empty_table(name) for name in TABLES})

@@ -2,23 +2,48 @@
 from __future__ import annotations
 
 import os
+from typing import Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 
 from agent.recording import TABLES
 
 from ..frames import Frames, Window
-from ..recording import check, load_table
-from . import DEFAULT_STEP_S, column_order, is_simulated, missing_signals
+from ..recording import Span, check, complete_rows, empty_table, load_table, segments
+from . import DEFAULT_STEP_S, Progress, is_simulated, missing_signals
+from ..resample import grid_points, step_for
 
 SIMULATED_MARKER = "simulated.json"
+STEP_SAMPLE_ROWS = 100_000   # enough rows to see many sample times, cheap to read
 
 
-def infer_step(t: pd.Series) -> float:
-    """The sample interval: the median gap between distinct sample times."""
-    times = np.unique(t.to_numpy())
-    return float(np.median(np.diff(times))) if len(times) > 1 else DEFAULT_STEP_S
+def sample_interval(root: str, window: Window) -> float:
+    """The sample interval within a window: the median gap between distinct sample
+    times of the gpu (else node) table, from the first rows of each segment there."""
+    for table in ("gpu", "node"):
+        times = []
+        for segment in segments(root, table):
+            rows = complete_rows(segment, {"t": "f8"})
+            if rows:
+                t = np.memmap(os.path.join(segment, "t.f8"), dtype="<f8", mode="r", shape=(rows,))
+                lo, hi = np.searchsorted(t, window.start, "left"), np.searchsorted(t, window.end, "right")
+                times.append(np.array(t[lo:min(hi, lo + STEP_SAMPLE_ROWS)]))
+        distinct = np.unique(np.concatenate(times)) if times else np.empty(0)
+        if len(distinct) > 1:
+            return float(np.median(np.diff(distinct)))
+    return DEFAULT_STEP_S
+
+
+def time_range(root: str) -> Window:
+    """First and last sample time over every table."""
+    ends = []
+    for table in TABLES:
+        for segment in segments(root, table):
+            rows = complete_rows(segment, {"t": "f8"})
+            if rows:
+                path = os.path.join(segment, "t.f8")
+                ends += [np.fromfile(path, "<f8", count=1)[0], np.fromfile(path, "<f8", count=1, offset=(rows - 1) * 8)[0]]
+    return Window(float(min(ends)), float(max(ends))) if ends else Window(0.0, 0.0)
 
 
 class RecordingSource:
@@ -26,23 +51,37 @@ class RecordingSource:
         check(root)
         self.root = root
 
-    def frames(self, window: Window | None = None) -> Frames:
-        """Every table cut to `window` (inclusive); the whole recording when None."""
-        tables = {name: load_table(self.root, name)[column_order(name)] for name in TABLES}
-        if window is None:
-            times = pd.concat([f["t"] for f in tables.values()])
-            window = Window(float(times.min()), float(times.max())) if len(times) else Window(0.0, 0.0)
+    def frames(self, window: Window | None = None, columns: Mapping[str, Sequence[str]] | None = None,
+               progress: Progress | None = None) -> Frames:
+        """The tables within `window` (inclusive; the whole recording when None), at
+        the window's step (analyzer.resample). `columns` names the value
+        columns to read per table; tables it leaves out come back empty.
+        `progress(done, total)` is told how many rows are read so far."""
+        window = window or time_range(self.root)
+        native = sample_interval(self.root, window)
+        step = step_for(window, native)
+        if step > native * 1.01:
+            first, points = grid_points(window, step)
+            span = Span(window.start, first + (points - 1) * step, first, step)
         else:
-            tables = {name: _cut(frame, window) for name, frame in tables.items()}
+            step, span = native, Span(window.start, window.end)
+        wanted = [name for name in TABLES if columns is None or name in columns]
+        sizes = {name: sum(complete_rows(s, {"t": "f8"}) for s in segments(self.root, name)) for name in wanted}
+        tables = {name: empty_table(name) for name in TABLES}
+        done = 0
+        for name in wanted:
+            tables[name] = load_table(self.root, name, _wanted(name, columns), span)
+            done += sizes[name]
+            if progress:
+                progress(done, sum(sizes.values()))
         gpu, rank, node = tables["gpu"], tables["rank"], tables["node"]
-        step = infer_step(node["t"] if len(node) else gpu["t"])
         simulated = os.path.exists(os.path.join(self.root, SIMULATED_MARKER)) or is_simulated(gpu)
         return Frames(window=window, step_s=step, missing=missing_signals(gpu, rank, node),
                       simulated=simulated, **tables)
 
 
-def _cut(frame: pd.DataFrame, window: Window) -> pd.DataFrame:
-    # Rows are sorted by time: two binary searches instead of a mask over every row.
-    t = frame["t"].to_numpy()
-    lo, hi = np.searchsorted(t, window.start, "left"), np.searchsorted(t, window.end, "right")
-    return frame.iloc[lo:hi].reset_index(drop=True)
+def _wanted(table: str, columns: Mapping[str, Sequence[str]] | None) -> list[str]:
+    every = list(TABLES[table][1])
+    if columns is None:
+        return every
+    return [c for c in every if c in columns.get(table, ())]
