@@ -232,7 +232,10 @@ def _checkpoint_interval(v: Views, rows: np.ndarray | None) -> float | None:
     if rows is None or "last_checkpoint_time" not in rank.values:
         return None
     values = rank.values["last_checkpoint_time"][rows]
-    seen = np.unique(values[np.isfinite(values) & (values > 0)])
+    # A checkpoint's time repeats in every report until the next one: only changes are new.
+    new = np.isfinite(values) & (values > 0)
+    new[:, 1:] &= values[:, 1:] != values[:, :-1]
+    seen = np.unique(values[new])
     return float(np.median(np.diff(seen))) if len(seen) > 2 else None
 
 
