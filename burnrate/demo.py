@@ -9,6 +9,8 @@ the recording while it grows; at the end the analyzer names what went wrong.
 The live jobs last seconds, not hours, so their analysis compresses time: every
 detector threshold given in minutes is read as seconds (a straggler must persist
 20 s instead of 20 min). The simulated fleet is analyzed with the real defaults.
+Each job's share of `--duration` counts from its first step: how long torch takes to
+start varies several-fold with the machine's load, and would eat the evidence.
 """
 from __future__ import annotations
 
@@ -27,18 +29,43 @@ from contextlib import ExitStack
 
 from .cli import UserError
 
-# (job, fault flags, share of the duration)
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    name: str
+    flags: tuple[str, ...]
+    share: float
+    """Share of --duration it trains for, from its first step."""
+    min_steps: int = 0
+    """...and it is not stopped before the agent has seen this step: a fault set at a
+    step must have happened, however fast or slow the machine steps."""
+
+
+# Late enough for a few seconds of healthy loss first: the detector counts a NaN loss
+# only after a finite one, and a spike only against the loss before it.
+DIVERGE_AT = 300
 JOBS = (
-    ("llm-pretrain", ("--fault", "straggler:rank=1,factor=3"), 0.40),
-    ("llm-finetune", ("--fault", "starve:delay=0.08", "--num-workers", "1"), 0.35),
-    ("llm-unstable", ("--fault", "diverge:at=40"), 0.25),
+    Job("llm-pretrain", ("--fault", "straggler:rank=1,factor=3"), 0.45),
+    Job("llm-finetune", ("--fault", "starve:delay=0.08", "--num-workers", "1"), 0.35),
+    # At this peak learning rate the x10^4 blow-up overflows to NaN within a few reports, as
+    # a real divergence does; at the default peak the loss stays on a high finite plateau,
+    # which is a spike against its own recent mean for one report only. It trains on a few
+    # reports past the blow-up, so that the NaN has reached the agent.
+    Job("llm-unstable", ("--fault", f"diverge:at={DIVERGE_AT}", "--lr", "3e-3"), 0.20, min_steps=DIVERGE_AT + 50),
 )
+# Enough for the time-compressed detectors: the straggler job trains 18 s, and 4 blocks
+# of 5 s need more than 15; the starving one 14 s, which its 10 s centered window turns
+# into the 20 s run the detector needs.
+MIN_DURATION_S = 40.0
 NAMESPACE = "demo"
+POLL_S = 0.5
+PROGRESS_EVERY_S = 5.0
+STARTUP_LIMIT_S = 120.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=120.0, metavar="S",
-                   help="seconds of live training (default 120; 60 is enough to see every fault)")
+                   help=f"seconds of live training (default 120; {MIN_DURATION_S:.0f} is enough to see every fault)")
     p.add_argument("--port", type=int, default=8050, help="dashboard port (default 8050)")
     p.add_argument("--agent-port", type=int, default=9400, help="agent /metrics port (default 9400)")
     p.add_argument("--no-browser", action="store_true", help="do not open the dashboard in a browser")
@@ -85,6 +112,33 @@ def _steps(agent_url: str, job: str) -> int:
                 if line.startswith("burnrate_train_steps_total{") and f'training_job="{job}"' in line), default=0)
 
 
+def _train(stack: ExitStack, job: Job, seconds: float, env: dict, work: str, agent_url: str,
+           live_start: float) -> None:
+    """Run one job until it has trained `seconds` from its first step and reached
+    `job.min_steps`; one that never gets there is stopped after the startup limit and
+    twice its time."""
+    log = os.path.join(work, f"{job.name}.log")
+    env = {**env, "BURNRATE_TRAINING_JOB": job.name, "POD_NAME": f"{job.name}-0"}
+    trainer = _spawn(stack, ["train", "--nproc", "2", "--steps", "1000000", "--job-name", job.name,
+                             "--report-every-s", "0.5", *job.flags], log, env)
+    deadline = time.time() + STARTUP_LIMIT_S + 2 * seconds
+    until, printed = None, 0.0
+    while trainer.poll() is None:
+        now, steps = time.time(), _steps(agent_url, job.name)
+        if until is None and steps > 0:
+            until = now + seconds
+        if now >= deadline or (until is not None and now >= until and steps >= job.min_steps):
+            break
+        if now - printed >= PROGRESS_EVERY_S:
+            printed = now
+            print(f"  [{now - live_start:5.0f}s] {job.name} ({' '.join(job.flags)}): "
+                  + (f"step {steps}" if until else "starting"), flush=True)
+        time.sleep(POLL_S)
+    else:
+        print(f"  {job.name} exited with code {trainer.returncode}: see {log}", flush=True)
+    _stop(trainer)
+
+
 def live_config(config):
     """Every `*_minutes` threshold of every detector read as seconds. MFU is not judged
     for CPU runs: there it is measured against an estimated peak, not a GPU's."""
@@ -97,8 +151,8 @@ def live_config(config):
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.duration < 30:
-        raise UserError("--duration must be at least 30 seconds for the faults to show")
+    if args.duration < MIN_DURATION_S:
+        raise UserError(f"--duration must be at least {MIN_DURATION_S:.0f} seconds for the faults to show")
     _check_port(args.port, "--port")
     _check_port(args.agent_port, "--agent-port")
     from analyzer.detectors import DetectorConfig
@@ -131,16 +185,8 @@ def run(args: argparse.Namespace) -> int:
             webbrowser.open(dashboard_url)
         env = {**os.environ, "BURNRATE_TELEMETRY_SOCKET": sock, "POD_NAMESPACE": NAMESPACE}
         live_start = time.time()
-        for job, flags, share in JOBS:
-            env.update(BURNRATE_TRAINING_JOB=job, POD_NAME=f"{job}-0")
-            trainer = _spawn(stack, ["train", "--nproc", "2", "--steps", "1000000", "--job-name", job,
-                                     "--report-every-s", "0.5", *flags], os.path.join(work, f"{job}.log"), env)
-            until = time.time() + args.duration * share
-            while time.time() < until and trainer.poll() is None:
-                time.sleep(min(5.0, max(0.0, until - time.time())))
-                print(f"  [{time.time() - live_start:5.0f}s/{args.duration:.0f}s] {job} ({' '.join(flags)}): "
-                      f"step {_steps(agent_url, job)}", flush=True)
-            _stop(trainer)
+        for job in JOBS:
+            _train(stack, job, args.duration * job.share, env, work, agent_url, live_start)
         time.sleep(2.0)  # the agent's last samples
     end = time.time()
 

@@ -3,21 +3,27 @@ import subprocess
 
 import pytest
 
+from burnrate.demo import MIN_DURATION_S
 from tests.conftest import PYTHON, ROOT, free_port
 
 pytestmark = pytest.mark.slow
 
+# finding kind -> the one job the demo injects it into
+INJECTED = {"straggler": "demo/llm-pretrain", "dataloader_starvation": "demo/llm-finetune",
+            "diverging": "demo/llm-unstable"}
 
-def test_demo_names_the_injected_faults(tmp_path):
-    proc = subprocess.run([PYTHON, "-m", "burnrate", "demo", "--duration", "60", "--no-browser",
+
+def test_demo_names_the_injected_faults_at_its_shortest_duration(tmp_path):
+    proc = subprocess.run([PYTHON, "-m", "burnrate", "demo", "--duration", f"{MIN_DURATION_S:g}", "--no-browser",
                            "--dir", str(tmp_path / "demo"), "--port", str(free_port()),
                            "--agent-port", str(free_port())],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     live = proc.stdout.split("=== live training on this machine")[1].split("=== simulated fleet ===")[0]
     findings = [line.split() for line in live.splitlines() if line.startswith(("critical", "warning", "info"))]
-    straggler = [f for f in findings if f[1] == "straggler"]
-    assert straggler and straggler[0][2] == "demo/llm-pretrain" and "rank 1" in " ".join(straggler[0])
-    assert any(f[1] == "dataloader_starvation" and f[2] == "demo/llm-finetune" for f in findings)
-    assert not any(f[1] == "straggler" and f[2] != "demo/llm-pretrain" for f in findings)
+    assert {(f[1], f[2]) for f in findings if f[1] in INJECTED} == set(INJECTED.items()), live
+    straggler = next(f for f in findings if f[1] == "straggler")
+    assert "demo-node:gpu1 rank 1" in " ".join(straggler), live
+    diverging = next(f for f in findings if f[1] == "diverging")
+    assert diverging[0] == "critical" and "non_finite" in diverging, live
     assert "=== simulated fleet ===" in proc.stdout

@@ -1,0 +1,152 @@
+"""The README's benchmark table, derived from bench/RESULTS.md.
+
+    python bench/readme_table.py     # rewrites the table in README.md after RESULTS.md changed
+
+Each row reads one figure from a table of RESULTS.md, found by the section's title, the
+row's first cell and the column's header, so a figure that moves or is renamed fails
+loudly here instead of going stale. tests/test_readme.py checks the README is current.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "bench", "RESULTS.md")
+README = os.path.join(ROOT, "README.md")
+BEGIN = "<!-- benchmark table: generated from bench/RESULTS.md by bench/readme_table.py -->"
+END = "<!-- end of benchmark table -->"
+
+
+@dataclass(frozen=True)
+class Section:
+    command: str                        # the script and its arguments, from the section's heading
+    rows: dict[str, dict[str, str]]     # first cell -> {column header: cell}
+
+
+def sections(markdown: str) -> dict[str, Section]:
+    """The first table of every `## Title: `command`` section."""
+    out: dict[str, Section] = {}
+    for block in re.split(r"^## ", markdown, flags=re.M)[1:]:
+        heading, _, body = block.partition("\n")
+        title, _, rest = heading.partition(":")
+        command = re.search(r"`([^`]+)`", rest)
+        table = [_cells(line) for line in body.splitlines() if line.startswith("|")]
+        if command is None or len(table) < 3:
+            continue
+        header, rows = table[0], table[2:]   # table[1] is the |---| line
+        out[title.strip()] = Section(command.group(1), {row[0]: dict(zip(header, row)) for row in rows})
+    return out
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+class Missing(LookupError):
+    """RESULTS.md no longer holds a figure the README summarizes."""
+
+
+def _lookup(section: Section, row: str, column: str) -> str:
+    try:
+        return section.rows[row][column]
+    except KeyError:
+        raise Missing(f"no {column!r} in the row {row!r}") from None
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", "").rstrip("%"))
+
+
+Figure = Callable[[Section], float]
+
+
+def cell(row: str, column: str) -> Figure:
+    return lambda section: _number(_lookup(section, row, column))
+
+
+def increase(base: str, row: str, column: str) -> Figure:
+    """How much `row` exceeds `base`, in percent."""
+    return lambda section: 100 * (_number(_lookup(section, row, column)) / _number(_lookup(section, base, column)) - 1)
+
+
+def largest(column: str) -> Figure:
+    """The largest figure of the column; cells that are not one number (a range, a dash) are skipped."""
+    def figure(section: Section) -> float:
+        cells = [row[column].replace(",", "") for row in section.rows.values() if column in row]
+        numbers = [float(c) for c in cells if re.fullmatch(r"\d+(\.\d+)?", c)]
+        if not numbers:
+            raise Missing(f"no number in the column {column!r}")
+        return max(numbers)
+    return figure
+
+
+@dataclass(frozen=True)
+class Row:
+    measure: str
+    section: str                        # the RESULTS.md section the figure is in
+    figure: Figure
+    unit: str
+    target: float | None = None         # the project's target; lower is better
+
+
+ROWS = (
+    Row("agent scrape p99, 64 ranks sending 10 messages/s", "Agent",
+        cell("scrape p99 (ms)", "64 ranks x 10/s"), "ms", 5),
+    Row("agent memory (RSS), same load", "Agent", cell("RSS (MB)", "64 ranks x 10/s"), "MB", 80),
+    Row("agent CPU, same load, one scrape per second", "Agent",
+        cell("CPU (% of one core)", "64 ranks x 10/s"), "% of a core", 1),
+    Row("trainer monitor overhead per step (median)", "Monitor overhead",
+        increase("plain", "monitored", "median ms/step"), "%", 0.5),
+    Row("MFU, tiny model on CPU (the target, 45%, is for an H100)", "MFU", cell("tiny", "MFU"), "%"),
+    Row("analyze 1,024 GPUs x 7 days: time", "Analyzer", cell("1024", "total s"), "s", 10),
+    Row("analyze 1,024 GPUs x 7 days: peak memory", "Analyzer", cell("1024", "peak RSS GB"), "GB", 4),
+    Row("dashboard, slowest page once the analysis is cached", "Dashboard", largest("build s"), "s", 2),
+)
+
+
+def _format(value: float, unit: str) -> str:
+    number = f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return number + unit if unit.startswith("%") else f"{number} {unit}"
+
+
+def render(results: str) -> str:
+    tables = sections(results)
+    lines = ["| measure | result | target | met | measured by |", "|---|---:|---:|:---:|---|"]
+    for row in ROWS:
+        if row.section not in tables:
+            raise Missing(f"bench/RESULTS.md has no table under '## {row.section}: `command`'")
+        try:
+            value = row.figure(tables[row.section])
+        except Missing as exc:
+            raise Missing(f"bench/RESULTS.md, '## {row.section}': {exc}") from None
+        target = "–" if row.target is None else _format(row.target, row.unit)
+        met = "–" if row.target is None else ("yes" if value <= row.target else "no")
+        lines.append(f"| {row.measure} | {_format(value, row.unit)} | {target} | {met} | "
+                     f"`{tables[row.section].command}` |")
+    return "\n".join(lines) + "\n"
+
+
+def between(text: str, begin: str, end: str) -> str:
+    """What lies between the marker lines `begin` and `end`."""
+    return text.split(begin + "\n", 1)[1].split(end, 1)[0]
+
+
+def replace_between(text: str, begin: str, end: str, new: str) -> str:
+    head, rest = text.split(begin + "\n", 1)
+    return head + begin + "\n" + new + end + rest.split(end, 1)[1]
+
+
+def main() -> None:
+    with open(RESULTS, encoding="utf-8") as fh:
+        table = render(fh.read())
+    with open(README, encoding="utf-8") as fh:
+        readme = fh.read()
+    with open(README, "w", encoding="utf-8") as fh:
+        fh.write(replace_between(readme, BEGIN, END, table))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""The README stays true: its sections in the agreed order, its metrics and benchmark tables
+generated from their sources, its usage lines accepted by the commands they show, and
+every shell command in it run exactly as written, here or by .ci/run.
+
+Shell commands are the lines of its ```sh blocks. `make` targets take minutes and build
+the virtualenv, so .ci/run runs them; this test runs every other one in a directory that
+looks like the checkout, with `docker` and `kubectl` replaced by stand-ins that record
+what they are asked and are checked against the Dockerfile and the manifests. A command
+whose comment names a URL is a server: it passes when that URL answers.
+"""
+import argparse
+import importlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+import pytest
+import yaml
+
+from bench import readme_table
+from burnrate import cli
+from exporter import docs
+from tests.conftest import ROOT
+
+README = os.path.join(ROOT, "README.md")
+CI = os.path.join(ROOT, ".ci", "run")
+MANIFESTS = os.path.join(ROOT, "manifests")
+
+# The agreed order: after the title and what burnrate is, the two commands, the dashboard,
+# the architecture, deploying, instrumenting a loop, metrics, alerts, pricing, benchmarks.
+SECTIONS = ("Try it", "The dashboard", "Architecture", "Deploy to a cluster", "Instrument your own training loop",
+            "Metrics", "Alerts", "Pricing", "Benchmarks")
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+TEXT = read(README)
+
+
+def section(title: str) -> str:
+    """The text under `## title`, up to the next `## ` heading."""
+    return TEXT.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+@dataclass(frozen=True)
+class Block:
+    language: str
+    name: str       # a file name after the language (```yaml pricing.yaml): the commands use that file
+    body: str
+
+
+def blocks() -> list[Block]:
+    out = []
+    for m in re.finditer(r"^(?P<indent> *)```(?P<info>[^\n]*)\n(?P<body>.*?)^(?P=indent)```", TEXT, re.M | re.S):
+        language, _, name = m["info"].strip().partition(" ")
+        out.append(Block(language, name.strip(), m["body"]))
+    return out
+
+
+@dataclass(frozen=True)
+class Command:
+    line: str       # as written, without its comment
+    comment: str
+
+    @property
+    def url(self) -> str | None:
+        found = re.search(r"https?://\S+", self.comment)
+        return found.group(0) if found else None
+
+
+def commands() -> list[Command]:
+    out = []
+    for block in blocks():
+        if block.language == "sh":
+            for line in block.body.splitlines():
+                command, _, comment = line.partition(" #")
+                if command.strip():
+                    out.append(Command(command.strip(), comment.strip()))
+    return out
+
+
+COMMANDS_HERE = [c for c in commands() if not c.line.startswith("make ")]
+
+
+# --- what the README shows, in order ---------------------------------------------------------------
+
+def test_the_sections_come_in_the_agreed_order():
+    headings = re.findall(r"^## (.+)$", TEXT, re.M)
+    assert [h for h in headings if h in SECTIONS] == list(SECTIONS)
+    title, intro = TEXT.split("\n## ", 1)[0].split("\n", 1)
+    assert title == "# burnrate" and "for ML platform teams" in intro
+
+
+def test_the_two_commands_come_first():
+    assert [c.line for c in commands()][:2] == ["make demo", "make test"]
+    assert "```sh\nmake demo" in section("Try it")
+
+
+@pytest.mark.parametrize("title,path", [("The dashboard", "docs/screenshots/fleet.png"),
+                                        ("Architecture", "docs/architecture.svg")])
+def test_a_picture_opens_the_section(title, path):
+    first = section(title).strip().split("\n", 1)[0]
+    assert re.fullmatch(rf"!\[[^\]]+\]\({re.escape(path)}\)", first), first
+
+
+def test_every_picture_exists():
+    for path in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", TEXT):
+        assert os.path.isfile(os.path.join(ROOT, path)), path
+
+
+def test_the_metrics_table_is_the_catalog():
+    table = [line for line in section("Metrics").splitlines() if line.startswith("|")]
+    expected = [line for line in docs.render().splitlines() if line.startswith("|")]
+    assert table == expected, "paste the table that `python -m exporter.docs` prints into the README's Metrics section"
+
+
+def test_the_benchmark_table_is_bench_results():
+    table = readme_table.between(TEXT, readme_table.BEGIN, readme_table.END)
+    assert table == readme_table.render(read(readme_table.RESULTS)), "regenerate with: python bench/readme_table.py"
+    assert readme_table.BEGIN in section("Benchmarks")
+
+
+def test_benchmark_figures_are_read_by_section_row_and_column():
+    doc = ("## Agent: `bench/agent.py --seconds 30`\n\nMachine: ...\n\n"
+           "| measure | idle | loaded |\n|---|---|---|\n| RSS (MB) | 63.3 | 1,064.8 |\n")
+    agent = readme_table.sections(doc)["Agent"]
+    assert agent.command == "bench/agent.py --seconds 30"
+    assert readme_table.cell("RSS (MB)", "loaded")(agent) == 1064.8
+    with pytest.raises(readme_table.Missing, match="CPU"):
+        readme_table.cell("CPU", "loaded")(agent)
+    with pytest.raises(readme_table.Missing, match="'## Agent'.*'scrape p99"):
+        readme_table.render(doc)
+
+
+# --- usage lines ----------------------------------------------------------------------------------
+
+def usages() -> list[str]:
+    """`burnrate ...` synopses in text blocks, their indented continuation lines joined."""
+    out: list[str] = []
+    for block in blocks():
+        if block.language == "text":
+            joined = re.sub(r"\n\s+(?=\[)", " ", block.body)
+            out += [line for line in joined.splitlines() if line.startswith("burnrate ")]
+    return out
+
+
+def options(command: str) -> set[str]:
+    parser = argparse.ArgumentParser()
+    importlib.import_module(cli.COMMANDS[command][0]).add_arguments(parser)
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+def test_every_command_has_a_usage_line():
+    assert sorted({u.split()[1] for u in usages()}) == sorted(cli.COMMANDS)
+
+
+@pytest.mark.parametrize("usage", usages(), ids=lambda u: u.split()[1])
+def test_usage_lines_name_only_flags_the_command_takes(usage):
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", usage))
+    assert flags and flags <= options(usage.split()[1]), flags - options(usage.split()[1])
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+def test_ci_runs_the_make_targets_exactly_as_written():
+    ci = read(CI).splitlines()
+    for command in commands():
+        if command.line.startswith("make "):
+            assert command.line in ci, f".ci/run must run `{command.line}`"
+    assert ci.index("make test") < ci.index("make demo")
+
+
+STANDIN = """#!{python}
+import json, os, sys
+with open(os.environ["README_STANDIN_LOG"], "a") as fh:
+    fh.write(json.dumps({{"tool": os.path.basename(sys.argv[0]), "cwd": os.getcwd(), "args": sys.argv[1:]}}) + "\\n")
+"""
+
+
+def check_docker(args: list[str], cwd: str) -> None:
+    """An image the manifests deploy, built from a stage of the Dockerfile."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("verb", choices=["build"])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("-t", dest="tag", required=True)
+    parser.add_argument("context")
+    build = parser.parse_args(args)
+    stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", read(os.path.join(cwd, build.context, "Dockerfile")), re.M | re.I)
+    assert build.target in stages
+    name, _, tag = build.tag.rsplit("/", 1)[-1].partition(":")
+    images = yaml.safe_load(read(os.path.join(MANIFESTS, "kustomization.yaml")))["images"]
+    assert {"name": name, "newTag": tag} in images, f"{build.tag} is not an image of manifests/kustomization.yaml"
+
+
+def check_kubectl(args: list[str], cwd: str) -> None:
+    """The kustomization that tests/test_manifests.py validates and renders with kubectl's kustomize."""
+    assert args[:2] == ["apply", "-k"] and len(args) == 3
+    assert os.path.samefile(os.path.join(cwd, args[2]), MANIFESTS)
+
+
+STANDINS = {"docker": check_docker, "kubectl": check_kubectl}
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A directory that looks like the checkout, with the README's named files, where what
+    the commands write stays; and an environment with the stand-ins first on PATH."""
+    work, bin_ = tmp_path / "work", tmp_path / "bin"
+    work.mkdir()
+    bin_.mkdir()
+    for name in os.listdir(ROOT):
+        (work / name).symlink_to(os.path.join(ROOT, name))
+    for block in blocks():
+        if block.name:
+            (work / block.name).write_text(block.body)
+    for tool in STANDINS:
+        (bin_ / tool).write_text(STANDIN.format(python=sys.executable))
+        (bin_ / tool).chmod(0o755)
+    log = tmp_path / "standins.jsonl"
+    env = {**os.environ, "README_STANDIN_LOG": str(log),
+           "PATH": os.pathsep.join([str(bin_), os.path.dirname(sys.executable), os.environ["PATH"]])}
+    return str(work), env, log
+
+
+def _serve(command: Command, cwd: str, env: dict, log: str) -> None:
+    url = urllib.parse.urlsplit(command.url)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((url.hostname, url.port))
+        except OSError:
+            pytest.skip(f"{url.netloc} is in use by another process")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["bash", "-o", "pipefail", "-c", command.line], cwd=cwd, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while proc.poll() is None and time.time() < deadline:
+            try:
+                with urllib.request.urlopen(command.url, timeout=5) as resp:
+                    assert resp.status == 200 and "burnrate" in resp.read().decode().lower()
+                    return
+            except OSError:
+                time.sleep(1)
+        pytest.fail(f"{command.url} never answered:\n{read(log)[-2000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", COMMANDS_HERE, ids=[c.line for c in COMMANDS_HERE])
+def test_readme_command_runs_as_written(command, checkout, tmp_path):
+    cwd, env, log = checkout
+    if command.url:
+        _serve(command, cwd, env, str(tmp_path / "server.log"))
+        return
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", command.line], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    for call in calls:
+        STANDINS[call["tool"]](call["args"], call["cwd"])
+    if command.line.split()[0] in STANDINS:
+        assert calls, f"{command.line.split()[0]} was not called"
