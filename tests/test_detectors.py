@@ -275,6 +275,19 @@ def test_diverging_on_loss_spike_and_grad_norm_spike():
     assert diverging.detect(f.frames())[0].evidence["signals"] == ["grad_norm_spike"]
 
 
+def test_a_run_that_blows_up_after_one_healthy_report_is_diverging():
+    """The level before the spike holds: a trailing mean that took in the blown-up
+    values would call them normal after one report."""
+    f = Fleet()
+    loss = np.full(N, np.nan)
+    loss[50] = 5.4
+    loss[51:] = 80.0 + 50.0 * np.sin(np.arange(N - 51))      # finite, 30 to 130, never back
+    healthy_job(f, ranks=2, per_rank={r: {"loss": loss} for r in range(2)})
+    found = diverging.detect(f.frames())
+    assert [x.evidence["signals"] for x in found] == [["loss_spike"]]
+    assert found[0].start == pytest.approx(T0 + 51 * STEP)
+
+
 def test_single_loss_blip_is_not_divergence():
     f = Fleet()
     loss = np.full(N, 2.0)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..findings import Finding, iso
 from ..frames import Frames
-from .views import Views, median_over_rows, runs, trailing_mean
+from .views import Views, median_over_rows, trailing_mean
 
 KIND = "diverging"
 
@@ -39,10 +39,17 @@ def _first_finite_seen(values: np.ndarray, present: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(present & np.isfinite(values), axis=1)
 
 
-def _consecutive(mask: np.ndarray, count: int) -> int:
-    """The first bin of the first run of `count` or more True bins, or -1."""
-    found = runs(mask[None], min_len=count)
-    return int(found.start[0]) if len(found) else -1
+def _sustained_spike(values: np.ndarray, mean: np.ndarray, ratio: float, count: int) -> int:
+    """The first bin from which `count` reports in a row stay at or above `ratio` times
+    the mean before that bin, or -1. The level is held from the spike's start: a
+    trailing mean that took in the spike would soon call a blown-up loss normal."""
+    with np.errstate(invalid="ignore"):
+        starts = np.flatnonzero(np.isfinite(values) & (values >= ratio * mean))
+    for start in starts:
+        reports = values[start:start + count]
+        if len(reports) == count and np.all(np.isfinite(reports) & (reports >= ratio * mean[start])):
+            return int(start)
+    return -1
 
 
 def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
@@ -67,17 +74,13 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         # One loss per job: ranks report the same all-reduced loss, or their own; the median is robust.
         job_loss = _job_median(loss, present)
         mean = trailing_mean(job_loss[None], history)[0]
-        with np.errstate(invalid="ignore"):
-            spike = np.isfinite(job_loss) & (job_loss >= config.loss_ratio * mean)
-        at = _consecutive(spike, config.loss_reports)
+        at = _sustained_spike(job_loss, mean, config.loss_ratio, config.loss_reports)
         if at >= 0:
             onsets["loss_spike"] = at
         if grad is not None:
             job_grad = _job_median(grad, present)
             gmean = trailing_mean(job_grad[None], history)[0]
-            with np.errstate(invalid="ignore"):
-                gspike = np.isfinite(job_grad) & (job_grad >= config.grad_ratio * gmean)
-            at = _consecutive(gspike, config.grad_reports)
+            at = _sustained_spike(job_grad, gmean, config.grad_ratio, config.grad_reports)
             if at >= 0:
                 onsets["grad_norm_spike"] = at
         if not onsets:
