@@ -113,8 +113,14 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
     # Row key -> position in `order`, -1 for a key that never reached keys.jsonl.
     position = np.full(int(order[-1]) + 2 if len(order) else 1, -1, np.int64)
     position[order] = np.arange(len(order))
-    parts = []
-    for lo, hi in _chunks(np.memmap(path["t"], dtype="<f8", mode="r", shape=(rows,)), span):
+    chunks = list(_chunks(np.memmap(path["t"], dtype="<f8", mode="r", shape=(rows,)), span))
+    # Each chunk's rows are written straight into arrays sized for the whole span:
+    # no copy to join the chunks, and pages a reduction leaves unwritten are never touched.
+    capacity = sum(hi - lo for lo, hi in chunks)
+    out = {"t": np.empty(capacity), "series": np.empty(capacity, np.int64),
+           **{c: np.empty(capacity, "<" + d) for c, d in columns.items()}}
+    filled = 0
+    for lo, hi in chunks:
         times, key = _read(path["t"], "f8", lo, hi), _read(path["key"], "u4", lo, hi)
         values = {c: _read(path[c], d, lo, hi) for c, d in columns.items()}
         series = position[np.minimum(key, len(position) - 1)]
@@ -123,13 +129,14 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
             times, series, values = times[known], series[known], {c: v[known] for c, v in values.items()}
         if span is not None and span.step is not None:
             times, series, values = reduce_rows(times, series, len(order), values, table, span.first, span.step)
-        parts.append((times, series, values))
-    if not sum(len(p[0]) for p in parts):
+        for name, part in (("t", times), ("series", series), *values.items()):
+            out[name][filled:filled + len(times)] = part
+        filled += len(times)
+    if not filled:
         return None
-    frame = pd.DataFrame({"t": np.concatenate([p[0] for p in parts]),
-                          **{c: np.concatenate([p[2][c] for p in parts]) for c in columns}}, copy=False)
+    frame = pd.DataFrame({"t": out["t"][:filled], **{c: out[c][:filled] for c in columns}}, copy=False)
     # Labels via the small key table, not per row: one take per label column.
-    at = np.concatenate([p[1] for p in parts])
+    at = out["series"][:filled]
     for name in label_names:
         values = pd.Categorical([keys[k].get(name, "") for k in order])
         frame[name] = pd.Categorical.from_codes(values.codes[at], values.categories)

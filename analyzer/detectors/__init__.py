@@ -8,6 +8,8 @@ once: a hung job's idle GPUs are the stall.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -28,6 +30,8 @@ DETECTORS: dict[str, Callable[..., list[Finding]]] = {
     "gpu_error": gpu_error.detect,
     "low_mfu": low_mfu.detect,
 }
+
+WORKERS = min(4, os.cpu_count() or 1)
 
 # kind -> kinds that, on the same job and overlapping in time, explain it.
 EXPLAINED_BY: dict[str, tuple[str, ...]] = {
@@ -50,10 +54,13 @@ class DetectorConfig:
 
 def detect_all(data: Frames | Views, config: DetectorConfig = DetectorConfig()) -> list[Finding]:
     views = Views.of(data)
+    views.build()
     # Runs end one sample interval after their last sample; never past the window.
     last = views.frames.window.end
-    found = [replace(f, end=max(min(f.end, last), f.start))
-             for kind, fn in DETECTORS.items() for f in fn(views, getattr(config, kind))]
+    # Detectors are pure and spend their time in numpy, which runs without the GIL.
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        each = pool.map(lambda kind: DETECTORS[kind](views, getattr(config, kind)), DETECTORS)
+        found = [replace(f, end=max(min(f.end, last), f.start)) for fs in each for f in fs]
     kept = [f for f in found if not _explained(f, found)]
     return sorted(kept, key=lambda f: (f.start, f.kind, f.namespace or "", f.training_job or "",
                                        f.hostname or "", f.gpu or "", f.rank if f.rank is not None else -1))

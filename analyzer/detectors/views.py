@@ -8,6 +8,7 @@ within seconds.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 from functools import cached_property
@@ -119,10 +120,14 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
 def counter_delta(cumulative: np.ndarray) -> np.ndarray:
     """Per-bin increase of a cumulative counter; a drop is a reset, so the new value
     is the increase (Prometheus' `increase` semantics). NaN where either end is absent."""
-    delta = np.full(cumulative.shape, np.nan, np.float32)
+    delta = np.empty(cumulative.shape, np.float32)
+    delta[:, :1] = np.nan
     if cumulative.shape[1] > 1:
-        d = np.diff(cumulative, axis=1)
-        delta[:, 1:] = np.where(d < 0, cumulative[:, 1:], d)
+        # Subtracted in float64 (counters run to 1e12 and beyond), stored as float32,
+        # without a full-size float64 temporary.
+        after = delta[:, 1:]
+        np.subtract(cumulative[:, 1:], cumulative[:, :-1], out=after, casting="same_kind")
+        np.copyto(after, cumulative[:, 1:], where=after < 0, casting="same_kind")
     return delta
 
 
@@ -227,7 +232,6 @@ class Views:
         self.start = float(frames.window.start)
         self.n = max(int(np.floor((frames.window.end - frames.window.start) / self.step)) + 1, 1)
         self._job_rows: dict[int, dict[tuple[str, str], np.ndarray]] = {}
-        self._row_extents: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def span(self, minutes: float) -> int:
         """Samples that cover `minutes` (at least one): run lengths and windows."""
@@ -236,6 +240,18 @@ class Views:
     def gap(self, minutes: float) -> int:
         """Whole samples that fit in `minutes`: the holes a run may have and stay one run."""
         return int(minutes * 60 // self.step)
+
+    def build(self) -> Views:
+        """Every grid and job index, built side by side (numpy releases the GIL) and
+        before detectors share the views from several threads."""
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            grids = [pool.submit(lambda name=name: getattr(self, name)) for name in ("rank", "gpu")]
+            for future in grids:
+                future.result()
+        for grid in (self.alloc, self.rank):
+            self.job_rows(grid)
+        self.held, self.nodes, self.telemetry_jobs
+        return self
 
     @classmethod
     def of(cls, data: Frames | Views) -> Views:
@@ -303,28 +319,6 @@ class Views:
             groups = keys.groupby(["namespace", "job"], sort=True).indices if len(keys) else {}
             self._job_rows[id(grid)] = {(str(ns), str(job)): rows for (ns, job), rows in groups.items()}
         return self._job_rows[id(grid)]
-
-    def _extents(self, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
-        """First bin and one past the last bin with a sample, per row; (n, 0) for none."""
-        if id(grid) not in self._row_extents:
-            present = grid.present
-            seen = present.any(axis=1)
-            first = np.where(seen, np.argmax(present, axis=1), self.n)
-            end = np.where(seen, self.n - np.argmax(present[:, ::-1], axis=1), 0)
-            self._row_extents[id(grid)] = (first, end)
-        return self._row_extents[id(grid)]
-
-    def job_cols(self, job: tuple[str, str], align: int = 1) -> slice:
-        """The time bins where a job holds GPUs or reports, its start rounded down
-        to a multiple of `align` (block sums keep their boundaries): a job's own
-        detectors need look nowhere else, which keeps a week of many short jobs cheap."""
-        lo, hi = self.n, 0
-        for grid in (self.alloc, self.rank):
-            rows = self.job_rows(grid).get(job)
-            if rows is not None and len(rows):
-                first, end = self._extents(grid)
-                lo, hi = min(lo, int(first[rows].min())), max(hi, int(end[rows].max()))
-        return slice((lo // align) * align, hi) if hi > lo else slice(0, 0)
 
     @cached_property
     def telemetry_jobs(self) -> set[tuple[str, str]]:
