@@ -26,8 +26,11 @@ TARGET_SECONDS = 10.0
 TARGET_RSS_GB = 4.0
 
 
-def measure(root: str) -> dict[str, float]:
+def measure(root: str, max_points: int | None) -> dict[str, float]:
     """Runs in the child: one end-to-end analysis, timed by phase."""
+    if max_points:
+        from analyzer import resample
+        resample.MAX_POINTS = max_points
     from analyzer.detectors.views import ANALYSIS_COLUMNS
     from analyzer.pricing import load_catalog
     from analyzer.recording import complete_rows, segments
@@ -53,16 +56,19 @@ def main() -> int:
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "burnrate-bench"),
                         help="where recordings are kept between runs")
+    parser.add_argument("--max-points", type=int, help="points per series before a window is reduced "
+                        "(default: Prometheus' 11,000; 100000 keeps a week at 15 s)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child)))
+        print(json.dumps(measure(args.child, args.max_points)))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = []
     for gpus in sizes:
         root = cached_fleet(args.cache, gpus, args.days * 24)
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", root],
+        extra = ["--max-points", str(args.max_points)] if args.max_points else []
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", root, *extra],
                              capture_output=True, text=True, check=True)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append((gpus, result))
