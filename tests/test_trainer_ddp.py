@@ -162,7 +162,9 @@ def test_straggler_has_the_longest_compute(tmp_path):
 
 
 def test_starved_loader_shows_as_data_wait(tmp_path):
-    _train(tmp_path, "--steps", "6", "--fault", "starve:delay=0.2", "--num-workers", "1")
+    # A delay well above a tiny step's compute, so that the share holds on a busy machine
+    # too (the loader's prefetching hides as much of the delay as the compute takes).
+    _train(tmp_path, "--steps", "5", "--fault", "starve:delay=1.0", "--num-workers", "1")
     records = _records(tmp_path)
     wait, step = _by_rank(records, "data_wait_s", after=1), _by_rank(records, "step_s", after=1)
     for rank in (0, 1):
