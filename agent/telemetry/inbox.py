@@ -3,6 +3,13 @@
 The reader blocks in recv rather than draining at sample time because the kernel
 queues only a handful of unix datagrams per socket (net.unix.max_dgram_qlen, often
 10); past that, trainers' non-blocking sends fail and their telemetry is lost.
+
+At a few hundred datagrams a second most wake-ups find a single datagram, so the reader
+spends as little as it can per wake-up: no socket timeout (Python polls before every
+recv on a socket with one, and wakes every period while idle; close() shuts the socket
+down instead), no non-blocking drain after each datagram (a failing system call and an
+exception per wake-up, while recv returns at once when more are queued), and nobody to
+signal (wait_idle polls).
 """
 from __future__ import annotations
 
@@ -20,14 +27,13 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from ..snapshot import RankState
-from .schema import MAX_MESSAGE_BYTES, Record, Rejection, validate
+from .schema import MAX_MESSAGE_BYTES, Rejection, validate
 from .state import RankTable
 
 CARDINALITY = "cardinality"   # a new rank beyond max_ranks, max_jobs or max_ranks_per_job
 INTERNAL = "internal"         # handling the datagram raised; the reader goes on
 
-_POLL_S = 0.2                 # how soon close() is noticed by a reader waiting in recv
-_BATCH = 256                  # datagrams folded in per lock
+_RETRY_S = 0.2                # pause after a failed read, so a persistent socket error cannot spin a core
 _log = logging.getLogger(__name__)
 
 
@@ -40,7 +46,7 @@ class TelemetryInbox:
         self._path = Path(path)
         self._clock = clock
         self._table = RankTable(max_ranks, max_ranks_per_job, max_jobs, forget_after_s)
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._received = 0
         self._rejected: dict[str, int] = {}
         self._busy = False
@@ -57,18 +63,18 @@ class TelemetryInbox:
     @property
     def received(self) -> int:
         """Datagrams read from the socket, valid or not."""
-        with self._cond:
+        with self._lock:
             return self._received
 
     @property
     def rejected(self) -> Mapping[str, int]:
         """Datagrams dropped, by reason (schema REASONS, cardinality, internal)."""
-        with self._cond:
+        with self._lock:
             return MappingProxyType(dict(self._rejected))
 
     def ranks(self) -> tuple[RankState, ...]:
         """The ranks heard from within forget_after_s, as an immutable copy."""
-        with self._cond:
+        with self._lock:
             self._table.forget_silent(self._clock())
             return self._table.states()
 
@@ -78,23 +84,27 @@ class TelemetryInbox:
         True when idle was reached."""
         start = time.monotonic()
         deadline = start + timeout
-        with self._cond:
-            while True:
+        while True:
+            with self._lock:
                 now = time.monotonic()
                 # Counting from the call too gives a reader just woken by a datagram time to take it.
                 idle_for = now - max(start, self._last_done)
                 if not self._busy and idle_for >= quiet_s and not self._queued():
                     return True
-                if now >= deadline:
-                    return False
-                self._cond.wait(min(deadline - now, max(quiet_s - idle_for, 0.001)))
+            if now >= deadline:
+                return False
+            time.sleep(min(deadline - now, max(quiet_s - idle_for, 0.001)))
 
     def close(self) -> None:
         """Stop the reader and remove the socket file, unless another process has replaced it."""
         if self._closing.is_set():
             return
         self._closing.set()
-        self._reader.join(timeout=2 * _POLL_S + 1.0)
+        try:
+            self._sock.shutdown(socket.SHUT_RD)  # the reader's recv returns at once
+        except OSError:
+            pass
+        self._reader.join(timeout=_RETRY_S + 1.0)
         self._sock.close()
         try:
             if os.lstat(self._path).st_ino == self._inode:
@@ -109,55 +119,44 @@ class TelemetryInbox:
         self.close()
 
     def _read_loop(self) -> None:
-        while not self._closing.is_set():
+        receive = self._sock.recv
+        while True:
             try:
                 # One byte over the limit is enough to tell an oversized datagram; the kernel drops the rest.
-                batch = [self._sock.recv(MAX_MESSAGE_BYTES + 1)]
-            except TimeoutError:
-                continue
+                payload = receive(MAX_MESSAGE_BYTES + 1)
             except OSError:
                 if self._closing.is_set():
                     return
                 _log.warning("telemetry socket read failed", exc_info=True)
-                time.sleep(_POLL_S)  # a persistent socket error must not spin a core
+                time.sleep(_RETRY_S)
                 continue
-            with self._cond:
-                self._busy = True
-            # Trainers tend to send in bursts: take what is queued and fold it in under one
-            # lock, so the per-message cost is the parse, not the locking.
-            while len(batch) < _BATCH:
-                try:
-                    batch.append(self._sock.recv(MAX_MESSAGE_BYTES + 1, socket.MSG_DONTWAIT))
-                except OSError:  # BlockingIOError: the queue is empty
-                    break
-            results = [self._validate(payload) for payload in batch]
-            with self._cond:
-                for result in results:
-                    reason = result if isinstance(result, str) else self._fold(result)
-                    if reason:
-                        self._rejected[reason] = self._rejected.get(reason, 0) + 1
-                self._received += len(batch)
-                self._busy = False
-                self._last_done = time.monotonic()
-                self._cond.notify_all()
+            # close() shuts the socket down, which ends recv with b"". (Only an empty datagram
+            # needs the check, which spares every other datagram a method call.)
+            if not payload and self._closing.is_set():
+                return
+            self._busy = True  # off the queue but not yet counted: wait_idle must wait for it
+            self._take(payload)
 
-    @staticmethod
-    def _validate(payload: bytes) -> Record | str:
-        """The Record, or the rejection reason."""
+    def _take(self, payload: bytes) -> None:
         try:
             result = validate(payload)
         except Exception:
             _log.debug("telemetry datagram could not be validated", exc_info=True)
-            return INTERNAL
-        return result.reason if isinstance(result, Rejection) else result
-
-    def _fold(self, record: Record) -> str:
-        """Called under the lock: "" when folded in, else the rejection reason."""
-        try:
-            return "" if self._table.add(record, self._clock()) else CARDINALITY
-        except Exception:
-            _log.debug("telemetry record could not be folded in", exc_info=True)
-            return INTERNAL
+            result = Rejection(INTERNAL)
+        with self._lock:
+            if isinstance(result, Rejection):
+                reason = result.reason
+            else:
+                try:
+                    reason = "" if self._table.add(result, self._clock()) else CARDINALITY
+                except Exception:
+                    _log.debug("telemetry record could not be folded in", exc_info=True)
+                    reason = INTERNAL
+            if reason:
+                self._rejected[reason] = self._rejected.get(reason, 0) + 1
+            self._received += 1
+            self._busy = False
+            self._last_done = time.monotonic()
 
     def _queued(self) -> bool:
         """Whether a datagram waits in the kernel queue (FIONREAD gives the next one's size)."""
@@ -183,7 +182,6 @@ def _bind(path: Path) -> tuple[socket.socket, int]:
         sock.bind(str(path))
         # Training pods run as other, often non-root, users.
         os.chmod(path, 0o666)
-        sock.settimeout(_POLL_S)
         return sock, os.lstat(path).st_ino
     except BaseException:
         sock.close()

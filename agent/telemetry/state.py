@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from operator import add, attrgetter
 
 from exporter.catalog import RANK_FIELDS
 
@@ -20,25 +21,42 @@ COUNTER_FIELDS = tuple(
                       "checkpoint_s")
     if name in RANK_FIELDS
 )
+_deltas = attrgetter(*COUNTER_FIELDS)
+
+# (namespace, pod, training_job, rank): a plain tuple hashes and compares in C, where
+# RankKey's dataclass __hash__ and __eq__ would run Python code for every message.
+_Identity = tuple[str, str, str, int]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Rank:
-    values: dict[str, float]
+    key: RankKey
+    counters: list[float]              # in COUNTER_FIELDS order
+    gauges: dict[str, float] = field(default_factory=dict)
     local_rank: int | None = None
     last_seen: float = 0.0
+    # The agent reads the table several times per interval (sampler, simulated GPUs, local
+    # attribution); a rank that sent nothing in between keeps its copy.
+    state: RankState | None = None
+
+    def snapshot(self) -> RankState:
+        if self.state is None:
+            values = frozen(dict(zip(COUNTER_FIELDS, self.counters), **self.gauges))
+            self.state = RankState(self.key, values, self.local_rank, self.last_seen)
+        return self.state
 
 
 @dataclass
 class RankTable:
-    """Not thread-safe: the inbox holds its lock around every call."""
+    """Not thread-safe: the inbox holds its lock around every call. Silent ranks are
+    forgotten when a new rank needs room and before every read (the inbox's ranks())."""
 
     max_ranks: int
     max_ranks_per_job: int
     max_jobs: int
     forget_after_s: float
     # Least recently updated first, so forgetting silent ranks only looks at the front.
-    _ranks: OrderedDict[RankKey, _Rank] = field(default_factory=OrderedDict, init=False)
+    _ranks: OrderedDict[_Identity, _Rank] = field(default_factory=OrderedDict, init=False)
     _job_ranks: dict[tuple[str, str], int] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -47,60 +65,70 @@ class RankTable:
 
     def add(self, record: Record, now: float) -> bool:
         """Fold one message in. False when it would start a rank beyond the limits."""
-        self.forget_silent(now)
-        key = record.key
-        rank = self._ranks.get(key)
-        if rank is None:
-            job = (key.namespace, key.training_job)
-            held = self._job_ranks.get(job)
-            if len(self._ranks) >= self.max_ranks or (
-                    held is None and len(self._job_ranks) >= self.max_jobs) or (
-                    held is not None and held >= self.max_ranks_per_job):
+        identity = (record.namespace, record.pod, record.training_job, record.rank)
+        rank = self._ranks.get(identity)
+        if rank is None or rank.last_seen <= now - self.forget_after_s:
+            # Forgetting silent ranks makes room for a new one, and a rank silent that long
+            # starts afresh. Updating a live rank, the usual case, needs neither.
+            self.forget_silent(now)
+            rank = self._ranks.get(identity) or self._start(identity)
+            if rank is None:
                 return False
-            rank = self._ranks[key] = _Rank({name: 0.0 for name in COUNTER_FIELDS})
-            self._job_ranks[job] = (held or 0) + 1
-        else:
-            self._ranks.move_to_end(key)
+        self._ranks.move_to_end(identity)
         _apply(rank, record)
         rank.last_seen = now
+        rank.state = None
         return True
 
+    def _start(self, identity: _Identity) -> _Rank | None:
+        namespace, _, training_job, _ = identity
+        job = (namespace, training_job)
+        held = self._job_ranks.get(job)
+        if len(self._ranks) >= self.max_ranks or (
+                held is None and len(self._job_ranks) >= self.max_jobs) or (
+                held is not None and held >= self.max_ranks_per_job):
+            return None
+        self._job_ranks[job] = (held or 0) + 1
+        rank = self._ranks[identity] = _Rank(RankKey(*identity), [0.0] * len(COUNTER_FIELDS))
+        return rank
+
     def forget_silent(self, now: float) -> None:
-        # Amortized O(1) per message. If the clock steps back, a rank behind a fresher one
-        # waits until that one is forgotten too: late, never wrong about live ranks.
+        # Amortized O(1): each rank is forgotten once. If the clock steps back, a rank behind a
+        # fresher one waits until that one is forgotten too: late, never wrong about live ranks.
         cutoff = now - self.forget_after_s
         while self._ranks:
-            key, rank = next(iter(self._ranks.items()))
+            identity, rank = next(iter(self._ranks.items()))
             if rank.last_seen > cutoff:
                 return
-            del self._ranks[key]
-            job = (key.namespace, key.training_job)
+            del self._ranks[identity]
+            job = (rank.key.namespace, rank.key.training_job)
             self._job_ranks[job] -= 1
             if not self._job_ranks[job]:
                 del self._job_ranks[job]
 
     def states(self) -> tuple[RankState, ...]:
-        ordered = sorted(self._ranks.items(), key=_by_job_then_rank)
-        return tuple(RankState(key, frozen(rank.values), rank.local_rank, rank.last_seen)
-                     for key, rank in ordered)
+        return tuple(rank.snapshot() for rank in sorted(self._ranks.values(), key=_by_job_then_rank))
 
 
-def _by_job_then_rank(item: tuple[RankKey, _Rank]) -> tuple[str, str, int, str]:
-    key = item[0]
+def _by_job_then_rank(rank: _Rank) -> tuple[str, str, int, str]:
+    key = rank.key
     return key.namespace, key.training_job, key.rank, key.pod
 
 
 def _apply(rank: _Rank, record: Record) -> None:
-    values = rank.values
-    for name in COUNTER_FIELDS:
-        values[name] += getattr(record, name)
-    values["world_size"] = float(record.world_size)
+    rank.counters = list(map(add, rank.counters, _deltas(record)))
+    gauges = rank.gauges
+    gauges["world_size"] = float(record.world_size)
     if record.steps > 0:
-        values["last_step_time"] = record.time
+        gauges["last_step_time"] = record.time
     # None means "not known": keep the last value rather than erase it.
-    for name, value in (("loss", record.loss), ("grad_norm", record.grad_norm), ("mfu", record.mfu),
-                        ("last_checkpoint_time", record.checkpoint_time)):
-        if value is not None:
-            values[name] = value
+    if record.loss is not None:
+        gauges["loss"] = record.loss
+    if record.grad_norm is not None:
+        gauges["grad_norm"] = record.grad_norm
+    if record.mfu is not None:
+        gauges["mfu"] = record.mfu
+    if record.checkpoint_time is not None:
+        gauges["last_checkpoint_time"] = record.checkpoint_time
     if record.local_rank is not None:
         rank.local_rank = record.local_rank
