@@ -19,7 +19,7 @@ from .frames import Window
 
 MAX_POINTS = 11_000       # Prometheus refuses a query_range of more points per series
 
-_COUNTER_FIELDS = frozenset(s.field for s in C.CATALOG if s.source == C.GPU_FIELD and s.type == C.COUNTER)
+_GAUGE_FIELDS = frozenset(s.field for s in C.CATALOG if s.source == C.GPU_FIELD and s.type == C.GAUGE)
 _GPU_REDUCTIONS = {"up": "min", "throttle_reasons": "max"}   # a lost GPU or a throttle is never averaged away
 
 
@@ -41,8 +41,8 @@ def reduction(table: str, column: str) -> str:
     Device gauges are averaged, counters and the trainers' reports keep their last
     value (a gauge a trainer reports is the state at its last step, not a level)."""
     if table == "gpu":
-        return _GPU_REDUCTIONS.get(column, "last" if column in _COUNTER_FIELDS or column.startswith(
-            ("nvlink_", "xid_", "last_")) else "avg")
+        # The columns beyond the catalog's gauges are counters and the last XID seen.
+        return _GPU_REDUCTIONS.get(column, "avg" if column in _GAUGE_FIELDS else "last")
     if table == "node":
         return "avg"
     return "last"

@@ -40,6 +40,15 @@ def test_a_series_missing_from_a_point_gives_no_row():
                                                                                (120.0, 1, 2.0)]
 
 
+def test_gauges_are_averaged_counters_keep_their_last_value():
+    expected = {("gpu", "gpu_util"): "avg", ("gpu", "power_w"): "avg", ("gpu", "energy_mj"): "last",
+                ("gpu", "nvlink_bandwidth_mbps"): "last", ("gpu", "nvlink_tx_bytes"): "last",
+                ("gpu", "xid_total"): "last", ("gpu", "last_xid"): "last", ("gpu", "up"): "min",
+                ("gpu", "throttle_reasons"): "max", ("node", "cpu_utilization"): "avg",
+                ("rank", "loss"): "last", ("rank", "steps"): "last", ("alloc", "share"): "last"}
+    assert {key: reduction(*key) for key in expected} == expected
+
+
 def test_the_recording_reduces_each_column_as_its_promql_query_does():
     for q in QUERIES:
         if q.column != "_info":          # node info carries labels, not a value
