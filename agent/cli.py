@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             if isinstance(attribution, Attributor):
                 attribution.refresh()
             sampler.collect()
-            sys.stdout.buffer.write(exposition.bodies()[0])
+            sys.stdout.buffer.write(exposition.plain())
             return 0
 
         try:

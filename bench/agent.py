@@ -65,16 +65,22 @@ def metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
+def main_thread_cpu(proc: psutil.Process) -> float:
+    """CPU seconds of the agent's main thread: the sampler and the rendering. The others
+    are the telemetry reader and the HTTP server's."""
+    return next(t.user_time + t.system_time for t in proc.threads() if t.id == proc.pid)
+
+
 def phase(url: str, proc: psutil.Process, seconds: float) -> dict[str, float]:
     # CPU first, under one scrape per second (Prometheus usually scrapes every 15-30 s,
     # so this is an upper bound), then latency from a burst of back-to-back scrapes.
-    cpu0, t0 = proc.cpu_times(), time.monotonic()
+    cpu0, main0, t0 = proc.cpu_times(), main_thread_cpu(proc), time.monotonic()
     collect = []
     while time.monotonic() - t0 < seconds:
         with urllib.request.urlopen(url, timeout=5) as resp:
             collect.append(metric(resp.read().decode(), "burnrate_agent_collection_duration_seconds") * 1000)
         time.sleep(1.0)
-    cpu1, elapsed = proc.cpu_times(), time.monotonic() - t0
+    cpu1, main1, elapsed = proc.cpu_times(), main_thread_cpu(proc), time.monotonic() - t0
     busy = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
     plain, packed = [], []
     for _ in range(300):
@@ -89,6 +95,8 @@ def phase(url: str, proc: psutil.Process, seconds: float) -> dict[str, float]:
         "collection (ms)": statistics.median(collect),
         "RSS (MB)": proc.memory_info().rss / 1e6,
         "CPU (% of one core)": 100 * busy / elapsed,
+        "  main thread": 100 * (main1 - main0) / elapsed,
+        "  other threads": 100 * (busy - (main1 - main0)) / elapsed,
     }
 
 

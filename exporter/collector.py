@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Iterator
 
 from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
 
 from agent.snapshot import Allocation, GpuReading, Snapshot
 
@@ -33,54 +34,62 @@ def pod_labels(alloc: Allocation) -> dict[str, str]:
 
 
 class _View:
-    """Per-render lookups shared by every family."""
+    """Per-render lookups shared by every family.
+
+    Each GPU's and each rank's label dict is made once per render and shared by all of
+    its series, which lets the encoder render each distinct dict once (exposition.encode).
+    """
 
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
         self.host = snap.node.hostname
-        self.gpus = [(g, device_labels(g, self.host)) for g in snap.gpus]
         by_uuid: dict[str, list[Allocation]] = {}
         for a in snap.allocations:
             by_uuid.setdefault(a.gpu_uuid, []).append(a)
         self.allocs = by_uuid
-
-    def device_pod_labels(self, gpu: GpuReading, labels: dict[str, str]) -> dict[str, str]:
-        # Pod labels only when one pod holds the GPU: a shared GPU's device series
-        # cannot belong to one pod (its holders are in burnrate_gpu_allocated).
-        allocs = self.allocs.get(gpu.identity.uuid, ())
-        return {**labels, **pod_labels(allocs[0])} if len(allocs) == 1 else labels
+        # (reading, device labels, device labels plus the pod's when one pod holds the GPU:
+        # a shared GPU's device series cannot belong to one pod; its holders are in
+        # burnrate_gpu_allocated)
+        self.gpus = []
+        for gpu in snap.gpus:
+            labels = device_labels(gpu, self.host)
+            allocs = by_uuid.get(gpu.identity.uuid, ())
+            self.gpus.append((gpu, labels, {**labels, **pod_labels(allocs[0])} if len(allocs) == 1 else labels))
+        self.ranks = [({L.NAMESPACE: s.key.namespace, L.POD: s.key.pod, L.TRAINING_JOB: s.key.training_job,
+                        L.RANK: str(s.key.rank), L.HOSTNAME: self.host}, s.values) for s in snap.ranks]
 
 
 def _gpu_field(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
-    for gpu, labels in v.gpus:
-        if gpu.up and spec.field in gpu.fields:
-            yield v.device_pod_labels(gpu, labels), gpu.fields[spec.field]
+    field = spec.field
+    for gpu, _, labels in v.gpus:
+        if gpu.up and field in gpu.fields:
+            yield labels, gpu.fields[field]
 
 
 def _gpu_up(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
-    for gpu, labels in v.gpus:
+    for gpu, labels, _ in v.gpus:
         yield labels, 1.0 if gpu.up else 0.0
 
 
 def _gpu_last_xid(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
-    for gpu, labels in v.gpus:
-        yield v.device_pod_labels(gpu, labels), float(gpu.last_xid or 0)
+    for gpu, _, labels in v.gpus:
+        yield labels, float(gpu.last_xid or 0)
 
 
 def _gpu_xid_counts(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
-    for gpu, labels in v.gpus:
+    for gpu, labels, _ in v.gpus:
         for code, count in sorted(gpu.xid_counts.items()):
             yield {**labels, "xid": str(code)}, count
 
 
 def _gpu_nvlink(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
-    for gpu, labels in v.gpus:
+    for gpu, labels, _ in v.gpus:
         for direction, value in sorted(gpu.nvlink_bytes.items()):
             yield {**labels, "direction": direction}, value
 
 
 def _allocation(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
-    for gpu, labels in v.gpus:
+    for gpu, labels, _ in v.gpus:
         for alloc in v.allocs.get(gpu.identity.uuid, ()):
             yield {**labels, **pod_labels(alloc)}, 1.0 if spec.field == "allocated" else alloc.share
 
@@ -103,11 +112,10 @@ def _pod_host(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
 
 
 def _rank(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
-    for state in v.snap.ranks:
-        if spec.field in state.values:
-            k = state.key
-            yield {L.NAMESPACE: k.namespace, L.POD: k.pod, L.TRAINING_JOB: k.training_job,
-                   L.RANK: str(k.rank), L.HOSTNAME: v.host}, state.values[spec.field]
+    field = spec.field
+    for labels, values in v.ranks:
+        if field in values:
+            yield labels, values[field]
 
 
 def _agent(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
@@ -144,7 +152,7 @@ class SnapshotCollector:
         view = _View(snap)
         for spec in C.CATALOG:
             family = Metric(spec.name, spec.help, spec.type)
-            for labels, value in _ROWS[spec.source](view, spec):
-                family.add_sample(spec.sample_name, labels, float(value))
+            name = spec.sample_name
+            family.samples = [Sample(name, labels, float(value)) for labels, value in _ROWS[spec.source](view, spec)]
             if family.samples:
                 yield family

@@ -34,17 +34,21 @@ def _labels(items: tuple[tuple[str, str], ...]) -> str:
 
 
 def format_value(value: float) -> str:
-    if math.isnan(value):
+    value = float(value)  # other collectors (ProcessCollector) give ints too
+    if value.is_integer():  # false for NaN and the infinities
+        return str(int(value)) if abs(value) < 1e15 else repr(value)
+    if math.isfinite(value):
+        return repr(value)
+    if value != value:
         return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    return repr(value)
+    return "+Inf" if value > 0 else "-Inf"
 
 
 def encode(families: Iterable[Metric]) -> bytes:
     out: list[str] = []
+    # A collector that shares one labels dict among many samples (collector._View) has it
+    # rendered once: keyed by id(), holding the dict so that its id cannot be reused.
+    rendered: dict[int, tuple[dict[str, str], str]] = {}
     for family in families:
         if not family.samples:
             continue
@@ -52,8 +56,12 @@ def encode(families: Iterable[Metric]) -> bytes:
         out.append(f"# HELP {name} {_escape_help(family.documentation)}\n")
         out.append(f"# TYPE {name} {family.type}\n")
         for s in family.samples:
-            if s.labels:
-                out.append(f"{s.name}{_labels(tuple(sorted(s.labels.items())))} {format_value(s.value)}\n")
+            labels = s.labels
+            if labels:
+                known = rendered.get(id(labels))
+                if known is None:
+                    known = rendered[id(labels)] = (labels, _labels(tuple(sorted(labels.items()))))
+                out.append(f"{s.name}{known[1]} {format_value(s.value)}\n")
             else:
                 out.append(f"{s.name} {format_value(s.value)}\n")
     return "".join(out).encode("utf-8")

@@ -86,11 +86,10 @@ def _handler(exposition: Exposition, health: Health, web: WebConfig) -> type[Bas
                 return
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                plain, packed = exposition.bodies()
                 if "gzip" in self.headers.get("Accept-Encoding", ""):
-                    self._send(200, packed, CONTENT_TYPE, {"Content-Encoding": "gzip"})
+                    self._send(200, exposition.gzipped(), CONTENT_TYPE, {"Content-Encoding": "gzip"})
                 else:
-                    self._send(200, plain, CONTENT_TYPE)
+                    self._send(200, exposition.plain(), CONTENT_TYPE)
             elif path == "/healthz":
                 ok, why = health()
                 self._send(200 if ok else 503, (why + "\n").encode())

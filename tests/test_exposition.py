@@ -98,3 +98,19 @@ def test_label_values_are_escaped():
     family = Metric("burnrate_train_loss", "loss", "gauge")
     family.add_sample("burnrate_train_loss", {"training_job": 'a"b\\c\nd'}, 1.0)
     assert encode([family]).decode().splitlines()[-1] == 'burnrate_train_loss{training_job="a\\"b\\\\c\\nd"} 1'
+
+
+def test_label_sets_freed_between_families_are_not_mixed_up():
+    # The encoder remembers rendered label sets by id(); a collector that makes a fresh dict
+    # per family and drops it must still get its own labels (CPython reuses freed addresses).
+    from prometheus_client.metrics_core import Metric
+
+    def families():
+        for i in range(50):
+            family = Metric(f"m{i}", "help", "gauge")
+            family.add_sample(f"m{i}", {"i": str(i)}, float(i))
+            yield family
+
+    text = encode(families()).decode()
+    for i in range(50):
+        assert f'm{i}{{i="{i}"}} {i}\n' in text

@@ -1,5 +1,6 @@
 """The HTTP server: cached /metrics (gzip too), /healthz, TLS and basic auth from a web config."""
 import base64
+import dataclasses
 import gzip
 import ssl
 import subprocess
@@ -49,12 +50,27 @@ def test_metrics_plain_and_gzip(exposition):
         base = f"http://127.0.0.1:{server.port}"
         status, headers, body = get(base + "/metrics")
         assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        assert body == exposition.bodies()[0] and b"DCGM_FI_DEV_GPU_UTIL{" in body
+        assert body == exposition.plain() and b"DCGM_FI_DEV_GPU_UTIL{" in body
         status, headers, packed = get(base + "/metrics", {"Accept-Encoding": "gzip"})
         assert headers["Content-Encoding"] == "gzip" and gzip.decompress(packed) == body
         assert get(base + "/nope")[0] == 404
     finally:
         server.stop()
+
+
+def test_gzip_follows_the_latest_render_and_compresses_it_once():
+    snaps = [fixed_snapshot()]
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(lambda: snaps[-1]))
+    exp = Exposition(registry)
+    first = exp.refresh()
+    packed = exp.gzipped()
+    assert gzip.decompress(packed) == first
+    assert exp.gzipped() is packed  # a second scrape reuses the compression
+    snaps.append(dataclasses.replace(snaps[0], time=snaps[0].time + 1))
+    second = exp.refresh()
+    assert second != first and exp.plain() == second
+    assert gzip.decompress(exp.gzipped()) == second
 
 
 def test_healthz_reports_staleness(exposition):
