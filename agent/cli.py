@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
+from typing import Callable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
@@ -23,7 +24,7 @@ from exporter.server import MetricsServer
 from .gpu import GpuReader
 from .local import local_allocations
 from .sampler import Sampler
-from .snapshot import NodeInfo
+from .snapshot import NodeInfo, Snapshot
 
 log = logging.getLogger("burnrate.agent")
 DEFAULT_SOCKET = "/run/burnrate/telemetry.sock"
@@ -135,8 +136,8 @@ def run(args: argparse.Namespace) -> int:
         registry = CollectorRegistry()
         registry.register(SnapshotCollector(lambda: sampler_ref[0].latest))
         ProcessCollector(registry=registry)
-        exposition = Exposition(registry)
-        sinks = {"render": lambda snap: exposition.refresh()}
+        exposition = Exposition(registry, version=lambda: sampler_ref[0].latest)
+        sinks: dict[str, Callable[[Snapshot], object]] = {}
         if args.record:
             from .recording import Recorder
             recorder = Recorder(args.record)

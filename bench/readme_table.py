@@ -33,12 +33,19 @@ def sections(markdown: str) -> dict[str, Section]:
         heading, _, body = block.partition("\n")
         title, _, rest = heading.partition(":")
         command = re.search(r"`([^`]+)`", rest)
-        table = [_cells(line) for line in body.splitlines() if line.startswith("|")]
+        table = [_cells(line) for line in _first_table(body.splitlines())]
         if command is None or len(table) < 3:
             continue
         header, rows = table[0], table[2:]   # table[1] is the |---| line
         out[title.strip()] = Section(command.group(1), {row[0]: dict(zip(header, row)) for row in rows})
     return out
+
+
+def _first_table(lines: list[str]) -> list[str]:
+    """The lines of the first table: from its first `|` line up to the first line that is not one."""
+    start = next((i for i, line in enumerate(lines) if line.startswith("|")), len(lines))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
 
 
 def _cells(line: str) -> list[str]:

@@ -55,8 +55,14 @@ class _View:
             labels = device_labels(gpu, self.host)
             allocs = by_uuid.get(gpu.identity.uuid, ())
             self.gpus.append((gpu, labels, {**labels, **pod_labels(allocs[0])} if len(allocs) == 1 else labels))
-        self.ranks = [({L.NAMESPACE: s.key.namespace, L.POD: s.key.pod, L.TRAINING_JOB: s.key.training_job,
-                        L.RANK: str(s.key.rank), L.HOSTNAME: self.host}, s.values) for s in snap.ranks]
+        # Rank series are most of the exposition: one pass files each rank's values by field.
+        self.rank_rows: dict[str, list[Row]] = {}
+        for state in snap.ranks:
+            k = state.key
+            labels = {L.NAMESPACE: k.namespace, L.POD: k.pod, L.TRAINING_JOB: k.training_job,
+                      L.RANK: str(k.rank), L.HOSTNAME: self.host}
+            for field, value in state.values.items():
+                self.rank_rows.setdefault(field, []).append((labels, value))
 
 
 def _gpu_field(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
@@ -112,10 +118,7 @@ def _pod_host(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
 
 
 def _rank(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
-    field = spec.field
-    for labels, values in v.ranks:
-        if field in values:
-            yield labels, values[field]
+    return v.rank_rows.get(spec.field, ())
 
 
 def _agent(v: _View, spec: C.MetricSpec) -> Iterator[Row]:

@@ -61,7 +61,8 @@ def encode(families: Iterable[Metric]) -> bytes:
                 known = rendered.get(id(labels))
                 if known is None:
                     known = rendered[id(labels)] = (labels, _labels(tuple(sorted(labels.items()))))
-                out.append(f"{s.name}{known[1]} {format_value(s.value)}\n")
+                text = known[1]
             else:
-                out.append(f"{s.name} {format_value(s.value)}\n")
+                text = ""
+            out.append(f"{s.name}{text} {format_value(s.value)}\n")
     return "".join(out).encode("utf-8")

@@ -12,7 +12,7 @@ from exporter.render import Exposition
 def serve(sampler):
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: sampler.latest))
-    return Exposition(registry)
+    return Exposition(registry, version=lambda: sampler.latest)
 
 
 def lines(text: str, name: str) -> list[str]:
@@ -24,11 +24,11 @@ def test_gpu_lost_mid_run_others_keep_being_served():
     sampler = Sampler(node_name="n", reader=reader, attribution=StaticAttributor(NodeInfo("n"), list))
     exposition = serve(sampler)
     sampler.collect()
-    assert len(lines(exposition.refresh().decode(), "DCGM_FI_DEV_GPU_UTIL")) == 4
+    assert len(lines(exposition.plain().decode(), "DCGM_FI_DEV_GPU_UTIL")) == 4
 
     reader.lose(2)
     sampler.collect()
-    text = exposition.refresh().decode()
+    text = exposition.plain().decode()
     up = {line.split('gpu="')[1][0]: line.rsplit(" ", 1)[1] for line in lines(text, "burnrate_gpu_up")}
     assert up == {"0": "1", "1": "1", "2": "0", "3": "1"}
     util = lines(text, "DCGM_FI_DEV_GPU_UTIL")
@@ -49,7 +49,7 @@ def test_a_broken_collector_is_counted_and_the_rest_is_served():
     assert snap.stats.collection_errors["host"] == 3
     assert snap.stats.collection_errors["gpu"] == 0
     assert len(snap.gpus) == 2 and all(g.up for g in snap.gpus)
-    text = serve(sampler).refresh().decode()
+    text = serve(sampler).plain().decode()
     assert 'burnrate_agent_collection_errors_total{Hostname="n",collector="host"} 3' in text
 
 
@@ -59,7 +59,7 @@ def test_xid_events_are_counted_per_code():
         reader.inject_xid(0, code)
     sampler = Sampler(node_name="n", reader=reader, attribution=StaticAttributor(NodeInfo("n"), list))
     sampler.collect()
-    text = serve(sampler).refresh().decode()
+    text = serve(sampler).plain().decode()
     counts = {line.split('xid="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
               for line in lines(text, "burnrate_gpu_xid_errors_total")}
     assert counts == {"48": "1", "79": "2"}

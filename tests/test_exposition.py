@@ -17,7 +17,7 @@ GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "exposition.txt")
 def render(snap) -> str:
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: snap))
-    return Exposition(registry).refresh().decode()
+    return Exposition(registry, version=lambda: snap).plain().decode()
 
 
 def test_golden_exposition():

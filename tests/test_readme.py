@@ -143,6 +143,14 @@ def test_benchmark_figures_are_read_by_section_row_and_column():
         readme_table.render(doc)
 
 
+def test_only_a_sections_first_table_is_read():
+    doc = ("## Dashboard: `bench/dashboard.py`\n\n| what | build s |\n|---|---:|\n| fleet | 0.046 |\n\n"
+           "In a browser:\n\n| page | load ms |\n|---|---:|\n| fleet | 71 |\n")
+    dashboard = readme_table.sections(doc)["Dashboard"]
+    assert list(dashboard.rows) == ["fleet"] and dashboard.rows["fleet"] == {"what": "fleet", "build s": "0.046"}
+    assert readme_table.largest("build s")(dashboard) == 0.046
+
+
 # --- usage lines ----------------------------------------------------------------------------------
 
 def usages() -> list[str]:

@@ -24,9 +24,7 @@ def exposition():
     snap = fixed_snapshot()
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: snap))
-    exp = Exposition(registry)
-    exp.refresh()
-    return exp
+    return Exposition(registry, version=lambda: snap)
 
 
 def serve(exposition, web=None, health=lambda: (True, "ok")):
@@ -58,19 +56,48 @@ def test_metrics_plain_and_gzip(exposition):
         server.stop()
 
 
-def test_gzip_follows_the_latest_render_and_compresses_it_once():
+class CountingCollector(SnapshotCollector):
+    def __init__(self, source):
+        super().__init__(source)
+        self.renders = 0
+
+    def collect(self):
+        self.renders += 1
+        return super().collect()
+
+
+def test_each_snapshot_is_rendered_once_on_the_first_scrape_that_needs_it():
     snaps = [fixed_snapshot()]
+    collector = CountingCollector(lambda: snaps[-1])
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(lambda: snaps[-1]))
-    exp = Exposition(registry)
-    first = exp.refresh()
+    registry.register(collector)
+    exp = Exposition(registry, version=lambda: snaps[-1])
+    assert collector.renders == 0  # nothing is rendered before a scrape asks
+    first = exp.plain()
     packed = exp.gzipped()
     assert gzip.decompress(packed) == first
-    assert exp.gzipped() is packed  # a second scrape reuses the compression
+    assert exp.plain() is first and exp.gzipped() is packed  # later scrapes reuse both
+    assert collector.renders == 1
     snaps.append(dataclasses.replace(snaps[0], time=snaps[0].time + 1))
-    second = exp.refresh()
-    assert second != first and exp.plain() == second
-    assert gzip.decompress(exp.gzipped()) == second
+    second = exp.gzipped()
+    assert gzip.decompress(second) == exp.plain() != first
+    assert collector.renders == 2
+
+
+def test_a_snapshot_taken_during_a_render_is_rendered_by_the_next_scrape():
+    snaps = [fixed_snapshot()]
+
+    class SamplerMidRender(SnapshotCollector):
+        def collect(self):
+            yield from super().collect()
+            if len(snaps) == 1:  # the sampler publishes a newer snapshot while this one renders
+                snaps.append(dataclasses.replace(snaps[0], time=snaps[0].time + 1))
+
+    registry = CollectorRegistry()
+    registry.register(SamplerMidRender(lambda: snaps[-1]))
+    exp = Exposition(registry, version=lambda: snaps[-1])
+    first = exp.plain()
+    assert exp.plain() != first  # not served from cache as if it were the newer snapshot
 
 
 def test_healthz_reports_staleness(exposition):

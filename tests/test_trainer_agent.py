@@ -1,6 +1,7 @@
 """Telemetry from a real 2-rank `burnrate train` reaches a real `burnrate agent` over its socket."""
 import os
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -26,8 +27,14 @@ def test_trainer_telemetry_reaches_the_agent(tmp_path):
         subprocess.run([PYTHON, "-m", "burnrate", "train", "--nproc", "2", "--steps", "12",
                         "--fault", "straggler:rank=1,factor=2", "--report-every-steps", "2"],
                        cwd=ROOT, env=env, check=True, capture_output=True, timeout=240)
-        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+        # The last reports land in the snapshot after the trainer exits: wait for it.
+        deadline = time.monotonic() + 10
+        while True:
+            with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+            if series(text, "burnrate_train_steps_total") == {"0": 12.0, "1": 12.0} or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     assert series(text, "burnrate_train_steps_total") == {"0": 12.0, "1": 12.0}
     compute = series(text, "burnrate_train_compute_seconds_total")
     assert compute["1"] >= 1.5 * compute["0"]          # the straggler, as the analyzer will see it
