@@ -50,7 +50,7 @@ class _View:
         # (reading, device labels, device labels plus the pod's when one pod holds the GPU:
         # a shared GPU's device series cannot belong to one pod; its holders are in
         # burnrate_gpu_allocated)
-        self.gpus = []
+        self.gpus: list[tuple[GpuReading, dict[str, str], dict[str, str]]] = []
         for gpu in snap.gpus:
             labels = device_labels(gpu, self.host)
             allocs = by_uuid.get(gpu.identity.uuid, ())
@@ -117,7 +117,7 @@ def _pod_host(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
         yield {L.NAMESPACE: namespace, L.POD: pod, L.HOSTNAME: v.host}, seconds
 
 
-def _rank(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+def _rank(v: _View, spec: C.MetricSpec) -> Iterable[Row]:
     return v.rank_rows.get(spec.field, ())
 
 
