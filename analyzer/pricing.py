@@ -3,7 +3,7 @@ source) merged with a user's `--pricing FILE`, resolved per node.
 
 Resolution order for a node: a per-node price (on-premises GPUs), then its instance
 type, then its GPU model. A node none of them prices gets no price: its dollars are
-null, never guessed.
+null, never guessed, and `Catalog.why_unpriced` says what was tried.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class Catalog:
         if node is not None:
             price = node["gpu_hour"]
             return Rate(price.dollars, price.dollars, "node", fixed=True)
-        itype = self.instance_types.get(instance_type)
+        itype = self._instance_type(instance_type)
         if itype is not None:
             gpus = itype["gpus"]
             return Rate(_per(itype.get("on_demand"), gpus), _per(itype.get("spot"), gpus), "instance_type")
@@ -66,8 +66,28 @@ class Catalog:
             return Rate(_per(entry.get("on_demand"), 1), _per(entry.get("spot"), 1), "gpu_model")
         return None
 
+    def why_unpriced(self, hostname: str, instance_type: str, gpu_model: str) -> str | None:
+        """None when `rate` prices the node, else one sentence naming what was looked up."""
+        if self.rate(hostname, instance_type, gpu_model) is not None:
+            return None
+        itype, model = _text(instance_type), _text(gpu_model)
+        if not itype and not model:
+            return (f"node {hostname!r} reports no instance type and no GPU model, so there is nothing "
+                    "to look up; give it a `nodes:` price in a --pricing file")
+        by_type = (f"instance type {itype!r} is not in the price catalog" if itype
+                   else "the node reports no instance type")
+        by_model = f"GPU model {model!r} matches no model price" if model else "it reports no GPU model"
+        return f"{by_type} and {by_model}; add {'it' if itype else 'the model'} to a --pricing file"
+
+    def _instance_type(self, name: str) -> dict[str, Any] | None:
+        exact = self.instance_types.get(name)
+        if exact is not None or not _itype_key(name):
+            return exact
+        return next((entry for known, entry in self.instance_types.items()
+                     if _itype_key(known) == _itype_key(name)), None)
+
     def _model(self, gpu_model: str) -> dict[str, Any] | None:
-        have = set(_tokens(gpu_model))
+        have = set(_tokens(_text(gpu_model)))
         best, score = None, 0
         for name, entry in self.gpu_models.items():
             want = _tokens(name)
@@ -82,6 +102,18 @@ def _per(price: Price | None, gpus: float) -> float | None:
 
 def _tokens(text: str) -> list[str]:
     return [t for t in re.split(r"[^A-Z0-9]+", text.upper()) if t]
+
+
+def _text(value: Any) -> str:
+    # Node labels arrive through pandas: a missing one is NaN or None, not "".
+    return value if isinstance(value, str) else ""
+
+
+def _itype_key(name: Any) -> str:
+    """Instance types compare case-insensitively, and Azure's may come with or without the
+    "Standard_" prefix that its node labels carry (Standard_ND96isr_H100_v5)."""
+    key = _text(name).strip().lower()
+    return key.removeprefix("standard_")
 
 
 def _price(value: Any, where: str) -> Price:
@@ -147,6 +179,12 @@ def _read(path: str) -> dict:
     return doc
 
 
+def _same_instance_type(known: dict[str, dict[str, Any]], key: str) -> str:
+    """The name `key` already has in `known`, so an override spelled "ND96asr_v4" amends
+    the default "Standard_ND96asr_v4" (keeping its GPU count) instead of adding a second entry."""
+    return next((name for name in known if _itype_key(name) == _itype_key(key)), key)
+
+
 def load_catalog(override: str | None = None) -> Catalog:
     """The default catalog, with `override`'s entries replacing same-named ones."""
     sections: dict[str, dict] = {}
@@ -157,6 +195,8 @@ def load_catalog(override: str | None = None) -> Catalog:
         for name in ("instance_types", "gpu_models", "nodes"):
             merged = sections.setdefault(name, {})
             for key, entry in _section(doc, name, path).items():
+                if name == "instance_types":
+                    key = _same_instance_type(merged, key)
                 merged[key] = {**merged.get(key, {}), **entry}
     for key, entry in sections.get("instance_types", {}).items():
         if "gpus" not in entry:
