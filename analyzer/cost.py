@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .accounting import Accounting, account
 from .detectors.views import Views
 from .findings import KINDS, Finding
 from .frames import Frames
@@ -123,7 +124,8 @@ def price_findings(findings: list[Finding], views: Views, prices: GpuPrices,
 
 
 def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = (),
-              advice: AdviceConfig = AdviceConfig()) -> tuple[list[JobCost], list[Finding]]:
+              advice: AdviceConfig = AdviceConfig(), accounting: Accounting | None = None
+              ) -> tuple[list[JobCost], list[Finding]]:
     """Per-job costs, and the findings with their wasted dollars filled in."""
     v = Views.of(data)
     prices = gpu_prices(v, catalog)
@@ -132,7 +134,7 @@ def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = 
     rank_rows = v.job_rows(v.rank)
     gpu_row = alloc.keys["gpu_row"].to_numpy() if alloc.size else np.zeros(0, np.int64)
     share = np.nan_to_num(alloc.values["share"]) if alloc.size else np.zeros((0, v.n))
-    hours_by_row = share.sum(axis=1) * v.step / 3600
+    hours_by_row = (accounting or account(v)).row_gpu_hours
 
     def per_row(table: np.ndarray) -> np.ndarray:
         out = np.full(len(gpu_row), np.nan)

@@ -6,6 +6,11 @@ Each frame has the columns of the recording table of the same name
 exposes them; detectors take differences. A source that cannot provide a table
 (a dcgm-exporter-only cluster has no `rank` telemetry) leaves it empty and names
 it in `missing`.
+
+Two columns come beyond the recording's: `held_s` on the gpu and alloc tables, the
+seconds each row stands for (analyzer.holding: what GPU-time is made of, true at
+any scrape interval), and `signal` on the alloc table, the allocation signal the
+row was read from (analyzer.sources.allocation).
 """
 from __future__ import annotations
 

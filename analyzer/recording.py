@@ -117,8 +117,10 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
     # Each chunk's rows are written straight into arrays sized for the whole span:
     # no copy to join the chunks, and pages a reduction leaves unwritten are never touched.
     capacity = sum(hi - lo for lo, hi in chunks)
+    reducing = span is not None and span.step is not None
     out = {"t": np.empty(capacity), "series": np.empty(capacity, np.int64),
-           **{c: np.empty(capacity, "<" + d) for c, d in columns.items()}}
+           **{c: np.empty(capacity, "<" + d) for c, d in columns.items()},
+           **({"sample_count": np.empty(capacity, np.float32)} if reducing else {})}
     filled = 0
     for lo, hi in chunks:
         times, key = _read(path["t"], "f8", lo, hi), _read(path["key"], "u4", lo, hi)
@@ -127,14 +129,15 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
         known = series >= 0
         if not known.all():
             times, series, values = times[known], series[known], {c: v[known] for c, v in values.items()}
-        if span is not None and span.step is not None:
+        if reducing:
             times, series, values = reduce_rows(times, series, len(order), values, table, span.first, span.step)
         for name, part in (("t", times), ("series", series), *values.items()):
             out[name][filled:filled + len(times)] = part
         filled += len(times)
     if not filled:
         return None
-    frame = pd.DataFrame({"t": out["t"][:filled], **{c: out[c][:filled] for c in columns}}, copy=False)
+    values = [*columns, *(["sample_count"] if reducing else [])]
+    frame = pd.DataFrame({"t": out["t"][:filled], **{c: out[c][:filled] for c in values}}, copy=False)
     # Labels via the small key table, not per row: one take per label column.
     at = out["series"][:filled]
     for name in label_names:

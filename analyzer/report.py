@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .accounting import COVERAGE_WARNING, Accounting, account
 from .cost import AdviceConfig, JobCost, job_costs
 from .detectors import DetectorConfig, Views, detect_all
 from .findings import Finding, iso
@@ -26,29 +27,49 @@ class Report:
     missing: tuple[str, ...] = ()
     simulated: bool = False
     notes: list[str] = field(default_factory=list)
+    accounting: Accounting | None = None
+    unpriced_jobs: list[dict[str, str]] = field(default_factory=list)
 
 
 def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorConfig(),
             advice: AdviceConfig = AdviceConfig()) -> Report:
     views = Views(frames)
     findings = detect_all(views, config)
-    jobs, priced = job_costs(views, catalog, findings, advice)
+    accounting = account(views)
+    jobs, priced = job_costs(views, catalog, findings, advice, accounting)
+    reasons = unpriced_nodes(views, catalog)
     notes = []
-    unpriced = sorted({h for h in views.gpu.keys["Hostname"]} - _priced_hosts(views, catalog))
-    if unpriced:
-        notes.append(f"no price for nodes {', '.join(unpriced[:5])}{' …' if len(unpriced) > 5 else ''}: "
+    if reasons:
+        hosts = sorted(reasons)
+        notes.append(f"no price for nodes {', '.join(hosts[:5])}{' …' if len(hosts) > 5 else ''}: "
                      "their dollars are null (add them to a --pricing file)")
-    return Report(frames.window, priced, jobs, tuple(frames.missing), frames.simulated, notes)
+    if accounting.coverage is not None and accounting.coverage < COVERAGE_WARNING:
+        notes.append(f"samples cover {accounting.coverage:.1%} of the GPUs' time: dollars and hours "
+                     "are for the covered part only")
+    unpriced = [{"namespace": j.namespace, "training_job": j.training_job,
+                 "reason": _unpriced_reason(views, j, reasons)} for j in jobs if j.cost_dollars is None]
+    return Report(frames.window, priced, jobs, tuple(frames.missing), frames.simulated, notes, accounting, unpriced)
 
 
-def _priced_hosts(views: Views, catalog: Catalog) -> set[str]:
+def unpriced_nodes(views: Views, catalog: Catalog) -> dict[str, str]:
+    """Hostname -> why its GPUs have no price, for every node the catalog cannot price."""
     nodes = views.nodes
-    out = set()
+    out = {}
     for host, model in zip(views.gpu.keys["Hostname"], views.gpu.keys["modelName"]):
         itype = nodes.loc[host, "instance_type"] if host in nodes.index else ""
-        if catalog.rate(host, itype, model) is not None:
-            out.add(host)
+        model = model or (nodes.loc[host, "gpu_model"] if host in nodes.index else "")
+        why = catalog.why_unpriced(host, itype, model)
+        if why is not None:
+            out[str(host)] = why
     return out
+
+
+def _unpriced_reason(views: Views, job: JobCost, reasons: dict[str, str]) -> str:
+    rows = views.job_rows(views.alloc).get((job.namespace, job.training_job))
+    if rows is None or not len(rows):
+        return "the job holds no GPU in this window (only its training telemetry was seen)"
+    hosts = sorted({str(h) for h in views.alloc.keys["Hostname"].to_numpy()[rows]} & set(reasons))
+    return "; ".join(f"{h}: {reasons[h]}" for h in hosts) or "its GPUs' prices are unknown"
 
 
 def to_document(report: Report) -> dict[str, Any]:
@@ -58,6 +79,8 @@ def to_document(report: Report) -> dict[str, Any]:
         "window": {"start": iso(report.window.start), "end": iso(report.window.end)},
         "findings": [f.to_dict() for f in report.findings],
         "jobs": [j.to_dict() for j in report.jobs],
+        "accounting": {**(report.accounting.to_dict() if report.accounting else {}),
+                       "unpriced_jobs": report.unpriced_jobs},
         "missing_signals": list(report.missing),
         "simulated": report.simulated,
     }
@@ -171,7 +194,26 @@ def render_table(report: Report) -> str:
                          "WASTE $", "ADVISED"], rows, {1, 2, 4, 5, 6, 7, 8, 9})
         total = sum(j.cost_dollars or 0 for j in jobs)
         waste = sum(f.wasted_dollars or 0 for f in findings)
-        lines += ["", f"total cost ${total:,.2f}; waste found ${waste:,.2f}"]
+        unpriced = f" ({len(report.unpriced_jobs)} unpriced jobs not included)" if report.unpriced_jobs else ""
+        lines += ["", f"total cost ${total:,.2f}{unpriced}; waste found ${waste:,.2f}"]
     else:
         lines.append("  none")
+    lines += _accounting_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def _accounting_lines(report: Report) -> list[str]:
+    a = report.accounting
+    if a is None:
+        return []
+    coverage = "-" if a.coverage is None else f"{a.coverage:.1%}"
+    lines = ["", "GPU-HOURS",
+             f"  observed {a.observed_gpu_hours:,.1f} = allocated {a.allocated_gpu_hours:,.1f}"
+             f" + unallocated {a.unallocated_gpu_hours:,.1f}",
+             f"  allocated {a.allocated_gpu_hours:,.1f} = busy {a.busy_gpu_hours:,.1f} + idle {a.idle_gpu_hours:,.1f}"
+             + (f" (utilization unknown for {a.util_unknown_gpu_hours:,.1f}, counted busy)"
+                if a.util_unknown_gpu_hours > 0.05 else ""),
+             f"  coverage {coverage} of the GPUs' time had samples"
+             + ("  WARNING: below 99%" if a.coverage is not None and a.coverage < COVERAGE_WARNING else "")]
+    lines += [f"  unpriced {j['namespace']}/{j['training_job']}: {j['reason']}" for j in report.unpriced_jobs]
+    return lines

@@ -51,7 +51,8 @@ def reduction(table: str, column: str) -> str:
 def reduce_rows(t: np.ndarray, series: np.ndarray, n_series: int, values: dict[str, np.ndarray], table: str,
                 first: float, step: float) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Time-sorted rows of series 0..n_series-1 reduced to one row per (series,
-    point), in time order. Rows must lie after `first - step`."""
+    point), in time order, with the count of samples behind each in `sample_count`.
+    Rows must lie after `first - step`."""
     if not len(t):
         return t, series, values
     p0 = int(np.ceil((t[0] - first) / step))
@@ -77,5 +78,7 @@ def reduce_rows(t: np.ndarray, series: np.ndarray, n_series: int, values: dict[s
             extreme = np.full(size, -np.inf if how == "max" else np.inf, v.dtype)
             (np.maximum if how == "max" else np.minimum).at(extreme, group, v)
             out[name] = extreme[held]
+    # How many samples each point holds: how much of its step a series covered (analyzer.holding).
+    out["sample_count"] = count[held].astype(np.float32)
     rows_point, rows_series = np.divmod(held, n_series)
     return first + (rows_point + p0) * step, rows_series, out

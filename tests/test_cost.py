@@ -8,6 +8,7 @@ import pytest
 
 from analyzer.cost import AdviceConfig, job_costs, spot_or_on_demand, young_interval
 from analyzer.detectors import detect_all
+from analyzer.report import analyze
 from analyzer.pricing import PricingError, load_catalog
 from test_detectors import Fleet
 
@@ -76,13 +77,21 @@ def test_instance_type_override_and_gpu_model_fallback(tmp_path):
     prices.write_text("instance_types:\n  p5.48xlarge: {on_demand: 40.0}\n")
     assert costs(one_job(), str(prices))[0][("ml", "job")].cost_dollars == pytest.approx(2 * 40.0 / 8)
     job = costs(one_job(instance_type="custom", model="NVIDIA A100-SXM4-80GB"))[0][("ml", "job")]
-    assert job.cost_dollars == pytest.approx(2 * 21.96 / 8)
+    rate = load_catalog(None).rate("", "custom", "NVIDIA A100-SXM4-80GB")
+    assert rate.basis == "gpu_model" and job.cost_dollars == pytest.approx(2 * rate.on_demand)
+    assert rate.on_demand > load_catalog(None).rate("", "custom", "NVIDIA A100-SXM4-40GB").on_demand
 
 
 def test_unpriceable_node_gives_null_dollars_not_a_guess():
-    job = costs(one_job(instance_type="custom", model="Tesla T4"))[0][("ml", "job")]
+    frames = one_job(instance_type="custom", model="Foo GPU 9000")
+    job = costs(frames)[0][("ml", "job")]
     assert job.cost_dollars is None and job.on_demand_cost_dollars is None
     assert job.to_dict()["cost_per_step"] is None
+    # The report says which job went unpriced and why.
+    report = analyze(frames.frames(), load_catalog(None))
+    [unpriced] = report.unpriced_jobs
+    assert (unpriced["namespace"], unpriced["training_job"]) == ("ml", "job")
+    assert "'custom'" in unpriced["reason"] and "'Foo GPU 9000'" in unpriced["reason"]
 
 
 def test_unit_costs_and_mfu_from_telemetry():

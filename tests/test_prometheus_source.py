@@ -142,7 +142,7 @@ def test_an_empty_window_gives_empty_frames(fleet):
     long_ago = Window(1_000_000_000.0, 1_000_003_600.0)
     frames = PrometheusSource(url).frames(long_ago)
     assert all(getattr(frames, t).empty for t in TABLES) and frames.missing == ()
-    assert list(frames.gpu.columns) == ["t", *TABLES["gpu"][1], *TABLES["gpu"][0]]
+    assert list(frames.gpu.columns) == ["t", *TABLES["gpu"][1], *TABLES["gpu"][0], "held_s"]
 
 
 def test_dcgm_exporter_only_cluster(tmp_path):

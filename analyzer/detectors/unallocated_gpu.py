@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 
 from ..findings import Finding
 from ..frames import Frames
@@ -27,7 +28,9 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
     gpu = v.gpu
     if not gpu.size:
         return []
-    up = gpu.values["up"] > 0.5 if "up" in gpu.values else gpu.present
+    # dcgm-exporter nodes have no `up`: a GPU that reports is up there.
+    up = np.where(np.isnan(gpu.values["up"]), gpu.present, gpu.values["up"] > 0.5) if "up" in gpu.values \
+        else gpu.present
     free = gpu.present & up & (v.held <= 0)
     found = runs(free, min_len=v.span(config.min_minutes),
                  max_gap=v.gap(config.gap_minutes))

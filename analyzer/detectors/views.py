@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 from ..frames import Frames
+from ..holding import hold
+from ..series import category_codes, ramps, series_codes
 
 # Time-sliced and MIG GPUs carry no single owner in the gpu table, so ownership
 # always comes from the alloc table; these are the columns that name a holder.
@@ -28,6 +30,7 @@ RANK_COUNTERS = ("steps", "step_s", "data_wait_s", "compute_s", "tokens")
 RANK_TIMES = ("last_step_time", "last_checkpoint_time")
 RANK_GAUGES = ("mfu", "loss", "grad_norm") + RANK_TIMES
 GPU_SIGNALS = ("gpu_util", "up", "sm_clock_mhz", "throttle_reasons")
+HELD = ("held_s",)    # seconds each sample stands for (analyzer.holding)
 # The value columns the detectors and the cost model read, per table: what a
 # source needs to fetch for an analysis (the dashboard's charts read more).
 ANALYSIS_COLUMNS = {"gpu": GPU_SIGNALS, "alloc": ("share",), "rank": RANK_COUNTERS + RANK_GAUGES,
@@ -45,40 +48,11 @@ class Grid:
         return len(self.keys)
 
 
-def _category_codes(column: pd.Series) -> tuple[np.ndarray, int]:
-    cat = column if column.dtype == "category" else column.astype("category")
-    return cat.cat.codes.to_numpy().astype(np.int64), len(cat.cat.categories)
-
-
-def _codes(frame: pd.DataFrame, by: tuple[str, ...], labels: tuple[str, ...] = ()
-           ) -> tuple[np.ndarray, pd.DataFrame]:
-    """Series number per row (0..S-1) and the labels of each series (from its first row)."""
-    names = by + labels
-    if len(frame) == 0:
-        return np.zeros(0, np.int64), pd.DataFrame({c: pd.Series(dtype=object) for c in names})
-    if len(by) == 1:
-        # One categorical key: its codes already number the series; drop unused categories.
-        raw, size = _category_codes(frame[by[0]])
-        used = np.bincount(raw + 1, minlength=size + 1) > 0
-        codes = (np.cumsum(used) - 1)[raw + 1]
-    else:
-        combined = np.zeros(len(frame), np.int64)
-        for col in by:
-            raw, size = _category_codes(frame[col])
-            combined = combined * (size + 1) + (raw + 1)
-        codes, _ = pd.factorize(combined)
-    first = np.empty(codes.max() + 1, np.int64)
-    # Reversed assignment leaves each series' first row: numpy keeps the last write.
-    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
-    keys = pd.DataFrame({c: frame[c].take(first).astype(str).to_numpy() for c in names})
-    return codes.astype(np.int64), keys
-
-
 def last_rows(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     """The last row of each value of `column` (frames are sorted by time)."""
     if not len(frame):
         return frame
-    raw, size = _category_codes(frame[column])
+    raw, size = category_codes(frame[column])
     last = np.full(size + 1, -1, np.int64)
     last[raw + 1] = np.arange(len(raw))
     return frame.take(last[last >= 0])
@@ -86,11 +60,13 @@ def last_rows(frame: pd.DataFrame, column: str) -> pd.DataFrame:
 
 def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...],
                start: float, step: float, n: int, labels: tuple[str, ...] = (),
-               counters: tuple[str, ...] = (), wide: tuple[str, ...] | None = None) -> Grid:
-    """`counters` become per-bin increases (counter_delta); float64 columns stay
-    float64 only when named in `wide` (all of them when it is None): a week of
-    timestamps needs the precision, a loss or an increase does not."""
-    codes, keys = _codes(frame, by, labels)
+               counters: tuple[str, ...] = (), wide: tuple[str, ...] | None = None,
+               summed: tuple[str, ...] = ()) -> Grid:
+    """`counters` become per-bin increases (counter_delta); `summed` columns add up
+    the rows that fall in one bin (time held, analyzer.holding) where others keep the
+    last; float64 columns stay float64 only when named in `wide` (all of them when it
+    is None): a week of timestamps needs the precision, a loss or an increase does not."""
+    codes, keys = series_codes(frame, by, labels)
     col = np.rint((frame["t"].to_numpy() - start) / step).astype(np.int64) if len(frame) else codes
     keep = (col >= 0) & (col < n)
     if not keep.all():
@@ -105,6 +81,9 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         data = frame[name].to_numpy()
         if not keep.all():
             data = data[keep]
+        if name in summed:
+            values[name] = np.bincount(cell, weights=data, minlength=s * n).reshape(s, n)
+            continue
         if name in counters:
             cumulative.fill(np.nan)
             cumulative.ravel()[cell] = data
@@ -168,17 +147,10 @@ def runs(mask: np.ndarray, min_len: int = 1, max_gap: int = 0) -> Runs:
             mask = mask.copy()
             length = inner.end - inner.start
             rows = np.repeat(inner.row, length)
-            cols = np.repeat(inner.start, length) + _ramps(length)
+            cols = np.repeat(inner.start, length) + ramps(length)
             mask[rows, cols] = True
     out = _bounds(mask)
     return out.where(out.end - out.start >= min_len)
-
-
-def _ramps(length: np.ndarray) -> np.ndarray:
-    """0..len-1 for each length, concatenated."""
-    total = int(length.sum())
-    offsets = np.repeat(np.cumsum(length) - length, length)
-    return np.arange(total) - offsets
 
 
 def _bounds(mask: np.ndarray) -> Runs:
@@ -227,7 +199,8 @@ class Views:
     """Lazily built grids of one `Frames`; each is computed at most once."""
 
     def __init__(self, frames: Frames) -> None:
-        self.frames = frames
+        # Frames built by hand rather than read by a source: each sample stands for its interval too.
+        self.frames = frames if "held_s" in frames.gpu.columns else hold(frames)
         self.step = float(frames.step_s)
         self.start = float(frames.window.start)
         self.n = max(int(np.floor((frames.window.end - frames.window.start) / self.step)) + 1, 1)
@@ -264,9 +237,9 @@ class Views:
     def gpu(self) -> Grid:
         """One row per physical GPU (by UUID), labelled with its Hostname, index and model."""
         f = self.frames.gpu
-        cols = tuple(c for c in GPU_SIGNALS if c in f.columns)
+        cols = tuple(c for c in GPU_SIGNALS + HELD if c in f.columns)
         return build_grid(f, ("UUID",), cols, self.start, self.step, self.n,
-                          labels=("Hostname", "gpu", "modelName"))
+                          labels=("Hostname", "gpu", "modelName"), summed=HELD)
 
     @cached_property
     def alloc(self) -> Grid:
@@ -275,8 +248,8 @@ class Views:
         if not held.all():
             f = f[held]
         # A (GPU, pod) pair names an allocation; the other labels follow from it.
-        grid = build_grid(f, ("UUID", "namespace", "pod"), ("share",), self.start, self.step, self.n,
-                          labels=("Hostname", "gpu", "training_job"))
+        grid = build_grid(f, ("UUID", "namespace", "pod"), ("share",) + tuple(c for c in HELD if c in f.columns),
+                          self.start, self.step, self.n, labels=("Hostname", "gpu", "training_job"), summed=HELD)
         keys = grid.keys
         keys["job"] = job_name(keys["training_job"], keys["pod"])
         row_of = pd.Series(np.arange(self.gpu.size), index=self.gpu.keys["UUID"].to_numpy())

@@ -9,6 +9,8 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
+from ..frames import Window
+from ..resample import step_for
 from agent.gpu.simulated import SIMULATED
 from agent.recording import TABLES
 
@@ -24,8 +26,9 @@ Progress = Callable[[int, int], None]    # (done, total): how far a source is in
 
 
 def missing_signals(gpu: pd.DataFrame, rank: pd.DataFrame, node: pd.DataFrame,
-                    dcgm_only: bool = False) -> tuple[str, ...]:
-    """The signals absent from a window that has any data at all."""
+                    dcgm_nodes: Sequence[str] = (), nodes: int = 0) -> tuple[str, ...]:
+    """The signals absent from a window that has any data at all; what only some
+    nodes lack (dcgm-exporter beside the agent) names them."""
     if gpu.empty and rank.empty and node.empty:
         return ()
     missing = []
@@ -33,9 +36,27 @@ def missing_signals(gpu: pd.DataFrame, rank: pd.DataFrame, node: pd.DataFrame,
         missing.append(TRAINING_TELEMETRY)
     if node.empty:
         missing.append(NODE_PRICING_LABELS)
-    if dcgm_only:
+    if dcgm_nodes and len(dcgm_nodes) >= nodes:
         missing += DCGM_ONLY_MISSING
+    elif dcgm_nodes:
+        where = ", ".join(dcgm_nodes[:5]) + (" …" if len(dcgm_nodes) > 5 else "")
+        missing += [f"{signal} on {len(dcgm_nodes)} of {nodes} nodes ({where})" for signal in DCGM_ONLY_MISSING]
     return tuple(missing)
+
+
+def within(window: Window | None, data: Window | None, min_step_s: float) -> Window:
+    """The window, cut to the part that holds data where that gives it a finer step:
+    a year's query over a day of samples is read at the day's resolution, so a job
+    costs the same whatever window holds it."""
+    if data is None or data.end < data.start:
+        return window or Window(0.0, 0.0)
+    if window is None:
+        return data
+    start, end = max(window.start, data.start), min(window.end, data.end)
+    if start > end:
+        return window
+    cut = Window(start, end)
+    return cut if step_for(cut, min_step_s) < step_for(window, min_step_s) else window
 
 
 def column_order(table: str, columns: Sequence[str] | None = None) -> list[str]:

@@ -40,8 +40,10 @@ from exporter import labels as L
 
 from ..frames import Frames, Window
 from ..recording import empty_table
+from ..holding import hold
 from ..resample import MAX_POINTS, reduction, step_for
-from . import Progress, column_order, is_simulated, missing_signals
+from . import Progress, column_order, is_simulated, missing_signals, within
+from .allocation import best_allocation, empty_alloc
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _POD_SUFFIX = re.compile(r"-(?:worker|master|launcher)-\d+$")
@@ -100,6 +102,7 @@ def _queries() -> list[_Query]:
                {"direction": "rx"}),
         _Query("gpu", "xid_total", "burnrate_gpu_xid_errors_total", device + ("xid",), "last", outer=device),
         _Query("alloc", "share", "burnrate_gpu_allocation_share_ratio", device_pod, "last"),
+        _Query("alloc", "allocated", "burnrate_gpu_allocated", device_pod, "last"),
         _Query("node", "_info", "burnrate_node_info", L.NODE_INFO_LABELS, "last"),
         _Query("node", "cpu_utilization", "burnrate_node_cpu_utilization_ratio", (L.HOSTNAME,), "avg"),
         _Query("pod_cpu", "cpu_seconds", "burnrate_pod_cpu_seconds_total", (L.NAMESPACE, L.POD, L.HOSTNAME), "last"),
@@ -111,6 +114,13 @@ def _queries() -> list[_Query]:
 
 
 QUERIES = _queries()
+# Where a step holds several samples, how many each series had: how much of the step
+# it covered (analyzer.holding). Asked only for what GPU-time is made of.
+COUNTS = [_Query("gpu", "sample_count", "DCGM_FI_DEV_GPU_UTIL", C.DEVICE_POD, "count"),
+          _Query("alloc", "sample_count", "burnrate_gpu_allocation_share_ratio", C.DEVICE_POD, "count"),
+          _Query("alloc", "sample_count", "burnrate_gpu_allocated", C.DEVICE_POD, "count")]
+# dcgm-exporter 4.8.3 renamed `Hostname` to `hostname`: both are asked for and merged.
+HOSTNAME_SPELLINGS = (L.HOSTNAME, "hostname")
 _LABELS_OF = {**{s.name: s.labels for s in C.CATALOG}, **{s.sample_name: s.labels for s in C.CATALOG}}
 _KEYS = {"gpu": C.DEVICE, "alloc": C.DEVICE_POD, "rank": C.T, "node": L.NODE_INFO_LABELS,
          "pod_cpu": (L.NAMESPACE, L.POD, L.HOSTNAME), "xid": C.DEVICE + ("xid",)}
@@ -196,7 +206,8 @@ class PrometheusSource:
         labels = {k: v for k, v in self.matchers.items() if k in _LABELS_OF[q.metric]}
         labels.update(q.extra or {})
         inner = f"{q.over_time}_over_time({selector(q.metric, **labels)}[{int(step * 1000) - 1}ms])"
-        query = f"max by ({', '.join(q.by)}) ({inner})"
+        by = q.by + (("hostname",) if L.HOSTNAME in q.by else ())
+        query = f"max by ({', '.join(by)}) ({inner})"
         return f"sum by ({', '.join(q.outer)}) ({query})" if q.outer else query
 
     def _answer(self, job: tuple[_Query, np.ndarray], step: float, total: int, progress: Progress | None) -> list[dict]:
@@ -217,24 +228,44 @@ class PrometheusSource:
         if window is None:
             now = time.time()
             window = Window(now - 3600.0, now)
+        window = within(window, self.data_range(window), self.min_step_s)
         step = self.step_for(window)
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         grid = np.arange(first, last + step / 2, step) if last >= first else np.empty(0)
         chunks = [grid[k:k + self.chunk_points] for k in range(0, len(grid), self.chunk_points)]
-        jobs = [(q, chunk) for chunk in chunks for q in QUERIES if _wanted(q, columns)]
+        asked = QUERIES + (COUNTS if step > self.min_step_s else [])
+        jobs = [(q, chunk) for chunk in chunks for q in asked if _wanted(q, columns)]
         self._answered = 0
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
             answers = list(pool.map(lambda job: self._answer(job, step, len(jobs), progress), jobs))
         results: dict[tuple[str, str], list[dict]] = {}
         for (q, _), answer in zip(jobs, answers):
             results.setdefault((q.table, q.column), []).extend(answer)
-        return _assemble(results, window, step, first, columns)
+        return hold(_assemble(results, window, step, first, columns))
+
+    def data_range(self, window: Window) -> Window | None:
+        """Where in the window any GPU has samples, from one query at the window's
+        coarsest step: a year's window over a day of data is read at the day's step."""
+        step = step_for(window, self.min_step_s)
+        present = " or ".join(f"present_over_time({selector(m)}[{int(step * 1000) - 1}ms])"
+                              for m in ("DCGM_FI_DEV_GPU_UTIL", "burnrate_gpu_up"))
+        first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
+        if last < first:
+            return None
+        times = [float(t) for series in self.query_range(f"count({present})", first, last, step)
+                 for t, _ in series["values"]]
+        if not times:
+            return None
+        # A point holds the samples of the step before it; after the last point of
+        # the grid, data may run on to the window's end.
+        return Window(max(window.start, min(times) - step), window.end if max(times) >= last else max(times))
 
 
 def _wanted(q: _Query, columns: Mapping[str, Sequence[str]] | None) -> bool:
     # Node info carries the node's labels and `up` tells the agent's series from
     # dcgm-exporter's: both are asked whenever their table is.
-    return columns is None or q.table in columns and (q.column in columns[q.table] or q.column in ("_info", "up"))
+    return columns is None or q.table in columns and (
+        q.column in columns[q.table] or q.column in ("_info", "up", "sample_count", "allocated"))
 
 
 def _num(value: float) -> str:
@@ -264,6 +295,8 @@ class _Dense:
 
     def add(self, column: str, series: dict, row_labels: tuple[str, ...] = ()) -> None:
         metric = series["metric"]
+        if not metric.get(L.HOSTNAME) and metric.get("hostname"):
+            metric = {**metric, L.HOSTNAME: metric["hostname"]}
         key = tuple(metric.get(n, "") for n in self.key_labels)
         k = self.keys.setdefault(key, len(self.keys))
         values = np.asarray(series["values"], dtype=object).reshape(-1, 2)
@@ -323,21 +356,33 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
                                                                      n_times)
         return frame[column_order(name, chosen)]
 
-    dcgm_only = not results.get(("gpu", "up")) and bool(dense["gpu"].keys)
-    gpu = table("gpu", lambda chosen: dense["gpu"].frame({c: "<" + TABLES["gpu"][1][c] for c in chosen},
-                                                         n_times, L.POD_LABELS))
-    if dcgm_only:
-        gpu = _label_jobs(gpu)
-        alloc = _alloc_from_pods(gpu) if columns is None or "alloc" in columns else empty_table("alloc")
+    counted = ["sample_count"] if results.get(("gpu", "sample_count")) else []
+
+    def gpu_frame(chosen: list[str]) -> pd.DataFrame:
+        dtypes = {c: "<" + TABLES["gpu"][1][c] for c in chosen} | {c: "<f4" for c in counted}
+        return dense["gpu"].frame(dtypes, n_times, L.POD_LABELS)[column_order("gpu", chosen) + counted]
+
+    gpu = _label_jobs(table("gpu", gpu_frame) if columns is None or "gpu" in columns else empty_table("gpu"))
+    # Nodes whose GPUs have no burnrate_gpu_up run dcgm-exporter alone.
+    agent_rows = gpu["up"].notna().to_numpy() if "up" in gpu else np.zeros(len(gpu), bool)
+    hosts = set(gpu[L.HOSTNAME].astype(str))
+    dcgm_nodes = sorted(hosts - set(gpu[L.HOSTNAME].astype(str)[agent_rows]))
+    if "xid_total" in gpu.columns:
+        # An agent counts XIDs from zero: no series yet means none happened; dcgm-exporter cannot say.
+        xid = gpu["xid_total"].to_numpy()
+        gpu["xid_total"] = np.where(agent_rows & np.isnan(xid), 0.0, xid).astype(xid.dtype)
+    if columns is None or "alloc" in columns:
+        alloc_counted = ["sample_count"] if results.get(("alloc", "sample_count")) else []
+        raw = dense["alloc"].frame({c: "<f4" for c in ("share", "allocated", *alloc_counted)}, n_times)
+        alloc = best_allocation(raw, gpu, first, step)
+        alloc = alloc[column_order("alloc") + ["signal"] + [c for c in alloc_counted if c in alloc]]
     else:
-        if "xid_total" in gpu.columns:
-            gpu["xid_total"] = gpu["xid_total"].fillna(0.0).astype(gpu["xid_total"].dtype)
-        alloc = table("alloc")
+        alloc = empty_alloc()
     node = table("node", lambda chosen: _node_cpu(dense["node"].frame({"_info": "<f8"}, n_times).drop(columns="_info"),
                                                   results.get(("node", "cpu_utilization"), []), first, step))
     rank = table("rank")
     tables = {"gpu": gpu, "alloc": alloc, "rank": rank, "node": node, "pod_cpu": table("pod_cpu"), "xid": table("xid")}
-    return Frames(window=window, step_s=step, missing=missing_signals(gpu, rank, node, dcgm_only),
+    return Frames(window=window, step_s=step, missing=missing_signals(gpu, rank, node, dcgm_nodes, len(hosts)),
                   simulated=is_simulated(gpu), **tables)
 
 
@@ -358,22 +403,16 @@ def _node_cpu(node: pd.DataFrame, answer: list[dict], first: float, step: float)
 
 
 def _label_jobs(gpu: pd.DataFrame) -> pd.DataFrame:
-    """dcgm-exporter labels pods, not jobs: name the job after the pod."""
+    """dcgm-exporter labels pods, not jobs: a held GPU with no job is named after its pod."""
+    if not len(gpu):
+        return gpu
     pods = gpu[L.POD].astype(str)
     jobs = gpu[L.TRAINING_JOB].astype(str)
-    derived = pods.map(job_from_pod) if len(pods) else pods
-    gpu[L.TRAINING_JOB] = pd.Categorical(jobs.where(jobs != "", derived))
+    gpu[L.TRAINING_JOB] = pd.Categorical(jobs.where(jobs != "", pods.map(job_from_pod)))
     if "up" in gpu.columns:
         gpu["up"] = gpu["up"].astype("<f4")
     return gpu
 
 
-def _alloc_from_pods(gpu: pd.DataFrame) -> pd.DataFrame:
-    held = gpu[gpu[L.POD].astype(str) != ""]
-    alloc = held[[c for c in column_order("alloc") if c != "share"]].copy()
-    alloc["share"] = np.float32(1.0)
-    return alloc.reset_index(drop=True)
-
-
 def _empty(window: Window, step: float) -> Frames:
-    return Frames(window=window, step_s=step, **{name: empty_table(name) for name in TABLES})
+    return Frames(window=window, step_s=step, **{name: empty_table(name) for name in TABLES} | {"alloc": empty_alloc()})

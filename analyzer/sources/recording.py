@@ -6,12 +6,15 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 
 from agent.recording import TABLES
 
 from ..frames import Frames, Window
 from ..recording import Span, check, complete_rows, empty_table, load_table, segments
-from . import DEFAULT_STEP_S, Progress, is_simulated, missing_signals
+from ..holding import hold
+from .allocation import SHARE_RATIO
+from . import DEFAULT_STEP_S, Progress, is_simulated, missing_signals, within
 from ..resample import grid_points, step_for
 
 SIMULATED_MARKER = "simulated.json"
@@ -59,7 +62,8 @@ class RecordingSource:
         the window's step (analyzer.resample). `columns` names the value
         columns to read per table; tables it leaves out come back empty.
         `progress(done, total)` is told how many rows are read so far."""
-        window = window or time_range(self.root)
+        data = time_range(self.root)
+        window = within(window, data, sample_interval(self.root, window or data))
         native = sample_interval(self.root, window)
         step = step_for(window, native)
         if step > native * 1.01:
@@ -81,10 +85,12 @@ class RecordingSource:
                 done += sizes[name]
                 if progress:
                     progress(done, sum(sizes.values()))
+        # The agent writes the share ratio, the best allocation signal there is.
+        tables["alloc"]["signal"] = pd.Categorical([SHARE_RATIO] * len(tables["alloc"]))
         gpu, rank, node = tables["gpu"], tables["rank"], tables["node"]
         simulated = os.path.exists(os.path.join(self.root, SIMULATED_MARKER)) or is_simulated(gpu)
-        return Frames(window=window, step_s=step, missing=missing_signals(gpu, rank, node),
-                      simulated=simulated, **tables)
+        return hold(Frames(window=window, step_s=step, missing=missing_signals(gpu, rank, node),
+                           simulated=simulated, **tables))
 
 
 def _wanted(table: str, columns: Mapping[str, Sequence[str]] | None) -> list[str]:

@@ -1,0 +1,114 @@
+"""Where every GPU-hour of a window went, with the identity that holds it together:
+
+    observed  = allocated + unallocated
+    allocated = busy + idle          (GPU-hours weighted by the holders' share)
+    Σ jobs    = allocated
+
+Time comes from each sample's `held_s` (analyzer.holding), so the figures are the
+same at any scrape interval and for any window that holds the same samples. A GPU
+whose holders' shares add up to more than one (a time-sliced GPU counted by pods
+that each report a whole GPU) is split among them, never counted twice.
+`coverage` is the share of the GPUs' lifetime in the window that had samples: a
+node that stopped reporting for an hour lowers it; one that joined late does not.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .detectors.idle_gpu import Config as IdleConfig
+from .detectors.views import Views
+
+COVERAGE_WARNING = 0.99
+
+
+@dataclass(frozen=True)
+class Accounting:
+    observed_gpu_hours: float
+    allocated_gpu_hours: float
+    unallocated_gpu_hours: float
+    busy_gpu_hours: float
+    idle_gpu_hours: float
+    util_unknown_gpu_hours: float     # allocated with no utilization sample: counted as busy
+    coverage: float | None            # None when no GPU was seen at all
+    row_gpu_hours: np.ndarray         # per alloc-grid row: its holder's GPU-hours
+    per_node: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "observed_gpu_hours": _r(self.observed_gpu_hours), "allocated_gpu_hours": _r(self.allocated_gpu_hours),
+            "unallocated_gpu_hours": _r(self.unallocated_gpu_hours), "busy_gpu_hours": _r(self.busy_gpu_hours),
+            "idle_gpu_hours": _r(self.idle_gpu_hours), "util_unknown_gpu_hours": _r(self.util_unknown_gpu_hours),
+            "coverage": None if self.coverage is None else round(self.coverage, 4),
+            "nodes": {host: {k: _r(v) if isinstance(v, float) else v for k, v in figures.items()}
+                      for host, figures in sorted(self.per_node.items())},
+        }
+
+
+def _r(value: float) -> float:
+    return round(float(value), 4)
+
+
+def account(v: Views, idle_util_pct: float = IdleConfig().util_max_pct) -> Accounting:
+    gpu, alloc = v.gpu, v.alloc
+    observed = np.nan_to_num(gpu.values["held_s"]) if "held_s" in gpu.values else np.zeros((gpu.size, v.n))
+    rows = alloc.keys["gpu_row"].to_numpy() if alloc.size else np.zeros(0, np.int64)
+    share = np.nan_to_num(alloc.values["share"]) if alloc.size else np.zeros((0, v.n))
+    row_held = np.nan_to_num(alloc.values["held_s"]) if alloc.size else np.zeros((0, v.n))
+    share = np.where(row_held > 0, share, 0.0)
+    known = rows >= 0
+    # A GPU is observed while any of its series has a sample: its holders' too.
+    if known.any():
+        observed = observed.copy()
+        np.maximum.at(observed, rows[known], row_held[known])
+    total = np.zeros((gpu.size, v.n))
+    np.add.at(total, rows[known], share[known])
+    held = np.minimum(total, 1.0)
+    split = 1.0 / np.maximum(total, 1.0)
+    row_seconds = np.zeros(len(rows))
+    if known.any():
+        row_seconds[known] = (share[known] * split[rows[known]] * observed[rows[known]]).sum(axis=1)
+    # Holders of GPUs that have no device series at all stand for their own time.
+    orphan_seconds = (np.minimum(share[~known], 1.0) * row_held[~known]).sum(axis=1)
+    row_seconds[~known] = orphan_seconds
+    allocated_s = held * observed
+    util = gpu.values.get("gpu_util")
+    if util is None:
+        util = np.full(observed.shape, np.nan)
+    idle_s = np.where(util <= idle_util_pct, allocated_s, 0.0)
+    unknown_s = np.where(np.isfinite(util), 0.0, allocated_s)
+    lifetime = _lifetime(observed > 0) * v.step
+    hosts = gpu.keys["Hostname"].to_numpy() if gpu.size else np.zeros(0, object)
+    per_node = {}
+    for host in sorted(set(hosts)):
+        mine = hosts == host
+        per_node[str(host)] = _figures(observed[mine].sum(), allocated_s[mine].sum(), idle_s[mine].sum(),
+                                       lifetime[mine].sum())
+    orphan = float(orphan_seconds.sum())
+    observed_s = float(observed.sum()) + orphan
+    allocated_total = float(allocated_s.sum()) + orphan
+    life = float(lifetime.sum()) + orphan
+    return Accounting(
+        observed_gpu_hours=observed_s / 3600, allocated_gpu_hours=allocated_total / 3600,
+        unallocated_gpu_hours=(observed_s - allocated_total) / 3600,
+        busy_gpu_hours=(allocated_total - float(idle_s.sum())) / 3600, idle_gpu_hours=float(idle_s.sum()) / 3600,
+        util_unknown_gpu_hours=(float(unknown_s.sum()) + orphan) / 3600,
+        coverage=min(observed_s / life, 1.0) if life > 0 else None,
+        row_gpu_hours=row_seconds / 3600, per_node=per_node)
+
+
+def _figures(observed: float, allocated: float, idle: float, lifetime: float) -> dict[str, float | None]:
+    return {"observed_gpu_hours": observed / 3600, "allocated_gpu_hours": allocated / 3600,
+            "unallocated_gpu_hours": (observed - allocated) / 3600, "busy_gpu_hours": (allocated - idle) / 3600,
+            "idle_gpu_hours": idle / 3600, "coverage": min(observed / lifetime, 1.0) if lifetime > 0 else None}
+
+
+def _lifetime(seen: np.ndarray) -> np.ndarray:
+    """Steps from each GPU's first sample to its last: the time it should have been seen."""
+    if not seen.size:
+        return np.zeros(seen.shape[0])
+    any_seen = seen.any(axis=1)
+    first = np.argmax(seen, axis=1)
+    last = seen.shape[1] - 1 - np.argmax(seen[:, ::-1], axis=1)
+    return np.where(any_seen, last - first + 1, 0).astype(np.float64)

@@ -1,0 +1,80 @@
+"""Who holds each GPU, from the best signal present for that GPU at that time.
+
+Clusters mix agent versions and dcgm-exporter nodes, and federated or relabelled
+copies drop series, so allocation is decided per GPU and per time, best first
+(CONTRACT §3):
+
+1. `burnrate_gpu_allocation_share_ratio`: the share each pod holds (MIG, time-slicing);
+2. `burnrate_gpu_allocated` (older agents): each holder gets an equal share;
+3. pod labels on the device series (dcgm-exporter's Kubernetes mapping): likewise.
+
+The chosen signal is kept in the `signal` column, so the report can say per node
+where its allocation came from.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from exporter import labels as L
+
+SHARE_RATIO = "share_ratio"
+ALLOCATED = "allocated"
+POD_LABELS = "pod_labels"
+SIGNALS = (SHARE_RATIO, ALLOCATED, POD_LABELS)      # best first
+ALLOC_LABELS = L.DEVICE_LABELS + L.POD_LABELS
+
+
+def best_allocation(alloc: pd.DataFrame, gpu: pd.DataFrame, first: float, step: float) -> pd.DataFrame:
+    """The alloc table: `alloc` holds the share ratio (`share`) and/or the allocated
+    flag (`allocated`) per (GPU, pod) row; `gpu` the device rows with pod labels."""
+    candidates = []
+    if "share" in alloc:
+        rows = alloc[alloc["share"].notna()]
+        candidates.append(_candidate(rows, rows["share"].to_numpy(np.float32), SHARE_RATIO))
+    if "allocated" in alloc:
+        rows = alloc[alloc["allocated"].to_numpy() > 0]
+        candidates.append(_candidate(rows, None, ALLOCATED))
+    if len(gpu) and L.POD in gpu:
+        rows = gpu[gpu[L.POD].astype(str) != ""]
+        candidates.append(_candidate(rows, None, POD_LABELS))
+    candidates = [c for c in candidates if len(c)]
+    if not candidates:
+        return empty_alloc()
+    merged = pd.concat(candidates, ignore_index=True)
+    for name in (*ALLOC_LABELS, "signal"):
+        merged[name] = merged[name].astype(str).astype("category")
+    uuid = merged[L.UUID].cat.codes.to_numpy(np.int64)
+    point = np.rint((merged["t"].to_numpy() - first) / step).astype(np.int64)
+    cell = uuid * (int(point.max()) + 1) + (point - int(point.min()))
+    rank = merged["signal"].map({s: i for i, s in enumerate(SIGNALS)}).to_numpy(np.int64)
+    best = np.full(int(cell.max()) + 1, len(SIGNALS))
+    for level in range(len(SIGNALS) - 1, -1, -1):     # best last, so it overwrites
+        best[np.unique(cell[rank == level])] = level
+    merged = merged[rank == best[cell]]
+    cell = cell[rank == best[cell]]
+    equal = merged["share"].isna().to_numpy()
+    if equal.any():
+        # Each holder of a GPU gets an equal share where the signal has no ratio.
+        holders = np.bincount(cell[equal], minlength=int(cell.max()) + 1)
+        share = merged["share"].to_numpy(np.float32).copy()
+        share[equal] = 1.0 / holders[cell[equal]]
+        merged["share"] = share
+    return merged.sort_values("t", kind="stable", ignore_index=True)
+
+
+def _candidate(rows: pd.DataFrame, share: np.ndarray | None, signal: str) -> pd.DataFrame:
+    out = pd.DataFrame({"t": rows["t"].to_numpy(),
+                        "share": share if share is not None else np.full(len(rows), np.nan, np.float32)})
+    for name in ALLOC_LABELS:
+        out[name] = rows[name].astype(str).to_numpy() if name in rows else ""
+    if "sample_count" in rows:
+        out["sample_count"] = rows["sample_count"].to_numpy()
+    out["signal"] = signal
+    return out
+
+
+def empty_alloc() -> pd.DataFrame:
+    """An alloc table with no rows, in the columns every source gives it."""
+    return pd.DataFrame({"t": pd.Series(dtype="f8"), "share": pd.Series(dtype="f4"),
+                         **{n: pd.Categorical([]) for n in (*ALLOC_LABELS, "signal")}})

@@ -1,0 +1,138 @@
+"""Each sample stands for its own interval: GPU-time is the same at any scrape
+interval and for any window that holds the same samples."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from agent.recording import TABLES
+from analyzer.accounting import account
+from analyzer.detectors.views import Views
+from analyzer.frames import Frames, Window
+from analyzer.holding import STALENESS_S, hold_table
+from analyzer.pricing import load_catalog
+from analyzer.recording import empty_table
+from analyzer.report import analyze
+from analyzer.simulate import Spec, simulate
+from analyzer.sources import RecordingSource
+from analyzer.sources.allocation import best_allocation
+
+T0 = 1_800_000_000.0
+GPU_KEYS = TABLES["gpu"][0]
+
+
+def gpu_rows(times, uuid="GPU-a", host="node-1", util=50.0, pod="", samples=None) -> pd.DataFrame:
+    frame = pd.DataFrame({"t": np.asarray(times, float), "gpu_util": np.float32(util)})
+    for name in GPU_KEYS:
+        frame[name] = {"UUID": uuid, "Hostname": host, "gpu": "0", "pod": pod, "namespace": "ml" if pod else "",
+                       "training_job": pod}.get(name, "")
+        frame[name] = frame[name].astype("category")
+    if samples is not None:
+        frame["sample_count"] = np.float32(samples)
+    return frame
+
+
+def test_a_sample_every_60s_read_at_15s_steps_fills_each_step_once():
+    times = T0 + 60.0 * np.arange(10)
+    held = hold_table(gpu_rows(times), GPU_KEYS, step=15.0, limit=T0 + 10_000)
+    assert len(held) == 40 and np.allclose(np.diff(held["t"]), 15.0)
+    assert held["held_s"].sum() == pytest.approx(600.0)        # 10 samples x 60 s, the last one included
+
+
+def test_a_missed_scrape_is_bridged_and_an_outage_is_not():
+    times = T0 + 30.0 * np.array([0, 1, 2, 4, 5])                # one missed scrape at 90 s
+    assert hold_table(gpu_rows(times), GPU_KEYS, 15.0, T0 + 1e4)["held_s"].sum() == pytest.approx(180.0)
+    gone = STALENESS_S + 300.0
+    times = np.concatenate([T0 + 30.0 * np.arange(3), T0 + 60.0 + gone + 30.0 * np.arange(3)])
+    held = hold_table(gpu_rows(times), GPU_KEYS, 15.0, T0 + 1e4)
+    assert held["held_s"].sum() == pytest.approx(2 * 90.0)      # the outage is not GPU-time seen
+
+
+def test_jittered_samples_hold_until_the_next_one():
+    rng = np.random.default_rng(1)
+    times = T0 + 57.0 * np.arange(200) + rng.uniform(-8, 8, 200)
+    held = hold_table(gpu_rows(times), GPU_KEYS, 15.0, T0 + 1e6)
+    interval = np.median(np.diff(times))
+    assert held["held_s"].sum() == pytest.approx(times[-1] - times[0] + interval)
+
+
+def test_coarse_steps_count_only_the_samples_a_step_holds():
+    """A 55 s step over 15 s samples: a run's first and last steps stand for the
+    samples in them, so a job that starts mid-step is not charged the whole step."""
+    step = 55.0
+    samples = np.array([1, 4, 4, 3, 4, 2], np.float32)     # a run starting and ending mid-step
+    times = T0 + step * np.arange(len(samples))
+    frame = gpu_rows(times, samples=samples)
+    held = hold_table(frame, GPU_KEYS, step, T0 + 1e4)
+    assert "sample_count" not in held
+    # First and last steps from their counts at the 15 s interval the counts imply, the rest whole.
+    interval = np.median(step / samples[1:])
+    expected = min(1 * interval, step) + 4 * step + min(2 * interval, step)
+    assert held["held_s"].sum() == pytest.approx(expected)
+
+
+def test_the_best_allocation_signal_is_chosen_per_gpu_and_per_time():
+    grid = T0 + 15.0 * np.arange(4)
+    share_ratio = pd.DataFrame({"t": grid[:2], "share": np.float32([0.5, 0.5]), "allocated": np.float32(np.nan)})
+    allocated = pd.DataFrame({"t": np.repeat(grid, 2), "share": np.float32(np.nan), "allocated": np.float32(1.0)})
+    alloc = pd.concat([share_ratio.assign(UUID="GPU-a", pod="notebook-0"),
+                       allocated.assign(UUID="GPU-a", pod=["notebook-0", "other-0"] * 4)], ignore_index=True)
+    for name in TABLES["alloc"][0]:
+        if name not in alloc:
+            alloc[name] = "ml" if name == "namespace" else ""
+    dcgm = gpu_rows(grid, uuid="GPU-b", host="node-2", pod="server-7d9f-x2k4q")
+    chosen = best_allocation(alloc, dcgm, grid[0], 15.0)
+    a = chosen[chosen["UUID"] == "GPU-a"]
+    # While the share ratio exists it alone counts; after it, two allocated pods split the GPU.
+    assert set(a[a["t"] < grid[2]]["signal"]) == {"share_ratio"} and (a[a["t"] < grid[2]]["share"] == 0.5).all()
+    later = a[a["t"] >= grid[2]]
+    assert set(later["signal"]) == {"allocated"} and (later["share"] == 0.5).all() and len(later) == 4
+    b = chosen[chosen["UUID"] == "GPU-b"]
+    assert set(b["signal"]) == {"pod_labels"} and (b["share"] == 1.0).all() and len(b) == 4
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("hold") / "fleet")
+    simulate(path, Spec(nodes=2, gpus_per_node=4, hours=2.0, step_s=15.0, seed=5, end=T0))
+    return path
+
+
+def test_the_accounting_identity_holds(recording):
+    views = Views(RecordingSource(recording).frames())
+    a = account(views)
+    assert a.observed_gpu_hours == pytest.approx(8 * 2.0, rel=1e-3)
+    assert a.observed_gpu_hours == pytest.approx(a.allocated_gpu_hours + a.unallocated_gpu_hours)
+    assert a.allocated_gpu_hours == pytest.approx(a.busy_gpu_hours + a.idle_gpu_hours)
+    assert a.row_gpu_hours.sum() == pytest.approx(a.allocated_gpu_hours)
+    assert a.coverage == pytest.approx(1.0) and 0 < a.unallocated_gpu_hours < a.observed_gpu_hours
+
+
+@pytest.mark.parametrize("days", [30, 180, 365, 3650])
+def test_a_job_costs_the_same_in_every_window_that_holds_it(recording, days):
+    catalog = load_catalog(None)
+    source = RecordingSource(recording)
+    own = {(j.namespace, j.training_job): j for j in analyze(source.frames(), catalog).jobs}
+    wide = {(j.namespace, j.training_job): j for j in
+            analyze(source.frames(Window(T0 - days * 86400.0, T0 + 3600.0)), catalog).jobs}
+    assert own.keys() == wide.keys() and own
+    for job, cost in own.items():
+        assert wide[job].gpu_hours == pytest.approx(cost.gpu_hours, rel=1e-9)
+        assert wide[job].cost_dollars == pytest.approx(cost.cost_dollars, rel=1e-9)
+
+
+def test_sixty_second_samples_account_the_same_hours_as_fifteen(tmp_path):
+    """The same fleet recorded at 15 s and 60 s: every job's GPU-hours within one
+    sample interval at each end of its allocation."""
+    fine, coarse = str(tmp_path / "fine"), str(tmp_path / "coarse")
+    simulate(fine, Spec(nodes=1, gpus_per_node=4, hours=4.0, step_s=15.0, seed=2, end=T0))
+    simulate(coarse, Spec(nodes=1, gpus_per_node=4, hours=4.0, step_s=60.0, seed=2, end=T0))
+    a, b = (account(Views(RecordingSource(p).frames())) for p in (fine, coarse))
+    assert b.observed_gpu_hours == pytest.approx(a.observed_gpu_hours, rel=0.01)
+    assert b.allocated_gpu_hours == pytest.approx(a.allocated_gpu_hours, rel=0.02)
+
+
+def test_hand_built_frames_are_held_too():
+    tables = {name: empty_table(name) for name in TABLES}
+    tables["gpu"] = gpu_rows(T0 + 60.0 * np.arange(60))
+    frames = Frames(Window(T0, T0 + 3600), 15.0, **tables)
+    assert account(Views(frames)).observed_gpu_hours == pytest.approx(1.0)
