@@ -91,3 +91,26 @@ def prometheus(tmp_path, targets: list[str] = (), storage: str | None = None, ex
         proc.terminate()
         proc.wait(20)
         log.close()
+
+
+@contextlib.contextmanager
+def victoria_metrics(tmp_path):
+    """Debian's VictoriaMetrics on a free loopback port; it answers Prometheus' query API, so the
+    object yielded is a Prometheus client (.url, .query) pointed at it."""
+    binary = require("victoria-metrics")
+    port = free_port()
+    log = open(tmp_path / "victoria-metrics.log", "wb")
+    proc = subprocess.Popen(
+        [binary, f"-httpListenAddr=127.0.0.1:{port}", f"-storageDataPath={tmp_path / 'vmdata'}",
+         # back-filled history is years old by the wall clock; keep all of it
+         "-retentionPeriod=100y",
+         # answer from the raw samples at once: no response cache, no 30 s hold-back of recent points
+         "-search.disableCache", "-search.latencyOffset=0s"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path))
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+        yield Prometheus(f"http://127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        log.close()
