@@ -33,7 +33,7 @@ class Accounting:
     util_unknown_gpu_hours: float     # allocated with no utilization sample: counted as busy
     coverage: float | None            # None when no GPU was seen at all
     row_gpu_hours: np.ndarray         # per alloc-grid row: its holder's GPU-hours
-    per_node: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    per_node: dict[str, dict[str, float | str | None]] = field(default_factory=dict)   # prices added by the report
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -41,7 +41,8 @@ class Accounting:
             "unallocated_gpu_hours": _r(self.unallocated_gpu_hours), "busy_gpu_hours": _r(self.busy_gpu_hours),
             "idle_gpu_hours": _r(self.idle_gpu_hours), "util_unknown_gpu_hours": _r(self.util_unknown_gpu_hours),
             "coverage": None if self.coverage is None else round(self.coverage, 4),
-            "nodes": {host: {k: _r(v) if isinstance(v, float) else v for k, v in figures.items()}
+            "nodes": {host: {k: _r(v) if isinstance(v, float) and k != "gpu_hour_dollars" else v
+                             for k, v in figures.items()}
                       for host, figures in sorted(self.per_node.items())},
         }
 

@@ -12,6 +12,7 @@ from .cost import AdviceConfig
 from .frames import Frames, Window
 from .pricing import Catalog, PricingError, load_catalog
 from .timeparse import parse_duration, resolve_window
+from .workloads import WorkloadError, parse_overrides
 
 FORMATS = ("table", "json", "csv")
 
@@ -26,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--end", metavar="T", help="window end (default: now)")
     parser.add_argument("--pricing", metavar="FILE", help="YAML price overrides per instance type, GPU model or node")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    parser.add_argument("--workload-class", action="append", default=[], metavar="NAMESPACE=CLASS",
+                        help="treat every workload in NAMESPACE as CLASS (training, serving, interactive, batch); "
+                             "repeatable")
+    parser.add_argument("--scrape-interval", type=float, metavar="S",
+                        help="the shortest scrape interval of the GPU exporters (default 15): no step is finer; "
+                             "any interval reads true, this only saves work")
     parser.add_argument("--checkpoint-seconds", type=float, metavar="S",
                         help="time to write one checkpoint; enables Young's checkpoint-interval advice")
     auth = parser.add_argument_group("Prometheus connection")
@@ -56,7 +63,7 @@ def _read_secret(path: str | None, what: str) -> str | None:
 
 def _source(args: argparse.Namespace):
     from .recording import RecordingError
-    from .sources import PrometheusSource, RecordingSource
+    from .sources import DEFAULT_STEP_S, PrometheusSource, RecordingSource
 
     if args.recording is not None:
         try:
@@ -67,13 +74,16 @@ def _source(args: argparse.Namespace):
         raise UserError("--basic-auth-password-file needs --basic-auth-user")
     if args.timeout <= 0:
         raise UserError("--timeout must be positive")
+    if args.scrape_interval is not None and args.scrape_interval <= 0:
+        raise UserError("--scrape-interval must be positive")
     try:
         return PrometheusSource(
             args.prometheus, timeout_s=args.timeout,
             bearer_token=_read_secret(args.bearer_token_file, "bearer token file"),
             basic_auth=(args.basic_auth_user, _read_secret(args.basic_auth_password_file, "password file") or "")
             if args.basic_auth_user else None,
-            ca_file=args.ca_file, insecure=args.insecure_skip_verify)
+            ca_file=args.ca_file, insecure=args.insecure_skip_verify,
+            min_step_s=args.scrape_interval or DEFAULT_STEP_S)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot use Prometheus at {args.prometheus}: {exc}") from None
 
@@ -125,6 +135,13 @@ def catalog_of(args: argparse.Namespace) -> Catalog:
         raise UserError(str(exc)) from None
 
 
+def overrides_of(args: argparse.Namespace) -> dict[str, str]:
+    try:
+        return parse_overrides(args.workload_class)
+    except WorkloadError as exc:
+        raise UserError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from .report import analyze, render_csv, render_json, render_table
 
@@ -132,12 +149,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--checkpoint-seconds must be positive")
     catalog = catalog_of(args)
     advice = AdviceConfig(checkpoint_seconds=args.checkpoint_seconds)
+    overrides = overrides_of(args)
     if args.serve:
         from .serve import serve
         if args.interval <= 0:
             raise UserError("--interval must be positive")
         return serve(args, catalog, advice)
-    report = analyze(load_frames(args), catalog, advice=advice)
+    report = analyze(load_frames(args), catalog, advice=advice, class_overrides=overrides)
     render = {"table": render_table, "json": render_json, "csv": render_csv}[args.format]
     sys.stdout.write(render(report))
     return 0

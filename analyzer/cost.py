@@ -17,6 +17,7 @@ from .detectors.views import Views
 from .findings import KINDS, Finding
 from .frames import Frames
 from .pricing import ON_DEMAND, SPOT, Catalog
+from .workloads import BATCH, TRAINING, WorkloadClass
 
 # Meta's Llama 3 paper ("The Llama 3 Herd of Models", 2024, §3.3.4): 419 unexpected
 # interruptions in 54 days on 16,384 H100 GPUs, i.e. one per ~50,700 GPU-hours.
@@ -51,6 +52,8 @@ class JobCost:
     mfu: float | None
     waste_dollars: dict[str, float] = field(default_factory=dict)
     advice: dict[str, object] = field(default_factory=dict)
+    workload_class: str = BATCH
+    class_basis: str = ""
 
     def to_dict(self) -> dict[str, object]:
         gpus = int(self.gpus) if float(self.gpus).is_integer() else round(self.gpus, 4)
@@ -62,7 +65,7 @@ class JobCost:
             "cost_per_billion_tokens": _round(self.cost_per_billion_tokens), "mfu": _round(self.mfu),
             "waste_dollars": {k: _round(v) for k, v in self.waste_dollars.items()},
             "on_demand_cost_dollars": _round(self.on_demand_cost_dollars),
-            "advice": self.advice,
+            "advice": self.advice, "class": self.workload_class, "class_basis": self.class_basis,
         }
 
 
@@ -80,6 +83,7 @@ class GpuPrices:
     on_demand: np.ndarray
     spot: np.ndarray
     capacity: np.ndarray        # capacity type of each GPU's node
+    basis: np.ndarray           # where each price came from: node, opencost, instance_type, gpu_model or ""
 
 
 def gpu_prices(views: Views, catalog: Catalog) -> GpuPrices:
@@ -89,6 +93,8 @@ def gpu_prices(views: Views, catalog: Catalog) -> GpuPrices:
     on_demand = np.full(len(labels), np.nan)
     spot = np.full(len(labels), np.nan)
     capacity = np.full(len(labels), "unknown", dtype=object)
+    basis = np.full(len(labels), "", dtype=object)
+    observed = views.frames.gpu_hour_prices
     for i, (host, model) in enumerate(zip(labels["Hostname"], labels["modelName"])):
         itype, cap, node_model = "", "unknown", ""
         if host in nodes.index:
@@ -100,7 +106,14 @@ def gpu_prices(views: Views, catalog: Catalog) -> GpuPrices:
             actual[i] = _nan(rate.at(cap))
             on_demand[i] = _nan(rate.at(ON_DEMAND))
             spot[i] = _nan(rate.at(SPOT))
-    return GpuPrices(actual, on_demand, spot, capacity)
+            basis[i] = rate.basis
+        # OpenCost's price is what the node really costs (negotiated, spot); only a
+        # user's own per-node price outranks it. The list prices stay the comparison.
+        if host in observed and basis[i] != "node":
+            actual[i], basis[i] = observed[host], "opencost"
+            if cap in (ON_DEMAND, SPOT):
+                (on_demand if cap == ON_DEMAND else spot)[i] = observed[host]
+    return GpuPrices(actual, on_demand, spot, capacity, basis)
 
 
 def _nan(value: float | None) -> float:
@@ -109,13 +122,15 @@ def _nan(value: float | None) -> float:
 
 def price_findings(findings: list[Finding], views: Views, prices: GpuPrices,
                    job_rates: dict[tuple[str, str], float]) -> list[Finding]:
-    """Wasted dollars: the finding's GPU's rate when it names one, else its job's mean rate."""
+    """Wasted dollars: the rate of the finding's GPUs when it names them on one node
+    (an episode may cover several: evidence `gpus`), else its job's mean rate."""
     row_of = {(h, g): i for i, (h, g) in enumerate(zip(views.gpu.keys["Hostname"], views.gpu.keys["gpu"]))}
     out = []
     for f in findings:
         rate = np.nan
-        if f.hostname is not None and f.gpu is not None and (f.hostname, f.gpu) in row_of:
-            rate = prices.actual[row_of[(f.hostname, f.gpu)]]
+        rows = [row_of[(f.hostname, str(g))] for g in f.evidence.get("gpus", ()) if (f.hostname, str(g)) in row_of]
+        if rows:
+            rate = float(np.mean(prices.actual[rows]))
         elif f.job is not None:
             rate = job_rates.get(f.job, np.nan)
         dollars = None if f.wasted_gpu_hours is None or not np.isfinite(rate) else f.wasted_gpu_hours * rate
@@ -124,11 +139,11 @@ def price_findings(findings: list[Finding], views: Views, prices: GpuPrices,
 
 
 def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = (),
-              advice: AdviceConfig = AdviceConfig(), accounting: Accounting | None = None
-              ) -> tuple[list[JobCost], list[Finding]]:
+              advice: AdviceConfig = AdviceConfig(), accounting: Accounting | None = None,
+              prices: GpuPrices | None = None) -> tuple[list[JobCost], list[Finding]]:
     """Per-job costs, and the findings with their wasted dollars filled in."""
     v = Views.of(data)
-    prices = gpu_prices(v, catalog)
+    prices = prices or gpu_prices(v, catalog)
     alloc = v.alloc
     rows_of = v.job_rows(alloc)
     rank_rows = v.job_rows(v.rank)
@@ -160,6 +175,7 @@ def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = 
         j = jobs.get(job, {"rows": np.zeros(0, np.int64), "gpu_hours": 0.0, "cost": None, "on_demand": None,
                            "gpus": 0.0, "capacity": "unknown"})
         steps, tokens, mfu = _training(v, rank_rows.get(job))
+        kind = v.classes.get(job) or WorkloadClass(BATCH, "no pod of the job was seen")
         cost = j["cost"]
         waste = {k: 0.0 for k in KINDS if k != "unallocated_gpu"}
         for f in priced:
@@ -172,7 +188,8 @@ def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = 
             cost_per_step=cost / steps if cost is not None and steps else None,
             cost_per_billion_tokens=cost / (tokens / 1e9) if cost is not None and tokens else None,
             mfu=mfu, waste_dollars=waste,
-            advice=_advice(v, j, prices, gpu_row, rank_rows.get(job), advice),
+            advice=_advice(v, j, prices, gpu_row, rank_rows.get(job), advice, kind.name),
+            workload_class=kind.name, class_basis=kind.basis,
         ))
     return out, priced
 
@@ -242,7 +259,7 @@ def _checkpoint_interval(v: Views, rows: np.ndarray | None) -> float | None:
 
 
 def _advice(v: Views, job: dict, prices: GpuPrices, gpu_row: np.ndarray, rank_rows: np.ndarray | None,
-            config: AdviceConfig) -> dict[str, object]:
+            config: AdviceConfig, workload_class: str) -> dict[str, object]:
     rows = job["rows"]
     gpus = job["gpus"]
     share = np.nan_to_num(v.alloc.values["share"][rows]) if len(rows) else np.zeros((0, v.n))
@@ -261,6 +278,13 @@ def _advice(v: Views, job: dict, prices: GpuPrices, gpu_row: np.ndarray, rank_ro
         "capacity": None,
     }
     if not len(g) or hours <= 0:
+        return out
+    # An interruption costs a job without checkpoints all its work, and a server or a
+    # notebook its users: spot is advised only to a training job seen checkpointing.
+    if workload_class != TRAINING or observed is None:
+        out["capacity_basis"] = ("a training job that checkpoints can take spot interruptions; "
+                                 + (f"this is {workload_class}" if workload_class != TRAINING
+                                    else "no checkpoint of this job was seen"))
         return out
     od = float(np.mean(prices.on_demand[g])) if np.isfinite(prices.on_demand[g]).all() else None
     spot = float(np.mean(prices.spot[g])) if np.isfinite(prices.spot[g]).all() else None

@@ -37,3 +37,15 @@ class Frames:
     pod_cpu: pd.DataFrame
     missing: tuple[str, ...] = field(default=())   # signals the source could not provide
     simulated: bool = False                        # data came from simulated GPUs or `burnrate simulate`
+    owners: pd.DataFrame = field(default_factory=lambda: empty_owners())   # each pod's controller
+    # $ per GPU-hour per node where the store knows the price itself (OpenCost's
+    # node_gpu_hourly_cost: negotiated and spot rates included).
+    gpu_hour_prices: dict[str, float] = field(default_factory=dict)
+
+
+OWNER_COLUMNS = ("namespace", "pod", "owner_kind", "owner_name")
+
+
+def empty_owners() -> pd.DataFrame:
+    """Pod -> the controller that owns it (kube-state-metrics' kube_pod_owner), where known."""
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in OWNER_COLUMNS})

@@ -7,10 +7,12 @@ import csv
 import io
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
+
+import numpy as np
 
 from .accounting import COVERAGE_WARNING, Accounting, account
-from .cost import AdviceConfig, JobCost, job_costs
+from .cost import AdviceConfig, GpuPrices, JobCost, gpu_prices, job_costs
 from .detectors import DetectorConfig, Views, detect_all
 from .findings import Finding, iso
 from .frames import Frames, Window
@@ -32,11 +34,13 @@ class Report:
 
 
 def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorConfig(),
-            advice: AdviceConfig = AdviceConfig()) -> Report:
-    views = Views(frames)
+            advice: AdviceConfig = AdviceConfig(), class_overrides: Mapping[str, str] | None = None) -> Report:
+    views = Views(frames, class_overrides)
     findings = detect_all(views, config)
     accounting = account(views)
-    jobs, priced = job_costs(views, catalog, findings, advice, accounting)
+    prices = gpu_prices(views, catalog)
+    jobs, priced = job_costs(views, catalog, findings, advice, accounting, prices)
+    _state_prices(accounting, views, prices)
     reasons = unpriced_nodes(views, catalog)
     notes = []
     if reasons:
@@ -51,11 +55,23 @@ def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorC
     return Report(frames.window, priced, jobs, tuple(frames.missing), frames.simulated, notes, accounting, unpriced)
 
 
+def _state_prices(accounting: Accounting, views: Views, prices: GpuPrices) -> None:
+    """Each node's $ per GPU-hour and where it came from, beside its hours."""
+    hosts = views.gpu.keys["Hostname"].to_numpy()
+    for host, figures in accounting.per_node.items():
+        mine = np.flatnonzero(hosts == host)
+        rates = prices.actual[mine]
+        figures["gpu_hour_dollars"] = float(np.mean(rates)) if len(mine) and np.isfinite(rates).all() else None
+        figures["price_basis"] = str(prices.basis[mine[0]]) or None if len(mine) else None
+
+
 def unpriced_nodes(views: Views, catalog: Catalog) -> dict[str, str]:
     """Hostname -> why its GPUs have no price, for every node the catalog cannot price."""
     nodes = views.nodes
     out = {}
     for host, model in zip(views.gpu.keys["Hostname"], views.gpu.keys["modelName"]):
+        if host in views.frames.gpu_hour_prices:
+            continue
         itype = nodes.loc[host, "instance_type"] if host in nodes.index else ""
         model = model or (nodes.loc[host, "gpu_model"] if host in nodes.index else "")
         why = catalog.why_unpriced(host, itype, model)
@@ -92,9 +108,9 @@ def render_json(report: Report) -> str:
 
 FINDING_COLUMNS = ("kind", "severity", "namespace", "training_job", "Hostname", "gpu", "pod", "rank", "start", "end",
                    "wasted_gpu_hours", "wasted_dollars", "evidence", "recommendation")
-JOB_COLUMNS = ("namespace", "training_job", "gpus", "gpu_hours", "capacity_type", "cost_dollars",
+JOB_COLUMNS = ("namespace", "training_job", "class", "gpus", "gpu_hours", "capacity_type", "cost_dollars",
                "on_demand_cost_dollars", "steps", "tokens", "cost_per_step", "cost_per_billion_tokens", "mfu",
-               "waste_dollars", "advice")
+               "waste_dollars", "advice", "class_basis")
 
 
 def render_csv(report: Report) -> str:
@@ -147,8 +163,8 @@ def _headline(f: Finding) -> str:
     e = f.evidence
     for key, fmt in (("data_wait_share", "data wait {:.0%}"), ("low_util_share", "GPU idle {:.0%} of samples"),
                      ("slowdown", "{:.2f}x slower compute"), ("stalled_minutes", "no step for {:.0f} min"),
-                     ("clock_ratio", "clock at {:.0%}"), ("mfu", "MFU {:.1%}"), ("idle_hours", "idle {:.1f} h"),
-                     ("unallocated_hours", "free {:.1f} h")):
+                     ("clock_ratio", "clock at {:.0%}"), ("mfu", "MFU {:.1%}"), ("idle_hours", "idle {:.1f} GPU-h"),
+                     ("unallocated_hours", "free {:.1f} GPU-h")):
         if isinstance(e.get(key), (int, float)):
             return fmt.format(e[key])
     if "signals" in e:
@@ -185,13 +201,13 @@ def render_table(report: Report) -> str:
     jobs = sorted(report.jobs, key=lambda j: -(j.cost_dollars or 0))
     lines += ["", f"JOBS ({len(jobs)})"]
     if jobs:
-        rows = [[f"{j.namespace}/{j.training_job}", _num(j.gpus, "{:g}"), _num(j.gpu_hours), j.capacity_type,
+        rows = [[f"{j.namespace}/{j.training_job}", j.workload_class, _num(j.gpus, "{:g}"), _num(j.gpu_hours), j.capacity_type,
                  _money(j.cost_dollars), _money(j.on_demand_cost_dollars), _num(j.cost_per_step, "{:.4f}"),
                  _money(j.cost_per_billion_tokens), _num(j.mfu, "{:.1%}"),
                  _money(sum(j.waste_dollars.values()) if j.waste_dollars else None),
                  str(j.advice.get("capacity") or "-")] for j in jobs]
-        lines += _table(["JOB", "GPUS", "GPU-H", "CAPACITY", "COST $", "ON-DEMAND $", "$/STEP", "$/B TOKENS", "MFU",
-                         "WASTE $", "ADVISED"], rows, {1, 2, 4, 5, 6, 7, 8, 9})
+        lines += _table(["JOB", "CLASS", "GPUS", "GPU-H", "CAPACITY", "COST $", "ON-DEMAND $", "$/STEP", "$/B TOKENS",
+                         "MFU", "WASTE $", "ADVISED"], rows, {2, 3, 5, 6, 7, 8, 9, 10})
         total = sum(j.cost_dollars or 0 for j in jobs)
         waste = sum(f.wasted_dollars or 0 for f in findings)
         unpriced = f" ({len(report.unpriced_jobs)} unpriced jobs not included)" if report.unpriced_jobs else ""

@@ -81,11 +81,11 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def evaluate(args: argparse.Namespace, catalog: Catalog, advice: AdviceConfig, collector: ReportCollector) -> None:
-    from .cli import load_frames
+    from .cli import load_frames, overrides_of
 
     began = time.monotonic()
     try:
-        report = analyze(load_frames(args), catalog, advice=advice)
+        report = analyze(load_frames(args), catalog, advice=advice, class_overrides=overrides_of(args))
     except UserError as exc:
         collector.failed()
         print(f"burnrate analyze: {exc}", file=sys.stderr)

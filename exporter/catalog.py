@@ -154,6 +154,22 @@ CATALOG: tuple[MetricSpec, ...] = (
 
 BY_NAME = {m.name: m for m in CATALOG}
 
+# dcgm-exporter 4.9.0 exports the default fields under DCGM 4.7's names and in base units
+# (its release notes: clocks in hertz, energy in joules, utilization as a 0-1 ratio, memory
+# in bytes). The names are DCGM 4.7's field identifiers (its Python bindings' deprecated-alias
+# table and go-dcgm's base-unit fields). Catalog name -> (4.9 name, factor back to our unit),
+# so that a cluster that upgrades dcgm-exporter reads the same.
+DCGM_4_9_NAMES: dict[str, tuple[str, float]] = {
+    "DCGM_FI_DEV_GPU_UTIL": ("DCGM_FI_DEV_GPU_UTIL_RATIO", 100.0),
+    "DCGM_FI_DEV_FB_USED": ("DCGM_FI_DEV_FB_USED_BYTES", 1.0 / 2 ** 20),
+    "DCGM_FI_DEV_POWER_USAGE": ("DCGM_FI_DEV_BOARD_POWER_WATTS", 1.0),
+    "DCGM_FI_DEV_SM_CLOCK": ("DCGM_FI_DEV_SM_CLOCK_HERTZ", 1e-6),
+    "DCGM_FI_DEV_GPU_TEMP": ("DCGM_FI_DEV_GPU_TEMP_CELSIUS", 1.0),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 1000.0),
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 1.0),
+    "DCGM_FI_DEV_XID_ERRORS": ("DCGM_FI_DEV_XID_ERROR", 1.0),
+}
+
 # Training fields carried per rank, in catalog order (also the recording's rank columns).
 RANK_FIELDS = tuple(m.field for m in CATALOG if m.source == RANK)
 # Device fields a GPU reader may report, in catalog order (also the recording's gpu columns).

@@ -1,9 +1,10 @@
 """Every detector against `burnrate simulate`'s ground truth.
 
 A finding matches a labelled fault when the kinds agree, every identity field both
-name (namespace, training_job, Hostname, gpu, pod, rank) agrees, and their times
-overlap. Precision: the share of findings that match a fault; recall: the share of
-faults some finding matches.
+name (namespace, training_job, Hostname, pod, rank) agrees, the labelled GPU is among
+the finding's (a finding is an episode and may span several GPUs: analyzer.episodes),
+and their times overlap. Precision: the share of findings that match a fault; recall:
+the share of faults some finding matches.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from analyzer.sources import RecordingSource
 from analyzer.timeparse import parse_time
 
 END = 1_800_000_000.0
-IDENTITY = ("namespace", "training_job", "Hostname", "gpu", "pod", "rank")
+IDENTITY = ("namespace", "training_job", "Hostname", "pod", "rank")
 SEEDS = (0, 1, 2)
 
 
@@ -29,9 +30,18 @@ def matches(finding: Finding, truth: dict, step: float) -> bool:
         return False
     if any(d[k] is not None and truth[k] is not None and str(d[k]) != str(truth[k]) for k in IDENTITY):
         return False
+    if d["gpu"] is not None and truth["gpu"] is not None and truth["gpu"] not in gpus_on(d, truth["Hostname"]):
+        return False
     # A labelled end is the last sample showing the fault: it covers that interval.
     start, end = parse_time(truth["start"]), parse_time(truth["end"]) + step
     return finding.start < end and start < max(finding.end, finding.start + step)
+
+
+def gpus_on(finding: dict, host: str | None) -> set[str]:
+    """The GPU indices a finding names on one node: its `nodes` map when it spans several."""
+    evidence = finding["evidence"]
+    named = evidence["nodes"].get(host, []) if "nodes" in evidence else evidence["gpus"]
+    return {str(g) for g in named}
 
 
 def evaluate(root: str) -> tuple[list[Finding], list[dict], float]:

@@ -102,6 +102,23 @@ def test_every_page_renders_without_browser_errors(served, browser):
         _screenshot(browser, name)
 
 
+def test_the_cost_page_shows_where_every_gpu_hour_went(served, browser):
+    """The accounting identity as the analysis computed it, figure for figure."""
+    from analyzer.pricing import load_catalog
+    from analyzer.report import analyze
+    from analyzer.sources import RecordingSource
+    base, _, root = served
+    _load(browser, base + "/cost", "#cost-accounting-observed")
+    acc = analyze(RecordingSource(root).frames(), load_catalog(None)).accounting
+    shown = {name: float(browser.find_element(By.CSS_SELECTOR, f"#cost-accounting-{name} td.br-num")
+                         .text.replace(",", "")) for name in ("observed", "allocated", "unallocated", "busy", "idle")}
+    assert shown["observed"] == pytest.approx(acc.observed_gpu_hours, abs=0.05) and shown["observed"] > 0
+    assert shown["allocated"] == pytest.approx(acc.allocated_gpu_hours, abs=0.05)
+    assert shown["observed"] == pytest.approx(shown["allocated"] + shown["unallocated"], abs=0.11)
+    assert shown["allocated"] == pytest.approx(shown["busy"] + shown["idle"], abs=0.11)
+    assert browser.find_element(By.ID, "cost-coverage").text == "samples cover 100.0% of the GPUs' time"
+
+
 def test_findings_page_lists_the_injected_faults(served, browser):
     base, truth, _ = served
     _load(browser, base + "/findings", "#findings-table")

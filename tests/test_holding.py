@@ -136,3 +136,17 @@ def test_hand_built_frames_are_held_too():
     tables["gpu"] = gpu_rows(T0 + 60.0 * np.arange(60))
     frames = Frames(Window(T0, T0 + 3600), 15.0, **tables)
     assert account(Views(frames)).observed_gpu_hours == pytest.approx(1.0)
+
+
+def test_successive_jobs_in_one_pod_stay_apart():
+    """A dev pod (or a host outside Kubernetes) runs one job, then another: each keeps its own hours."""
+    grid = T0 + 60.0 * np.arange(120)
+    tables = {name: empty_table(name) for name in TABLES}
+    gpu = gpu_rows(grid, pod="dev-0")
+    alloc = gpu[["t"]].assign(share=np.float32(1.0))
+    for name in TABLES["alloc"][0]:
+        alloc[name] = gpu[name]
+    alloc["training_job"] = pd.Categorical(np.where(np.arange(120) < 30, "sweep-a", "sweep-b"))
+    tables["gpu"], tables["alloc"] = gpu, alloc
+    jobs = {j.training_job: j for j in analyze(Frames(Window(T0, grid[-1]), 60.0, **tables), load_catalog(None)).jobs}
+    assert jobs["sweep-a"].gpu_hours == pytest.approx(0.5) and jobs["sweep-b"].gpu_hours == pytest.approx(1.5)

@@ -4,7 +4,8 @@ module's `Config` dataclass.
 
 `detect_all` runs them over one shared set of views and drops findings another
 finding already explains, so that one problem is reported (and its waste counted)
-once: a hung job's idle GPUs are the stall.
+once: a hung job's idle GPUs are the stall. It then merges what is left into
+episodes (analyzer.episodes): one finding per problem, not per GPU and stretch.
 """
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from .. import episodes
 from ..findings import Finding
 from ..frames import Frames
 from . import (dataloader_starvation, diverging, gpu_error, idle_gpu, low_mfu, stalled, straggler,
                thermal_throttle, unallocated_gpu)
+from ..workloads import TRAINING
 from .views import Views
 
 DETECTORS: dict[str, Callable[..., list[Finding]]] = {
@@ -33,6 +36,7 @@ DETECTORS: dict[str, Callable[..., list[Finding]]] = {
 
 WORKERS = min(4, os.cpu_count() or 1)
 
+TRAINING_CAUSES = ("dataloader_starvation", "straggler", "stalled", "diverging", "low_mfu")
 # kind -> kinds that, on the same job and overlapping in time, explain it.
 EXPLAINED_BY: dict[str, tuple[str, ...]] = {
     "idle_gpu": ("stalled",),
@@ -50,6 +54,7 @@ class DetectorConfig:
     thermal_throttle: thermal_throttle.Config = field(default_factory=thermal_throttle.Config)
     gpu_error: gpu_error.Config = field(default_factory=gpu_error.Config)
     low_mfu: low_mfu.Config = field(default_factory=low_mfu.Config)
+    episodes: episodes.Config = field(default_factory=episodes.Config)
 
 
 def detect_all(data: Frames | Views, config: DetectorConfig = DetectorConfig()) -> list[Finding]:
@@ -61,9 +66,20 @@ def detect_all(data: Frames | Views, config: DetectorConfig = DetectorConfig()) 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         each = pool.map(lambda kind: DETECTORS[kind](views, getattr(config, kind)), DETECTORS)
         found = [replace(f, end=max(min(f.end, last), f.start)) for fs in each for f in fs]
-    kept = [f for f in found if not _explained(f, found)]
-    return sorted(kept, key=lambda f: (f.start, f.kind, f.namespace or "", f.training_job or "",
-                                       f.hostname or "", f.gpu or "", f.rank if f.rank is not None else -1))
+    kept = [f for f in found if not _explained(f, found) and _has_evidence(f, views)]
+    # One finding per problem and episode, once the duplicates of other problems are gone.
+    merged = episodes.merge_episodes(kept, config.episodes)
+    return sorted(merged, key=lambda f: (f.start, f.kind, f.namespace or "", f.training_job or "",
+                                         f.hostname or "", f.gpu or "", f.rank if f.rank is not None else -1))
+
+
+def _has_evidence(finding: Finding, views: Views) -> bool:
+    """A training cause is named only for a workload known to train: a serving pod's
+    saw-tooth utilization is its traffic, not a starving loader."""
+    if finding.kind not in TRAINING_CAUSES or finding.job is None:
+        return True
+    known = views.classes.get(finding.job)
+    return known is not None and known.name == TRAINING
 
 
 def _explained(finding: Finding, found: list[Finding]) -> bool:

@@ -116,7 +116,7 @@ def _from_sawtooth(v: Views, config: Config) -> list[Finding]:
                 wasted_gpu_hours=float((share * waiting).sum() * v.step / 3600),
                 evidence={"low_util_share": ratio, "high_util_share": fmean(high[:, span][held[:, span]]),
                           "mean_util_pct": fmean(util[:, span][held[:, span]]),
-                          "gpus_sawtooth": int(saw[:, span].any(axis=1).sum()), "gpus": int(len(rows)),
+                          "gpus_sawtooth": int(saw[:, span].any(axis=1).sum()), "job_gpus": int(len(rows)),
                           "signal": "GPU utilization sawtooth (no trainer telemetry)"},
                 recommendation=ADVICE,
             ))

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..findings import Finding
 from ..frames import Frames
+from ..workloads import INTERACTIVE, SERVING
 from .views import Views, fmean, runs
 
 KIND = "idle_gpu"
@@ -58,7 +59,17 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
             evidence={"idle_hours": hours, "mean_util_pct": fmean(util[r.row, span]),
                       "share": float(np.nanmax(share[r.row, span])),
                       "util_threshold_pct": config.util_max_pct},
-            recommendation="Release the GPU: delete the idle pod or give it an idle timeout "
-                           "(culling for notebooks, activeDeadlineSeconds or TTL for jobs).",
+            recommendation=ADVICE.get(getattr(v.classes.get((k["namespace"], k["job"])), "name", None), ADVICE[None]),
         ))
     return out
+
+
+# What releases an idle GPU depends on what holds it.
+ADVICE = {
+    INTERACTIVE: "Cull the idle notebook (Kubeflow notebook culling, JupyterHub's idle culler) so its GPU "
+                 "returns to the pool; a MIG slice or a time-sliced share suits exploratory work.",
+    SERVING: "Scale the idle server in (to zero with KEDA or Knative where traffic allows), or serve from a "
+             "MIG slice or a time-sliced share instead of a whole GPU.",
+    None: "Release the GPU: delete the idle pod or give it an idle timeout "
+          "(activeDeadlineSeconds or a TTL for jobs, culling for notebooks).",
+}

@@ -150,7 +150,7 @@ def _from_gpus(v: Views, config: Config) -> list[Finding]:
                           "peer_median_util_pct": fmean(med_util[span]),
                           "sm_clock_mhz": fmean(clock[r.row, span]),
                           "peer_median_sm_clock_mhz": fmean(med_clock[span]),
-                          "gpus": int(len(rows)), "signal": "GPU utilization and clocks (no trainer telemetry)"},
+                          "job_gpus": int(len(rows)), "signal": "GPU utilization and clocks (no trainer telemetry)"},
                 recommendation=ADVICE,
             ))
     return out

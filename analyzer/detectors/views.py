@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import Iterator, Mapping, NamedTuple
 from functools import cached_property
 
 import numpy as np
@@ -19,13 +19,15 @@ import pandas as pd
 from ..frames import Frames
 from ..holding import hold
 from ..series import category_codes, ramps, series_codes
+from ..workloads import WorkloadClass, classify
 
 # Time-sliced and MIG GPUs carry no single owner in the gpu table, so ownership
 # always comes from the alloc table; these are the columns that name a holder.
 HOLDER = ("namespace", "pod", "training_job")
-# A rank series is named by its pod and rank; its job and node follow from the pod.
-RANK_KEY = ("namespace", "pod", "rank")
-RANK_LABELS = ("training_job", "Hostname")
+# A rank series is one job's rank in one pod: a dev pod, or a host outside Kubernetes,
+# that runs one job after another keeps each job's steps and time apart.
+RANK_KEY = ("namespace", "training_job", "pod", "rank")
+RANK_LABELS = ("Hostname",)
 RANK_COUNTERS = ("steps", "step_s", "data_wait_s", "compute_s", "tokens")
 RANK_TIMES = ("last_step_time", "last_checkpoint_time")
 RANK_GAUGES = ("mfu", "loss", "grad_norm") + RANK_TIMES
@@ -198,13 +200,14 @@ def job_name(training_job: pd.Series, pod: pd.Series) -> pd.Series:
 class Views:
     """Lazily built grids of one `Frames`; each is computed at most once."""
 
-    def __init__(self, frames: Frames) -> None:
+    def __init__(self, frames: Frames, class_overrides: Mapping[str, str] | None = None) -> None:
         # Frames built by hand rather than read by a source: each sample stands for its interval too.
         self.frames = frames if "held_s" in frames.gpu.columns else hold(frames)
         self.step = float(frames.step_s)
         self.start = float(frames.window.start)
         self.n = max(int(np.floor((frames.window.end - frames.window.start) / self.step)) + 1, 1)
         self._job_rows: dict[int, dict[tuple[str, str], np.ndarray]] = {}
+        self.class_overrides = dict(class_overrides or {})
 
     def span(self, minutes: float) -> int:
         """Samples that cover `minutes` (at least one): run lengths and windows."""
@@ -223,7 +226,7 @@ class Views:
                 future.result()
         for grid in (self.alloc, self.rank):
             self.job_rows(grid)
-        self.held, self.nodes, self.telemetry_jobs
+        self.held, self.nodes, self.telemetry_jobs, self.classes
         return self
 
     @classmethod
@@ -247,9 +250,9 @@ class Views:
         held = f["share"].to_numpy() > 0
         if not held.all():
             f = f[held]
-        # A (GPU, pod) pair names an allocation; the other labels follow from it.
-        grid = build_grid(f, ("UUID", "namespace", "pod"), ("share",) + tuple(c for c in HELD if c in f.columns),
-                          self.start, self.step, self.n, labels=("Hostname", "gpu", "training_job"), summed=HELD)
+        # A (GPU, pod, job) names an allocation; the other labels follow from it.
+        grid = build_grid(f, ("UUID", "namespace", "pod", "training_job"), ("share",) + tuple(c for c in HELD if c in f.columns),
+                          self.start, self.step, self.n, labels=("Hostname", "gpu"), summed=HELD)
         keys = grid.keys
         keys["job"] = job_name(keys["training_job"], keys["pod"])
         row_of = pd.Series(np.arange(self.gpu.size), index=self.gpu.keys["UUID"].to_numpy())
@@ -296,6 +299,19 @@ class Views:
     @cached_property
     def telemetry_jobs(self) -> set[tuple[str, str]]:
         return set(self.job_rows(self.rank))
+
+    @cached_property
+    def classes(self) -> dict[tuple[str, str], WorkloadClass]:
+        """Each job's workload class and the evidence for it (analyzer.workloads)."""
+        owners = self.frames.owners
+        kind_of = dict(zip(zip(owners["namespace"], owners["pod"]), owners["owner_kind"]))
+        pods: dict[tuple[str, str], set[str]] = {}
+        for grid in (self.alloc, self.rank):
+            for job, rows in self.job_rows(grid).items():
+                pods.setdefault(job, set()).update(grid.keys["pod"].to_numpy()[rows])
+        return {job: classify(job, sorted(names), [kind_of[(job[0], p)] for p in sorted(names) if (job[0], p) in kind_of],
+                              job in self.telemetry_jobs, self.class_overrides)
+                for job, names in pods.items()}
 
 
 def median_over_rows(values: np.ndarray) -> np.ndarray:

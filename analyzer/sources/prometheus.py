@@ -28,7 +28,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -38,7 +38,7 @@ from agent.recording import TABLES
 from exporter import catalog as C
 from exporter import labels as L
 
-from ..frames import Frames, Window
+from ..frames import OWNER_COLUMNS, Frames, Window, empty_owners
 from ..recording import empty_table
 from ..holding import hold
 from ..resample import MAX_POINTS, reduction, step_for
@@ -86,6 +86,13 @@ class _Query:
     over_time: str              # PromQL *_over_time function
     extra: Mapping[str, str] | None = None
     outer: str = ""             # a second aggregation, e.g. summing XID codes per GPU
+    scale: float = 1.0          # to the catalog's unit (dcgm-exporter 4.9's base units)
+
+
+def _renamed(queries: list[_Query]) -> list[_Query]:
+    """The same queries under dcgm-exporter 4.9's names, scaled back to the catalog's units."""
+    return [replace(q, metric=C.DCGM_4_9_NAMES[q.metric][0], scale=C.DCGM_4_9_NAMES[q.metric][1])
+            for q in queries if q.metric in C.DCGM_4_9_NAMES]
 
 
 def _queries() -> list[_Query]:
@@ -114,14 +121,17 @@ def _queries() -> list[_Query]:
 
 
 QUERIES = _queries()
+QUERIES += _renamed(QUERIES)
 # Where a step holds several samples, how many each series had: how much of the step
 # it covered (analyzer.holding). Asked only for what GPU-time is made of.
 COUNTS = [_Query("gpu", "sample_count", "DCGM_FI_DEV_GPU_UTIL", C.DEVICE_POD, "count"),
           _Query("alloc", "sample_count", "burnrate_gpu_allocation_share_ratio", C.DEVICE_POD, "count"),
           _Query("alloc", "sample_count", "burnrate_gpu_allocated", C.DEVICE_POD, "count")]
+COUNTS += [replace(q, scale=1.0) for q in _renamed(COUNTS)]
 # dcgm-exporter 4.8.3 renamed `Hostname` to `hostname`: both are asked for and merged.
 HOSTNAME_SPELLINGS = (L.HOSTNAME, "hostname")
-_LABELS_OF = {**{s.name: s.labels for s in C.CATALOG}, **{s.sample_name: s.labels for s in C.CATALOG}}
+_LABELS_OF = {**{s.name: s.labels for s in C.CATALOG}, **{s.sample_name: s.labels for s in C.CATALOG},
+              **{new: C.BY_NAME[old].labels for old, (new, _) in C.DCGM_4_9_NAMES.items()}}
 _KEYS = {"gpu": C.DEVICE, "alloc": C.DEVICE_POD, "rank": C.T, "node": L.NODE_INFO_LABELS,
          "pod_cpu": (L.NAMESPACE, L.POD, L.HOSTNAME), "xid": C.DEVICE + ("xid",)}
 
@@ -240,15 +250,53 @@ class PrometheusSource:
             answers = list(pool.map(lambda job: self._answer(job, step, len(jobs), progress), jobs))
         results: dict[tuple[str, str], list[dict]] = {}
         for (q, _), answer in zip(jobs, answers):
-            results.setdefault((q.table, q.column), []).extend(answer)
-        return hold(_assemble(results, window, step, first, columns))
+            results.setdefault((q.table, q.column), []).extend(_scaled(answer, q.scale))
+        owners = self.owners(window)
+        return hold(replace(_assemble(results, window, step, first, columns, owners), owners=owners,
+                            gpu_hour_prices=self.opencost_prices(window)))
+
+    def opencost_prices(self, window: Window) -> dict[str, float]:
+        """OpenCost's price of one GPU-hour per node, averaged over the window, where
+        OpenCost runs in the cluster and this store scrapes it."""
+        span = f"{max(int(window.end - window.start), 1)}s"
+        data = self._post("/api/v1/query", {"query": f"avg by (node) (avg_over_time(node_gpu_hourly_cost[{span}]))",
+                                            "time": _num(window.end)})
+        prices = {}
+        for series in data.get("result", []) if data.get("resultType") == "vector" else []:
+            price = float(series["value"][1])
+            if series["metric"].get("node") and math.isfinite(price) and price > 0:
+                prices[series["metric"]["node"]] = price
+        return prices
+
+    def owners(self, window: Window) -> pd.DataFrame:
+        """Each pod's controller in the window, from kube-state-metrics where the same
+        Prometheus scrapes it; a Deployment's pods name the Deployment, not its ReplicaSet."""
+        span = f"{max(int(window.end - window.start), 1)}s"
+        pods = self._instant(f"max by (namespace, pod, owner_kind, owner_name) (last_over_time("
+                             f"{selector('kube_pod_owner', owner_is_controller='true')}[{span}]))", window.end)
+        sets = self._instant(f"max by (namespace, replicaset, owner_kind, owner_name) (last_over_time("
+                             f"kube_replicaset_owner[{span}]))", window.end)
+        deployment = {(m.get("namespace", ""), m.get("replicaset", "")): (m.get("owner_kind", ""), m.get("owner_name", ""))
+                      for m in sets if m.get("owner_kind")}
+        rows = []
+        for m in pods:
+            key = (m.get("namespace", ""), m.get("pod", ""))
+            kind, name = m.get("owner_kind", ""), m.get("owner_name", "")
+            kind, name = deployment.get((key[0], name), (kind, name)) if kind == "ReplicaSet" else (kind, name)
+            rows.append((*key, kind, name))
+        return pd.DataFrame(rows, columns=list(OWNER_COLUMNS)) if rows else empty_owners()
+
+    def _instant(self, promql: str, at: float) -> list[dict[str, str]]:
+        data = self._post("/api/v1/query", {"query": promql, "time": _num(at)})
+        return [series["metric"] for series in data.get("result", [])] if data.get("resultType") == "vector" else []
 
     def data_range(self, window: Window) -> Window | None:
         """Where in the window any GPU has samples, from one query at the window's
         coarsest step: a year's window over a day of data is read at the day's step."""
         step = step_for(window, self.min_step_s)
         present = " or ".join(f"present_over_time({selector(m)}[{int(step * 1000) - 1}ms])"
-                              for m in ("DCGM_FI_DEV_GPU_UTIL", "burnrate_gpu_up"))
+                              for m in ("DCGM_FI_DEV_GPU_UTIL", C.DCGM_4_9_NAMES["DCGM_FI_DEV_GPU_UTIL"][0],
+                                        "burnrate_gpu_up"))
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         if last < first:
             return None
@@ -266,6 +314,12 @@ def _wanted(q: _Query, columns: Mapping[str, Sequence[str]] | None) -> bool:
     # dcgm-exporter's: both are asked whenever their table is.
     return columns is None or q.table in columns and (
         q.column in columns[q.table] or q.column in ("_info", "up", "sample_count", "allocated"))
+
+
+def _scaled(answer: list[dict], scale: float) -> list[dict]:
+    if scale == 1.0:
+        return answer
+    return [{**series, "values": [[t, float(v) * scale] for t, v in series["values"]]} for series in answer]
 
 
 def _num(value: float) -> str:
@@ -337,7 +391,7 @@ class _Dense:
 
 
 def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: float, first: float,
-              columns: Mapping[str, Sequence[str]] | None = None) -> Frames:
+              columns: Mapping[str, Sequence[str]] | None = None, owners: pd.DataFrame | None = None) -> Frames:
     n_times = max(0, int(round((window.end - first) / step)) + 1) if first <= window.end else 0
     if n_times == 0 or not any(results.values()):
         return _empty(window, step)
@@ -362,7 +416,8 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
         dtypes = {c: "<" + TABLES["gpu"][1][c] for c in chosen} | {c: "<f4" for c in counted}
         return dense["gpu"].frame(dtypes, n_times, L.POD_LABELS)[column_order("gpu", chosen) + counted]
 
-    gpu = _label_jobs(table("gpu", gpu_frame) if columns is None or "gpu" in columns else empty_table("gpu"))
+    owned = _owner_names(owners)
+    gpu = _label_jobs(table("gpu", gpu_frame) if columns is None or "gpu" in columns else empty_table("gpu"), owned)
     # Nodes whose GPUs have no burnrate_gpu_up run dcgm-exporter alone.
     agent_rows = gpu["up"].notna().to_numpy() if "up" in gpu else np.zeros(len(gpu), bool)
     hosts = set(gpu[L.HOSTNAME].astype(str))
@@ -374,7 +429,7 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
     if columns is None or "alloc" in columns:
         alloc_counted = ["sample_count"] if results.get(("alloc", "sample_count")) else []
         raw = dense["alloc"].frame({c: "<f4" for c in ("share", "allocated", *alloc_counted)}, n_times)
-        alloc = best_allocation(raw, gpu, first, step)
+        alloc = _label_jobs(best_allocation(raw, gpu, first, step), owned)
         alloc = alloc[column_order("alloc") + ["signal"] + [c for c in alloc_counted if c in alloc]]
     else:
         alloc = empty_alloc()
@@ -402,16 +457,30 @@ def _node_cpu(node: pd.DataFrame, answer: list[dict], first: float, step: float)
     return merged.drop(columns="_host")
 
 
-def _label_jobs(gpu: pd.DataFrame) -> pd.DataFrame:
-    """dcgm-exporter labels pods, not jobs: a held GPU with no job is named after its pod."""
-    if not len(gpu):
-        return gpu
-    pods = gpu[L.POD].astype(str)
-    jobs = gpu[L.TRAINING_JOB].astype(str)
-    gpu[L.TRAINING_JOB] = pd.Categorical(jobs.where(jobs != "", pods.map(job_from_pod)))
-    if "up" in gpu.columns:
-        gpu["up"] = gpu["up"].astype("<f4")
-    return gpu
+def _owner_names(owners: pd.DataFrame | None) -> dict[tuple[str, str], str]:
+    if owners is None or not len(owners):
+        return {}
+    return dict(zip(zip(owners["namespace"], owners["pod"]), owners["owner_name"]))
+
+
+def _label_jobs(frame: pd.DataFrame, owned: dict[tuple[str, str], str]) -> pd.DataFrame:
+    """A held GPU whose series name no job (dcgm-exporter labels pods, not jobs) is
+    named after its pod's controller, else after the pod (job_from_pod)."""
+    if not len(frame):
+        return frame
+    pods = frame[L.POD].astype(str)
+    jobs = frame[L.TRAINING_JOB].astype(str)
+    unnamed = (jobs == "") & (pods != "")
+    if unnamed.any():
+        held = pd.MultiIndex.from_arrays([frame[L.NAMESPACE].astype(str)[unnamed], pods[unnamed]])
+        pairs = held.unique()          # named once per pod, not per row
+        names = pd.Series([owned.get(pair) or job_from_pod(pair[1]) for pair in pairs], index=pairs)
+        jobs = jobs.copy()
+        jobs[unnamed] = names.reindex(held).to_numpy()
+    frame[L.TRAINING_JOB] = pd.Categorical(jobs)
+    if "up" in frame.columns:
+        frame["up"] = frame["up"].astype("<f4")
+    return frame
 
 
 def _empty(window: Window, step: float) -> Frames:

@@ -4,6 +4,9 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, callback, ctx, html, no_update
 
+from analyzer.accounting import COVERAGE_WARNING
+from analyzer.report import Report
+
 from ..aggregate import cost_summary
 from ..data import Analysis
 from ..figures import cost_by_job, cost_by_namespace, cost_per_billion_tokens, spot_savings, waste_by_cause
@@ -49,9 +52,35 @@ def content(a: Analysis, _search: str) -> list:
     ], className="br-stats")
     return [
         stats,
+        accounting_panel(a.report),
         html.Div([graph("cost-namespace", cost_by_namespace(summary, sim)),
                   graph("cost-spot", spot_savings(summary, sim))], className="br-row"),
         html.Div([graph("cost-jobs", cost_by_job(summary, sim)),
                   graph("cost-waste", waste_by_cause(summary, sim))], className="br-row"),
         graph("cost-tokens", cost_per_billion_tokens(summary, sim)),
     ]
+
+
+def accounting_panel(report: Report) -> html.Div:
+    """Where every GPU-hour went, with the identity that ties the dollars to it, the
+    share of time that had samples, and why any job has no price."""
+    acc = report.accounting
+    if acc is None:
+        return html.Div(id="cost-accounting")
+    rows = [("observed", acc.observed_gpu_hours, "= allocated + unallocated"),
+            ("allocated", acc.allocated_gpu_hours, "= busy + idle; the jobs' GPU-hours add up to it"),
+            ("unallocated", acc.unallocated_gpu_hours, "paid for, held by nobody"),
+            ("busy", acc.busy_gpu_hours, "allocated and used"),
+            ("idle", acc.idle_gpu_hours, "allocated, utilization at or below 2%")]
+    coverage = "-" if acc.coverage is None else f"{acc.coverage:.1%}"
+    low = acc.coverage is not None and acc.coverage < COVERAGE_WARNING
+    return html.Div([
+        html.H3("GPU-hours"),
+        html.Table([html.Tbody([html.Tr([html.Td(name), html.Td(f"{hours:,.1f}", className="br-num"), html.Td(why)],
+                                        id=f"cost-accounting-{name}") for name, hours, why in rows])]),
+        html.P(f"samples cover {coverage} of the GPUs' time" + (": hours and dollars are for that part only" if low
+                                                               else ""),
+               id="cost-coverage", className="br-warn" if low else "br-hint"),
+        html.Ul([html.Li(f"{j['namespace']}/{j['training_job']} has no price: {j['reason']}")
+                 for j in report.unpriced_jobs], id="cost-unpriced"),
+    ], id="cost-accounting")

@@ -1,0 +1,181 @@
+"""The analyzer on data shaped like real clusters', through real time-series databases.
+
+The fleets come from tests/contract_fleet.py, written from the metric contract alone
+(not from `burnrate simulate`): any scrape interval from 10 to 120 s, jitter, missed
+scrapes, exporter restarts, pod churn, burnrate's agent beside older agents and
+dcgm-exporter 4.8, 4.8.3 (`hostname`) and 4.9 (DCGM 4.7 names and base units).
+They are imported into a real VictoriaMetrics and back-filled into a real Prometheus,
+and the analysis is held to the generator's exact truth.
+
+A job's GPU-hours can be off by at most one scrape interval at each end (the first
+and last samples fall somewhere inside the interval that holds them), so jobs are
+compared within 1 % or that quantization, whichever is larger; fleet totals, where
+those errors average out, within 1 %.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from analyzer.frames import Window
+from analyzer.pricing import load_catalog
+from analyzer.report import analyze, to_document
+from analyzer.sources import PrometheusSource
+from tests.contract_fleet import (BASE_TIME, Fleet, Node, Series, Workload, backfill_prometheus, fleets, generate,
+                                  import_victoria)
+from tests.processes import prometheus, victoria_metrics
+
+pytestmark = pytest.mark.slow
+CATALOG = load_catalog(None)
+SHIFT = 60 * 86400.0          # each example gets a window of its own in the shared database, in the past
+_examples = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def vm(tmp_path_factory):
+    with victoria_metrics(tmp_path_factory.mktemp("vm")) as server:
+        yield server
+
+
+def shifted(fleet: Fleet, by: float) -> Fleet:
+    return replace(fleet, start=fleet.start + by, end=fleet.end + by,
+                   series=[replace(s, t=s.t + by) for s in fleet.series])
+
+
+def analysis(url: str, fleet: Fleet, **source):
+    frames = PrometheusSource(url, **source).frames(Window(fleet.start, fleet.end))
+    return analyze(frames, CATALOG)
+
+
+def assert_matches_truth(report, fleet: Fleet) -> None:
+    a, truth = report.accounting, fleet.truth
+    # The identity, exactly (up to rounding).
+    assert a.observed_gpu_hours == pytest.approx(a.allocated_gpu_hours + a.unallocated_gpu_hours, abs=1e-6)
+    assert a.allocated_gpu_hours == pytest.approx(a.busy_gpu_hours + a.idle_gpu_hours, abs=1e-6)
+    assert sum(j.gpu_hours for j in report.jobs) == pytest.approx(a.allocated_gpu_hours, abs=1e-6)
+    # Against the truth.
+    assert a.observed_gpu_hours == pytest.approx(truth.observed_gpu_hours, rel=0.01)
+    assert a.allocated_gpu_hours == pytest.approx(truth.allocated_gpu_hours, rel=0.01, abs=0.05)
+    assert a.idle_gpu_hours == pytest.approx(truth.idle_gpu_hours, rel=0.01, abs=0.05)
+    assert a.coverage is not None and a.coverage > 0.99
+    jobs = {(j.namespace, j.training_job): j for j in report.jobs}
+    assert set(jobs) == set(truth.job_gpu_hours)
+    nodes = {n.name: n for n in fleet.nodes}
+    for w in fleet.workloads:
+        got, want = jobs[(w.namespace, w.name)], truth.job_gpu_hours[(w.namespace, w.name)]
+        if want == 0:
+            continue
+        slowest = max(nodes[n].scrape_interval_s + nodes[n].jitter_s for n, _ in w.placements)
+        gpus = w.share * sum(len(g) for _, g in w.placements)
+        assert got.gpu_hours == pytest.approx(want, rel=0.01, abs=gpus * 2 * (slowest + 15.0) / 3600), w.name
+        assert got.cost_dollars is not None and got.cost_dollars > 0, w.name
+        if w.kind != "interactive":     # a notebook runs as a StatefulSet: serving, unless its namespace is set
+            assert got.workload_class == w.kind, (w.name, got.class_basis)
+    assert report.unpriced_jobs == []
+
+
+@given(fleet=fleets())
+# A fixed set of examples in CI; BURNRATE_EXAMPLES=N draws N new ones each run.
+@settings(max_examples=int(os.environ.get("BURNRATE_EXAMPLES", "25")), deadline=None,
+          derandomize=not os.environ.get("BURNRATE_EXAMPLES"),
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+def test_any_fleet_in_victoria_metrics_accounts_like_its_truth(vm, fleet):
+    fleet = shifted(fleet, -next(_examples) * SHIFT)
+    import_victoria(fleet, vm.url)
+    assert_matches_truth(analysis(vm.url, fleet), fleet)
+
+
+def mixed_cluster(interval: float) -> Fleet:
+    """A rollout in progress: every kind of exporter at one scrape interval, with
+    training, serving, a notebook and a batch job, and an idle GPU nobody holds."""
+    # Each interval in a window of its own: the databases are shared by the tests.
+    start = BASE_TIME + 400 * 86400.0 + interval * 86400.0
+    end = start + 8 * 3600.0
+    nodes = (Node("gpu-a", 8, "agent", interval, jitter_s=interval * 0.1, phase_s=3.0, missed=(start + 7200.0,)),
+             Node("gpu-b", 8, "agent-old", interval, phase_s=interval / 2, restarts=(start + 3 * 3600.0,)),
+             Node("gpu-c", 4, "dcgm-4.8", interval, jitter_s=2.0, instance_type="g6e.12xlarge",
+                  gpu_model="NVIDIA L40S"),
+             Node("gpu-d", 4, "dcgm-4.8.3", interval, phase_s=1.0, instance_type="g5.12xlarge",
+                  gpu_model="NVIDIA A10G"),
+             Node("gpu-e", 8, "dcgm-4.9", interval, phase_s=7.0, instance_type="p5.48xlarge",
+                  gpu_model="NVIDIA H100 80GB HBM3"))
+    workloads = (
+        Workload("ml", "llm-pretrain", "training", "PyTorchJob", (("gpu-a", tuple(range(8))), ("gpu-e", tuple(range(8)))),
+                 start - 3600.0, end + 3600.0, telemetry=True, tokens_per_step=5e5),
+        Workload("ml", "finetune", "training", "PyTorchJob", (("gpu-b", (0, 1, 2, 3)),), start + 3600.0,
+                 start + 5 * 3600.0),
+        Workload("inference", "chat-api", "serving", "Deployment", (("gpu-c", (0, 1)),), start, end + 600.0),
+        Workload("inference", "rerank", "serving", "Deployment", (("gpu-d", (0,)),), start + 1800.0, end),
+        Workload("research", "nb-alice", "interactive", "Notebook", (("gpu-d", (2,)),), start, start + 6 * 3600.0,
+                 util_pct=0.0),
+        Workload("data", "embed-corpus", "batch", "Job", (("gpu-b", (4, 5)),), start + 600.0, start + 4 * 3600.0),
+    )
+    return generate(nodes, workloads, start, end, seed=int(interval))
+
+
+@pytest.mark.parametrize("interval", [15.0, 30.0, 60.0])
+def test_prometheus_and_victoria_metrics_agree_on_a_mixed_cluster(tmp_path, vm, interval):
+    fleet = mixed_cluster(interval)
+    import_victoria(fleet, vm.url)
+    with prometheus(tmp_path, storage=backfill_prometheus(fleet, tmp_path)) as prom:
+        from_prometheus = analysis(prom.url, fleet)
+    from_victoria = analysis(vm.url, fleet)
+    for report in (from_prometheus, from_victoria):
+        assert_matches_truth(report, fleet)
+    # The two databases give the same document, to the cent.
+    a, b = to_document(from_prometheus), to_document(from_victoria)
+    assert a["accounting"] == b["accounting"]
+    assert [(j["training_job"], j["gpu_hours"], j["cost_dollars"]) for j in a["jobs"]] == \
+           [(j["training_job"], j["gpu_hours"], j["cost_dollars"]) for j in b["jobs"]]
+    assert sorted((f["kind"], f["training_job"]) for f in a["findings"]) == \
+           sorted((f["kind"], f["training_job"]) for f in b["findings"])
+    # Where allocation came from, per node, and nothing priced at null.
+    kinds = {f["kind"] for f in a["findings"]}
+    assert "idle_gpu" in kinds and "unallocated_gpu" in kinds
+    # The idle notebook is one finding for its job, with advice for what holds it.
+    [idle] = [f for f in a["findings"] if f["kind"] == "idle_gpu"]
+    assert idle["training_job"] == "nb-alice" and idle["evidence"]["gpus"] == [2]
+    assert idle["wasted_gpu_hours"] == pytest.approx(6.0, abs=0.1)
+    # Unallocated capacity is one finding per node.
+    free = [f["Hostname"] for f in a["findings"] if f["kind"] == "unallocated_gpu"]
+    assert len(free) == len(set(free))
+    # No training cause is named for the serving or notebook pods.
+    training_causes = {"dataloader_starvation", "straggler", "stalled", "diverging", "low_mfu"}
+    assert not [f for f in a["findings"] if f["kind"] in training_causes
+                and f["training_job"] in ("chat-api", "rerank", "nb-alice")]
+
+
+def test_a_scrape_interval_hint_reads_the_same_hours(vm):
+    fleet = shifted(mixed_cluster(60.0), SHIFT / 2)
+    import_victoria(fleet, vm.url)
+    default, hinted = analysis(vm.url, fleet), analysis(vm.url, fleet, min_step_s=60.0)
+    assert hinted.accounting.allocated_gpu_hours == pytest.approx(default.accounting.allocated_gpu_hours, rel=0.005)
+    hours = {j.training_job: j.gpu_hours for j in default.jobs}
+    assert {j.training_job for j in hinted.jobs} == set(hours)
+    for job in hinted.jobs:
+        assert job.gpu_hours == pytest.approx(hours[job.training_job], rel=0.01)
+
+
+def test_opencost_prices_a_node_where_it_runs(vm):
+    """OpenCost's node_gpu_hourly_cost in the same store is the node's price (it knows
+    negotiated and spot rates); the list price stays the on-demand comparison."""
+    fleet = shifted(mixed_cluster(30.0), SHIFT / 3)
+    times = np.arange(fleet.start, fleet.end, 60.0)
+    price = Series("node_gpu_hourly_cost", {"node": "gpu-c", "instance_type": "g6e.12xlarge", "job": "opencost",
+                                             "instance": "opencost:9003"}, times, np.full(len(times), 1.234))
+    import_victoria(replace(fleet, series=fleet.series + [price]), vm.url)
+    report = analysis(vm.url, fleet)
+    chat = next(j for j in report.jobs if j.training_job == "chat-api")
+    assert chat.cost_dollars == pytest.approx(chat.gpu_hours * 1.234)
+    # A dcgm-exporter node does not say whether it is spot: the list price is the comparison.
+    listed = CATALOG.rate("gpu-c", "", "NVIDIA L40S").on_demand
+    assert chat.on_demand_cost_dollars == pytest.approx(chat.gpu_hours * listed) and listed != 1.234
+    nodes = report.accounting.per_node
+    assert nodes["gpu-c"]["price_basis"] == "opencost"
+    assert nodes["gpu-c"]["gpu_hour_dollars"] == pytest.approx(1.234)
+    assert nodes["gpu-a"]["price_basis"] == "instance_type"
