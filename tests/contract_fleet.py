@@ -1,6 +1,6 @@
 """Synthetic fleets shaped like real clusters' Prometheus data, with exact ground truth.
 
-Written from the interface contract (/work/shared/CONTRACT.md sections 2, 3 and 5) and the public
+Written from the interface contract (CONTRACT.md beside the repository, sections 2, 3 and 5) and the public
 documentation of dcgm-exporter and kube-state-metrics ALONE: nothing here reads or imports the
 analyzer, the agent, the exporter or the simulator, so that a test of the analyzer against these
 fleets does not share the analyzer's assumptions.
