@@ -52,49 +52,51 @@ def _r(value: float) -> float:
 
 
 def account(v: Views, idle_util_pct: float = IdleConfig().util_max_pct) -> Accounting:
+    # Held seconds are sums of samples (analyzer.holding): zero, never NaN, where none fell.
     gpu, alloc = v.gpu, v.alloc
-    observed = np.nan_to_num(gpu.values["held_s"]) if "held_s" in gpu.values else np.zeros((gpu.size, v.n))
+    observed = gpu.values["held_s"].copy() if "held_s" in gpu.values else np.zeros((gpu.size, v.n))
     rows = alloc.keys["gpu_row"].to_numpy() if alloc.size else np.zeros(0, np.int64)
-    share = np.nan_to_num(alloc.values["share"]) if alloc.size else np.zeros((0, v.n))
-    row_held = np.nan_to_num(alloc.values["held_s"]) if alloc.size else np.zeros((0, v.n))
-    share = np.where(row_held > 0, share, 0.0)
+    row_held = alloc.values["held_s"] if alloc.size else np.zeros((0, v.n))
+    share = np.where(row_held > 0, alloc.values["share"], 0.0) if alloc.size else np.zeros((0, v.n))
     known = rows >= 0
-    # A GPU is observed while any of its series has a sample: its holders' too.
-    if known.any():
-        observed = observed.copy()
-        np.maximum.at(observed, rows[known], row_held[known])
     total = np.zeros((gpu.size, v.n))
-    np.add.at(total, rows[known], share[known])
-    held = np.minimum(total, 1.0)
-    split = 1.0 / np.maximum(total, 1.0)
+    if known.any():
+        # Holders grouped by GPU: one reduceat per figure, no per-element scatter.
+        by_gpu = np.flatnonzero(known)[np.argsort(rows[known], kind="stable")]
+        gpus, starts = np.unique(rows[by_gpu], return_index=True)
+        total[gpus] = np.add.reduceat(share[by_gpu], starts, axis=0)
+        # A GPU is observed while any of its series has a sample: its holders' too.
+        observed[gpus] = np.maximum(observed[gpus], np.maximum.reduceat(row_held[by_gpu], starts, axis=0))
     row_seconds = np.zeros(len(rows))
     if known.any():
-        row_seconds[known] = (share[known] * split[rows[known]] * observed[rows[known]]).sum(axis=1)
+        # Shares adding up to more than a GPU split it: each holder's part of the observed time.
+        part = observed / np.maximum(total, 1.0)
+        row_seconds[known] = np.einsum("rt,rt->r", share[known], part[rows[known]])
     # Holders of GPUs that have no device series at all stand for their own time.
     orphan_seconds = (np.minimum(share[~known], 1.0) * row_held[~known]).sum(axis=1)
     row_seconds[~known] = orphan_seconds
-    allocated_s = held * observed
+    np.minimum(total, 1.0, out=total)
+    allocated_s = np.multiply(total, observed, out=total)      # per cell, the share held times the time seen
     util = gpu.values.get("gpu_util")
     if util is None:
-        util = np.full(observed.shape, np.nan)
-    idle_s = np.where(util <= idle_util_pct, allocated_s, 0.0)
-    unknown_s = np.where(np.isfinite(util), 0.0, allocated_s)
-    lifetime = _lifetime(observed > 0) * v.step
+        util = np.full(observed.shape, np.nan, np.float32)
+    per_gpu = {"observed": observed.sum(axis=1), "allocated": allocated_s.sum(axis=1),
+               "idle": np.where(util <= idle_util_pct, allocated_s, 0.0).sum(axis=1),
+               "unknown": np.where(np.isnan(util), allocated_s, 0.0).sum(axis=1),
+               "lifetime": _lifetime(observed > 0) * v.step}
     hosts = gpu.keys["Hostname"].to_numpy() if gpu.size else np.zeros(0, object)
-    per_node = {}
-    for host in sorted(set(hosts)):
-        mine = hosts == host
-        per_node[str(host)] = _figures(observed[mine].sum(), allocated_s[mine].sum(), idle_s[mine].sum(),
-                                       lifetime[mine].sum())
+    names, host_of = np.unique(hosts.astype(str), return_inverse=True)
+    by_host = {k: np.bincount(host_of, weights=x, minlength=len(names)) for k, x in per_gpu.items()}
+    per_node = {str(host): _figures(*(by_host[k][i] for k in ("observed", "allocated", "idle", "lifetime")))
+                for i, host in enumerate(names)}
     orphan = float(orphan_seconds.sum())
-    observed_s = float(observed.sum()) + orphan
-    allocated_total = float(allocated_s.sum()) + orphan
-    life = float(lifetime.sum()) + orphan
+    observed_s, allocated_total = float(per_gpu["observed"].sum()) + orphan, float(per_gpu["allocated"].sum()) + orphan
+    idle_total, life = float(per_gpu["idle"].sum()), float(per_gpu["lifetime"].sum()) + orphan
     return Accounting(
         observed_gpu_hours=observed_s / 3600, allocated_gpu_hours=allocated_total / 3600,
         unallocated_gpu_hours=(observed_s - allocated_total) / 3600,
-        busy_gpu_hours=(allocated_total - float(idle_s.sum())) / 3600, idle_gpu_hours=float(idle_s.sum()) / 3600,
-        util_unknown_gpu_hours=(float(unknown_s.sum()) + orphan) / 3600,
+        busy_gpu_hours=(allocated_total - idle_total) / 3600, idle_gpu_hours=idle_total / 3600,
+        util_unknown_gpu_hours=(float(per_gpu["unknown"].sum()) + orphan) / 3600,
         coverage=min(observed_s / life, 1.0) if life > 0 else None,
         row_gpu_hours=row_seconds / 3600, per_node=per_node)
 

@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="treat every workload in NAMESPACE as CLASS (training, serving, interactive, batch); "
                              "repeatable")
     parser.add_argument("--scrape-interval", type=float, metavar="S",
-                        help="the shortest scrape interval of the GPU exporters (default 15): no step is finer; "
-                             "any interval reads true, this only saves work")
+                        help="the shortest scrape interval of the GPU exporters: no step is finer (default: "
+                             "from Prometheus' targets, else 15); any interval reads true, this only saves work")
     parser.add_argument("--checkpoint-seconds", type=float, metavar="S",
                         help="time to write one checkpoint; enables Young's checkpoint-interval advice")
     auth = parser.add_argument_group("Prometheus connection")
@@ -63,7 +63,7 @@ def _read_secret(path: str | None, what: str) -> str | None:
 
 def _source(args: argparse.Namespace):
     from .recording import RecordingError
-    from .sources import DEFAULT_STEP_S, PrometheusSource, RecordingSource
+    from .sources import PrometheusSource, RecordingSource
 
     if args.recording is not None:
         try:
@@ -83,7 +83,7 @@ def _source(args: argparse.Namespace):
             basic_auth=(args.basic_auth_user, _read_secret(args.basic_auth_password_file, "password file") or "")
             if args.basic_auth_user else None,
             ca_file=args.ca_file, insecure=args.insecure_skip_verify,
-            min_step_s=args.scrape_interval or DEFAULT_STEP_S)
+            min_step_s=args.scrape_interval)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot use Prometheus at {args.prometheus}: {exc}") from None
 

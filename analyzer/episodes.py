@@ -25,6 +25,7 @@ GPU = ("hostname", "gpu")
 KEYS: dict[str, tuple[str, ...]] = {
     # A job's problem is the job's, whichever pods and GPUs it shows on.
     "idle_gpu": JOB, "dataloader_starvation": JOB, "stalled": JOB, "diverging": JOB, "low_mfu": JOB,
+    "underused_gpu": JOB,
     # Free capacity is released (or filled) per node: the node pool scales by node.
     "unallocated_gpu": ("hostname",),
     # A hardware fault is the GPU's, whoever held it at the time.

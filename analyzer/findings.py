@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 KINDS = ("dataloader_starvation", "idle_gpu", "unallocated_gpu", "straggler", "stalled",
-         "diverging", "thermal_throttle", "gpu_error", "low_mfu")
+         "diverging", "thermal_throttle", "gpu_error", "low_mfu", "underused_gpu")
 SEVERITIES = ("info", "warning", "critical")
 
 

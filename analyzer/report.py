@@ -163,10 +163,11 @@ def _headline(f: Finding) -> str:
     e = f.evidence
     for key, fmt in (("data_wait_share", "data wait {:.0%}"), ("low_util_share", "GPU idle {:.0%} of samples"),
                      ("slowdown", "{:.2f}x slower compute"), ("stalled_minutes", "no step for {:.0f} min"),
-                     ("clock_ratio", "clock at {:.0%}"), ("mfu", "MFU {:.1%}"), ("idle_hours", "idle {:.1f} GPU-h"),
+                     ("clock_ratio", "clock at {:.0%}"), ("mfu", "MFU {:.1%}"),
+                     ("held_gpu_hours", "GPU at {mean_util_pct:.0f}% over {held_gpu_hours:.1f} GPU-h"), ("idle_hours", "idle {:.1f} GPU-h"),
                      ("unallocated_hours", "free {:.1f} GPU-h")):
         if isinstance(e.get(key), (int, float)):
-            return fmt.format(e[key])
+            return fmt.format(e[key], **e)
     if "signals" in e:
         return ", ".join(e["signals"])
     if "xid_events" in e:

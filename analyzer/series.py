@@ -10,28 +10,34 @@ def category_codes(column: pd.Series) -> tuple[np.ndarray, int]:
     return cat.cat.codes.to_numpy().astype(np.int64), len(cat.cat.categories)
 
 
+def series_numbers(frame: pd.DataFrame, by: tuple[str, ...]) -> np.ndarray:
+    """Series number per row, 0..S-1, in order of the keys' categories."""
+    if len(frame) == 0:
+        return np.zeros(0, np.int64)
+    if len(by) == 1:
+        # One categorical key: its codes already number the series; drop unused categories.
+        raw, size = category_codes(frame[by[0]])
+        used = np.bincount(raw + 1, minlength=size + 1) > 0
+        return (np.cumsum(used) - 1)[raw + 1]
+    combined = np.zeros(len(frame), np.int64)
+    for col in by:
+        raw, size = category_codes(frame[col])
+        combined = combined * (size + 1) + (raw + 1)
+    return pd.factorize(combined)[0].astype(np.int64)
+
+
 def series_codes(frame: pd.DataFrame, by: tuple[str, ...], labels: tuple[str, ...] = ()
                  ) -> tuple[np.ndarray, pd.DataFrame]:
     """Series number per row (0..S-1) and the labels of each series (from its first row)."""
     names = by + labels
     if len(frame) == 0:
         return np.zeros(0, np.int64), pd.DataFrame({c: pd.Series(dtype=object) for c in names})
-    if len(by) == 1:
-        # One categorical key: its codes already number the series; drop unused categories.
-        raw, size = category_codes(frame[by[0]])
-        used = np.bincount(raw + 1, minlength=size + 1) > 0
-        codes = (np.cumsum(used) - 1)[raw + 1]
-    else:
-        combined = np.zeros(len(frame), np.int64)
-        for col in by:
-            raw, size = category_codes(frame[col])
-            combined = combined * (size + 1) + (raw + 1)
-        codes, _ = pd.factorize(combined)
+    codes = series_numbers(frame, by)
     first = np.empty(codes.max() + 1, np.int64)
     # Reversed assignment leaves each series' first row: numpy keeps the last write.
     first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
     keys = pd.DataFrame({c: frame[c].take(first).astype(str).to_numpy() for c in names})
-    return codes.astype(np.int64), keys
+    return codes, keys
 
 
 def ramps(length: np.ndarray) -> np.ndarray:

@@ -368,3 +368,34 @@ def test_every_finding_serializes_with_the_contract_fields():
                        "end", "wasted_gpu_hours", "wasted_dollars", "evidence", "recommendation"]
     assert d["start"].endswith("Z") and d["recommendation"].endswith(".")
     assert not any(isinstance(v, float) and math.isnan(v) for v in d["evidence"].values())
+
+
+def _owned(frames: Frames, **owners: str) -> Frames:
+    """The frames with pod -> controller kind, as kube-state-metrics reports them."""
+    rows = [("ml", pod, kind, pod) for pod, kind in owners.items()]
+    return replace(frames, owners=pd.DataFrame(rows, columns=["namespace", "pod", "owner_kind", "owner_name"]))
+
+
+def test_a_server_using_a_fifth_of_its_gpus_is_underused_and_its_sawtooth_is_not_starvation():
+    f = Fleet()
+    f.node("node-a")
+    rng = np.random.default_rng(0)
+    for g in range(2):
+        # Traffic in five-minute bursts at 40%, near 0% between: a fifth on average, two GPUs for two hours.
+        f.gpu("node-a", g, util=np.where(np.arange(N) % 40 < 20, 40.0, 0.5) + rng.uniform(0, 1, N))
+        f.alloc("node-a", g, "chat-7d9f-x2k4q", "chat")
+    found = detect_all(_owned(f.frames(), **{"chat-7d9f-x2k4q": "Deployment"}))
+    [under] = [x for x in found if x.kind == "underused_gpu"]
+    assert not [x for x in found if x.kind == "dataloader_starvation"]
+    assert under.training_job == "chat" and under.gpu == "0,1" and under.evidence["class"] == "serving"
+    assert under.evidence["mean_util_pct"] == pytest.approx((40.5 + 1.0) / 2, abs=0.5)
+    assert under.wasted_gpu_hours == pytest.approx(4.0 * (1 - under.evidence["mean_util_pct"] / 60.0))
+    assert "MIG" in under.recommendation
+
+
+def test_a_training_job_at_low_utilization_is_not_called_underused():
+    f = Fleet()
+    healthy_job(f)
+    for g in range(4):
+        f.rows["gpu"][g]["gpu_util"] = 15.0
+    assert "underused_gpu" not in kinds(detect_all(f.frames()))

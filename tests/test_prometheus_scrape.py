@@ -5,6 +5,7 @@ import time
 import pytest
 
 from agent.telemetry.send import send_datagram
+from analyzer.sources import PrometheusSource
 from tests.processes import agent, prometheus
 
 pytestmark = pytest.mark.slow
@@ -72,3 +73,7 @@ def test_prometheus_scrapes_agent(tmp_path):
             finally:
                 stop.set()
                 keepalive.join()
+            # The source takes its finest step from the targets Prometheus scrapes (the
+            # job here is `burnrate`, scraped every second); an explicit interval wins.
+            assert PrometheusSource(prom.url, min_step_s=None).min_step_s == 1.0
+            assert PrometheusSource(prom.url, min_step_s=30.0).min_step_s == 30.0

@@ -137,6 +137,12 @@ def test_matchers_restrict_every_query(fleet):
     assert set(frames.alloc["training_job"].astype(str)) == {job}
 
 
+def test_without_targets_the_finest_step_is_15s(fleet):
+    """A back-filled Prometheus scrapes nothing: no hint, the default step."""
+    url, _, _ = fleet
+    assert PrometheusSource(url, min_step_s=None).min_step_s == 15.0
+
+
 def test_an_empty_window_gives_empty_frames(fleet):
     url, _, _ = fleet
     long_ago = Window(1_000_000_000.0, 1_000_003_600.0)

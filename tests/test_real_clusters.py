@@ -92,7 +92,7 @@ def test_any_fleet_in_victoria_metrics_accounts_like_its_truth(vm, fleet):
 
 def mixed_cluster(interval: float) -> Fleet:
     """A rollout in progress: every kind of exporter at one scrape interval, with
-    training, serving, a notebook and a batch job, and an idle GPU nobody holds."""
+    training, serving, an idle and a busy notebook and a batch job, and GPUs nobody holds."""
     # Each interval in a window of its own: the databases are shared by the tests.
     start = BASE_TIME + 400 * 86400.0 + interval * 86400.0
     end = start + 8 * 3600.0
@@ -114,6 +114,8 @@ def mixed_cluster(interval: float) -> Fleet:
         Workload("research", "nb-alice", "interactive", "Notebook", (("gpu-d", (2,)),), start, start + 6 * 3600.0,
                  util_pct=0.0),
         Workload("data", "embed-corpus", "batch", "Job", (("gpu-b", (4, 5)),), start + 600.0, start + 4 * 3600.0),
+        Workload("research", "nb-bob", "interactive", "Notebook", (("gpu-d", (3,)),), start, start + 5 * 3600.0,
+                 util_pct=15.0),
     )
     return generate(nodes, workloads, start, end, seed=int(interval))
 
@@ -141,13 +143,17 @@ def test_prometheus_and_victoria_metrics_agree_on_a_mixed_cluster(tmp_path, vm, 
     [idle] = [f for f in a["findings"] if f["kind"] == "idle_gpu"]
     assert idle["training_job"] == "nb-alice" and idle["evidence"]["gpus"] == [2]
     assert idle["wasted_gpu_hours"] == pytest.approx(6.0, abs=0.1)
+    # A notebook using a sixth of its GPU is underused (a StatefulSet's pods read as serving).
+    [under] = [f for f in a["findings"] if f["kind"] == "underused_gpu"]
+    assert under["training_job"] == "nb-bob" and under["evidence"]["mean_util_pct"] == pytest.approx(15.0, abs=2.0)
+    assert under["wasted_dollars"] > 0
     # Unallocated capacity is one finding per node.
     free = [f["Hostname"] for f in a["findings"] if f["kind"] == "unallocated_gpu"]
     assert len(free) == len(set(free))
     # No training cause is named for the serving or notebook pods.
     training_causes = {"dataloader_starvation", "straggler", "stalled", "diverging", "low_mfu"}
     assert not [f for f in a["findings"] if f["kind"] in training_causes
-                and f["training_job"] in ("chat-api", "rerank", "nb-alice")]
+                and f["training_job"] in ("chat-api", "rerank", "nb-alice", "nb-bob")]
 
 
 def test_a_scrape_interval_hint_reads_the_same_hours(vm):

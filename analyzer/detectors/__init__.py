@@ -18,7 +18,7 @@ from .. import episodes
 from ..findings import Finding
 from ..frames import Frames
 from . import (dataloader_starvation, diverging, gpu_error, idle_gpu, low_mfu, stalled, straggler,
-               thermal_throttle, unallocated_gpu)
+               thermal_throttle, unallocated_gpu, underused_gpu)
 from ..workloads import TRAINING
 from .views import Views
 
@@ -32,6 +32,7 @@ DETECTORS: dict[str, Callable[..., list[Finding]]] = {
     "thermal_throttle": thermal_throttle.detect,
     "gpu_error": gpu_error.detect,
     "low_mfu": low_mfu.detect,
+    "underused_gpu": underused_gpu.detect,
 }
 
 WORKERS = min(4, os.cpu_count() or 1)
@@ -40,6 +41,7 @@ TRAINING_CAUSES = ("dataloader_starvation", "straggler", "stalled", "diverging",
 # kind -> kinds that, on the same job and overlapping in time, explain it.
 EXPLAINED_BY: dict[str, tuple[str, ...]] = {
     "idle_gpu": ("stalled",),
+    "underused_gpu": ("idle_gpu",),
 }
 
 
@@ -54,6 +56,7 @@ class DetectorConfig:
     thermal_throttle: thermal_throttle.Config = field(default_factory=thermal_throttle.Config)
     gpu_error: gpu_error.Config = field(default_factory=gpu_error.Config)
     low_mfu: low_mfu.Config = field(default_factory=low_mfu.Config)
+    underused_gpu: underused_gpu.Config = field(default_factory=underused_gpu.Config)
     episodes: episodes.Config = field(default_factory=episodes.Config)
 
 

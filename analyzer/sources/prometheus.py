@@ -29,6 +29,7 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -42,7 +43,8 @@ from ..frames import OWNER_COLUMNS, Frames, Window, empty_owners
 from ..recording import empty_table
 from ..holding import hold
 from ..resample import MAX_POINTS, reduction, step_for
-from . import Progress, column_order, is_simulated, missing_signals, within
+from ..timeparse import parse_duration
+from . import DEFAULT_STEP_S, Progress, column_order, is_simulated, missing_signals, within
 from .allocation import best_allocation, empty_alloc
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -141,20 +143,22 @@ class PrometheusSource:
 
     `matchers` restricts every query to series with those label values (for
     metrics that carry the label), e.g. `{"namespace": "ml"}`. `min_step_s` is
-    the scrape interval: no step is shorter. `chunk_points` bounds the steps of
+    the shortest scrape interval of the GPU exporters: no step is shorter (any
+    interval reads true, analyzer.holding; this only saves points). None asks the
+    server's targets (`scrape_interval_hint`), else takes 15 s. `chunk_points` bounds the steps of
     one request, so that long windows over many GPUs come in pieces Prometheus
     and this process both handle comfortably.
     """
 
     def __init__(self, url: str, *, timeout_s: float = 30.0, bearer_token: str | None = None,
                  basic_auth: tuple[str, str] | None = None, ca_file: str | None = None, insecure: bool = False,
-                 matchers: Mapping[str, str] | None = None, min_step_s: float = 15.0,
+                 matchers: Mapping[str, str] | None = None, min_step_s: float | None = 15.0,
                  chunk_points: int = 1000, workers: int = 4) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.matchers = dict(matchers or {})
         selector(**self.matchers)   # rejects bad label names now, not mid-query
-        self.min_step_s = min_step_s
+        self._min_step_s = min_step_s
         self.chunk_points = max(1, min(chunk_points, MAX_POINTS))
         self.workers = workers
         self._lock = threading.Lock()
@@ -201,12 +205,44 @@ class PrometheusSource:
             raise PrometheusError(f"{where} answered an error: {_api_error(raw) or 'no status'}")
         return answer["data"]
 
+    def _get(self, path: str, params: Mapping[str, str]) -> dict:
+        request = urllib.request.Request(f"{self.url}{path}?{urllib.parse.urlencode(params)}", headers=self._headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._ssl) as resp:
+                answer = json.loads(resp.read())
+        except (OSError, ValueError) as exc:
+            raise PrometheusError(f"Prometheus at {self.url}: {path}: {exc}") from None
+        if not isinstance(answer, dict) or answer.get("status") != "success":
+            raise PrometheusError(f"Prometheus at {self.url}: {path} answered an error")
+        return answer["data"]
+
     def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict]:
         data = self._post("/api/v1/query_range", {"query": promql, "start": _num(start), "end": _num(end),
                                                    "step": _num(step)})
         if data.get("resultType") != "matrix":
             raise PrometheusError(f"Prometheus at {self.url} answered a {data.get('resultType')}, not a matrix")
         return data["result"]
+
+    @cached_property
+    def min_step_s(self) -> float:
+        return self._min_step_s or self.scrape_interval_hint() or DEFAULT_STEP_S
+
+    def scrape_interval_hint(self) -> float | None:
+        """The shortest scrape interval among the server's active targets that export
+        GPUs (dcgm-exporter's port 9400, or a job named for it); None where the store
+        has no targets API (Thanos, Mimir) or scrapes no such target."""
+        try:
+            data = self._get("/api/v1/targets", {"state": "active"})
+        except PrometheusError:
+            return None
+        intervals = []
+        for target in data.get("activeTargets", []):
+            try:
+                if _gpu_exporter(target):
+                    intervals.append(parse_duration(target["scrapeInterval"]))
+            except (KeyError, TypeError, ValueError):
+                continue    # a target this server describes differently says nothing about the GPUs
+        return max(min(intervals), 1.0) if intervals else None
 
     # --- frames --------------------------------------------------------------------
     def step_for(self, window: Window) -> float:
@@ -307,6 +343,11 @@ class PrometheusSource:
         # A point holds the samples of the step before it; after the last point of
         # the grid, data may run on to the window's end.
         return Window(max(window.start, min(times) - step), window.end if max(times) >= last else max(times))
+
+
+def _gpu_exporter(target: dict) -> bool:
+    job = str(target.get("labels", {}).get("job", ""))
+    return ":9400/" in str(target.get("scrapeUrl", "")) or any(w in job for w in ("dcgm", "burnrate", "gpu"))
 
 
 def _wanted(q: _Query, columns: Mapping[str, Sequence[str]] | None) -> bool:

@@ -86,7 +86,7 @@ class RecordingSource:
                 if progress:
                     progress(done, sum(sizes.values()))
         # The agent writes the share ratio, the best allocation signal there is.
-        tables["alloc"]["signal"] = pd.Categorical([SHARE_RATIO] * len(tables["alloc"]))
+        tables["alloc"]["signal"] = pd.Categorical.from_codes(np.zeros(len(tables["alloc"]), np.int8), [SHARE_RATIO])
         gpu, rank, node = tables["gpu"], tables["rank"], tables["node"]
         simulated = os.path.exists(os.path.join(self.root, SIMULATED_MARKER)) or is_simulated(gpu)
         return hold(Frames(window=window, step_s=step, missing=missing_signals(gpu, rank, node),
