@@ -53,7 +53,7 @@ SERIES = {"gpu": ("UUID",), "alloc": ("UUID", "namespace", "pod", "training_job"
 def hold(frames: Frames, staleness_s: float = STALENESS_S) -> Frames:
     """The frames with every sample standing for its interval (module docstring)."""
     step = float(frames.step_s)
-    limit = float(frames.window.end) + step
+    limit = float(frames.window.end)        # the window's last samples hold their interval, no further
     # numpy releases the GIL: the tables are held side by side.
     with ThreadPoolExecutor(max_workers=2) as pool:
         tables = {name: pool.submit(hold_table, getattr(frames, name), SERIES.get(name, TABLES[name][0]), step,
@@ -98,7 +98,7 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
         return frame.drop(columns="sample_count")
     codes = series_numbers(frame, keys)
     if "sample_count" in frame:
-        held = _on_grid(frame["t"].to_numpy(), codes, frame["sample_count"].to_numpy(np.float64), step, limit)
+        held = _on_grid(frame["t"].to_numpy(), codes, frame["sample_count"].to_numpy(np.float64), step)
         if held is not None:
             out = frame.drop(columns="sample_count")
             return out.assign(held_s=held.astype(np.float32)) if with_held else out
@@ -118,9 +118,14 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
     linked_before = np.insert(linked[:-1], 0, False) & np.insert(c[1:] == c[:-1], 0, False)
     edge = np.where(coarse, np.minimum(samples * interval, step), interval)
     held = np.where(coarse, np.where(linked & linked_before, step, edge), np.where(linked, nxt, edge))
-    held = np.clip(np.minimum(held, limit - t), 0.0, None)
+    # A fine sample holds forward from its time, at most one interval past the window's
+    # end (n samples stand for n intervals, whatever the step); a coarse row stands for
+    # the step before it.
+    held = np.where(coarse, held, np.clip(np.minimum(held, limit + interval - t), 0.0, None))
     # Fine regime: a sample repeated into each grid point it stands for.
     copies = np.where(coarse, 1, np.maximum(np.ceil(held / step - 1e-9), 1)).astype(np.int64)
+    # No copy past the window's last point: the last copy in it carries the rest.
+    copies = np.clip(copies, 1, np.maximum(np.floor((limit - t) / step + 1e-9) + 1, 1).astype(np.int64))
     source = frame.drop(columns="sample_count", errors="ignore")
     if (copies == 1).all():
         held_rows = np.empty(len(t), np.float32)     # seconds: float32 holds them to the millisecond
@@ -129,7 +134,8 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
     rows = np.repeat(order, copies)
     offset = ramps(copies)
     new_t = np.repeat(t, copies) + offset * step
-    new_held = np.minimum(np.repeat(held, copies) - offset * step, step)
+    rest = np.repeat(held, copies) - offset * step
+    new_held = np.where(offset == np.repeat(copies, copies) - 1, rest, np.minimum(rest, step))
     resort = np.argsort(new_t, kind="stable")
     out = source.take(rows[resort]).reset_index(drop=True)
     out["t"] = new_t[resort]
@@ -139,10 +145,11 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
 
 
 
-def _on_grid(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, step: float, limit: float) -> np.ndarray | None:
+def _on_grid(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, step: float) -> np.ndarray | None:
     """`held_s` of a reduced frame (one row per series and grid point, several samples
     per step) without sorting: a run's inner steps stand for the whole step, its first
-    and last for their samples. None where a series is sampled slower than the step
+    and last for their samples; each row stands for the step before its time, so
+    none reaches past the window. None where a series is sampled slower than the step
     (it needs filling: the general path) or rows are off the grid. Whole-length passes
     are few: a week of a thousand GPUs is eleven million rows, and only run edges
     need more than the step."""
@@ -171,6 +178,4 @@ def _on_grid(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, step: float,
     interval[~known] = np.median(interval[known])
     held = np.full(len(t), step)
     held[edge] = np.minimum(samples[edge] * interval[codes[edge]], step)
-    late = np.flatnonzero(t > limit - step)
-    held[late] = np.clip(np.minimum(held[late], limit - t[late]), 0.0, None)
     return held

@@ -101,7 +101,7 @@ def recording(tmp_path_factory):
 def test_the_accounting_identity_holds(recording):
     views = Views(RecordingSource(recording).frames())
     a = account(views)
-    assert a.observed_gpu_hours == pytest.approx(8 * 2.0, rel=1e-3)
+    assert a.observed_gpu_hours == pytest.approx(8 * 2.0, rel=1e-6)       # 480 samples of 15 s
     assert a.observed_gpu_hours == pytest.approx(a.allocated_gpu_hours + a.unallocated_gpu_hours)
     assert a.allocated_gpu_hours == pytest.approx(a.busy_gpu_hours + a.idle_gpu_hours)
     assert a.row_gpu_hours.sum() == pytest.approx(a.allocated_gpu_hours)

@@ -239,3 +239,31 @@ def test_real_prometheus_rejecting_a_query_is_one_line(fleet):
     with pytest.raises(PrometheusError, match="HTTP 400: bad_data") as err:
         PrometheusSource(url).query_range("sum(", window.start, window.end, STEP)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("interval", [30.0, 60.0])
+def test_prometheus_and_the_recording_cost_the_same_at_slower_scrapes(tmp_path, interval):
+    """A fleet sampled every 30 or 60 s, read from its recording (at its own interval)
+    and from Prometheus (at the default 15 s step, filled by holding): the same
+    GPU-hours and dollars per job, and the same accounting."""
+    from analyzer.pricing import load_catalog
+    from analyzer.report import analyze
+    end = time.time() // interval * interval - 600
+    recording = str(tmp_path / "rec")
+    simulate(recording, Spec(nodes=2, gpus_per_node=4, hours=3.0, step_s=interval, seed=4, end=end))
+    window = Window(end - 3 * 3600 + interval, end)
+    with prometheus(tmp_path, storage=backfill(tmp_path, recording, window)) as prom:
+        from_prometheus = PrometheusSource(prom.url).frames(window)
+    from_recording = RecordingSource(recording).frames(window)
+    assert from_prometheus.step_s == 15.0 and from_recording.step_s == interval
+    a, b = (analyze(f, load_catalog(None)) for f in (from_prometheus, from_recording))
+    assert a.accounting.observed_gpu_hours == pytest.approx(b.accounting.observed_gpu_hours, rel=1e-6)
+    assert a.accounting.allocated_gpu_hours == pytest.approx(b.accounting.allocated_gpu_hours, rel=1e-6)
+    # Every GPU seen for the whole window, its last sample holding its interval.
+    assert a.accounting.observed_gpu_hours == pytest.approx(8 * 3.0, rel=1e-6)
+    jobs = {(j.namespace, j.training_job): j for j in b.jobs}
+    assert {(j.namespace, j.training_job) for j in a.jobs} == set(jobs)
+    for job in a.jobs:
+        mine = jobs[(job.namespace, job.training_job)]
+        assert job.gpu_hours == pytest.approx(mine.gpu_hours, rel=1e-6)
+        assert job.cost_dollars == pytest.approx(mine.cost_dollars, rel=1e-6)

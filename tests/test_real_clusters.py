@@ -185,3 +185,22 @@ def test_opencost_prices_a_node_where_it_runs(vm):
     assert nodes["gpu-c"]["price_basis"] == "opencost"
     assert nodes["gpu-c"]["gpu_hour_dollars"] == pytest.approx(1.234)
     assert nodes["gpu-a"]["price_basis"] == "instance_type"
+
+
+def test_a_job_costs_the_same_in_every_window_that_holds_it(tmp_path):
+    """Read over a day, a month or a year around it (where a year would be 48-minute
+    steps, cut to the data's own span): every job's GPU-hours and dollars are the same.
+    A database of its own, so that no other test's fleet shares the year."""
+    fleet = mixed_cluster(30.0)
+    with victoria_metrics(tmp_path) as vm:
+        import_victoria(fleet, vm.url)
+        reports = {days: analyze(PrometheusSource(vm.url).frames(
+            Window(fleet.end + 3600.0 - days * 86400.0, fleet.end + 3600.0)), CATALOG) for days in (1, 30, 365)}
+    day = {j.training_job: j for j in reports[1].jobs}
+    assert len(day) == len(fleet.workloads)
+    for days in (30, 365):
+        jobs = {j.training_job: j for j in reports[days].jobs}
+        assert set(jobs) == set(day)
+        for name, job in day.items():
+            assert jobs[name].gpu_hours == pytest.approx(job.gpu_hours, rel=1e-6), (days, name)
+            assert jobs[name].cost_dollars == pytest.approx(job.cost_dollars, rel=1e-6), (days, name)
