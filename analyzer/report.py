@@ -210,9 +210,11 @@ def render_table(report: Report) -> str:
         lines += _table(["JOB", "CLASS", "GPUS", "GPU-H", "CAPACITY", "COST $", "ON-DEMAND $", "$/STEP", "$/B TOKENS",
                          "MFU", "WASTE $", "ADVISED"], rows, {2, 3, 5, 6, 7, 8, 9, 10})
         total = sum(j.cost_dollars or 0 for j in jobs)
-        waste = sum(f.wasted_dollars or 0 for f in findings)
+        in_jobs = sum(f.wasted_dollars or 0 for f in findings if f.job is not None)
+        free = sum(f.wasted_dollars or 0 for f in findings if f.job is None)
         unpriced = f" ({len(report.unpriced_jobs)} unpriced jobs not included)" if report.unpriced_jobs else ""
-        lines += ["", f"total cost ${total:,.2f}{unpriced}; waste found ${waste:,.2f}"]
+        lines += ["", f"jobs' cost ${total:,.2f}{unpriced}, of which waste found ${in_jobs:,.2f}; "
+                      f"beyond the jobs, unallocated GPUs and other capacity ${free:,.2f}"]
     else:
         lines.append("  none")
     lines += _accounting_lines(report)

@@ -8,7 +8,8 @@ notebooks; scale-to-zero, MIG or time-slicing for serving). Evidence, best first
 2. trainer telemetry: only a training loop reports steps;
 3. the pods' controller (kube-state-metrics' kube_pod_owner): training operators,
    serving controllers, notebooks, batch Jobs;
-4. a training operator's pod name (`<job>-worker-N`), where no controller is known.
+4. a training operator's pod name (`<job>-worker-N`), or JupyterHub's (`jupyter-<user>`),
+   where no controller is known.
 
 Anything else is `batch`, and its basis says that nothing better was known.
 """
@@ -66,5 +67,8 @@ def classify(job: tuple[str, str], pods: list[str], owner_kinds: list[str], tele
             return WorkloadClass(OWNER_CLASSES[kind], f"owned by a {kind}")
     if any(_TRAINING_POD.search(pod) for pod in pods):
         return WorkloadClass(TRAINING, "a training operator's pod name")
+    if any(pod.startswith("jupyter-") for pod in pods):
+        # JupyterHub's single-user servers are bare pods named jupyter-<user>.
+        return WorkloadClass(INTERACTIVE, "a JupyterHub pod name")
     what = f"owner kind {', '.join(sorted(set(owner_kinds)))}" if owner_kinds else "no controller"
     return WorkloadClass(BATCH, f"{what} and no trainer telemetry: counted as batch")

@@ -399,3 +399,15 @@ def test_a_training_job_at_low_utilization_is_not_called_underused():
     for g in range(4):
         f.rows["gpu"][g]["gpu_util"] = 15.0
     assert "underused_gpu" not in kinds(detect_all(f.frames()))
+
+
+def test_a_starving_jobs_low_mfu_does_not_count_its_waste_twice():
+    f = Fleet()
+    healthy_job(f, per_rank={r: {"wait_s": 7.0, "compute_s": 2.5, "mfu": 0.08} for r in range(4)})
+    found = {x.kind: x for x in detect_all(f.frames())}
+    starving, low = found["dataloader_starvation"], found["low_mfu"]
+    assert low.evidence["waste_counted_under"] == ["dataloader_starvation"]
+    assert low.wasted_gpu_hours == pytest.approx(max(low.evidence["gross_wasted_gpu_hours"]
+                                                     - starving.wasted_gpu_hours, 0.0))
+    held = 4 * (N * STEP) / 3600
+    assert starving.wasted_gpu_hours + low.wasted_gpu_hours <= held

@@ -38,6 +38,11 @@ DETECTORS: dict[str, Callable[..., list[Finding]]] = {
 WORKERS = min(4, os.cpu_count() or 1)
 
 TRAINING_CAUSES = ("dataloader_starvation", "straggler", "stalled", "diverging", "low_mfu")
+# kind -> kinds whose waste, on the same job and overlapping in time, is part of its own:
+# a starving job's MFU is low because it waits, so only what lies beyond is counted again.
+WASTE_WITHIN: dict[str, tuple[str, ...]] = {
+    "low_mfu": ("dataloader_starvation", "stalled", "straggler"),
+}
 # kind -> kinds that, on the same job and overlapping in time, explain it.
 EXPLAINED_BY: dict[str, tuple[str, ...]] = {
     "idle_gpu": ("stalled",),
@@ -70,6 +75,7 @@ def detect_all(data: Frames | Views, config: DetectorConfig = DetectorConfig()) 
         each = pool.map(lambda kind: DETECTORS[kind](views, getattr(config, kind)), DETECTORS)
         found = [replace(f, end=max(min(f.end, last), f.start)) for fs in each for f in fs]
     kept = [f for f in found if not _explained(f, found) and _has_evidence(f, views)]
+    kept = [_net_of_causes(f, kept) for f in kept]
     # One finding per problem and episode, once the duplicates of other problems are gone.
     merged = episodes.merge_episodes(kept, config.episodes)
     return sorted(merged, key=lambda f: (f.start, f.kind, f.namespace or "", f.training_job or "",
@@ -83,6 +89,19 @@ def _has_evidence(finding: Finding, views: Views) -> bool:
         return True
     known = views.classes.get(finding.job)
     return known is not None and known.name == TRAINING
+
+
+def _net_of_causes(finding: Finding, found: list[Finding]) -> Finding:
+    """The finding with only the waste that its overlapping causes do not already count."""
+    causes = [other for other in found if other.kind in WASTE_WITHIN.get(finding.kind, ())
+              and other.job == finding.job and finding.job is not None
+              and other.start < finding.end and finding.start < other.end]
+    if not causes or finding.wasted_gpu_hours is None:
+        return finding
+    counted = sum(other.wasted_gpu_hours or 0.0 for other in causes)
+    return replace(finding, wasted_gpu_hours=max(finding.wasted_gpu_hours - counted, 0.0),
+                   evidence={**finding.evidence, "waste_counted_under": sorted({o.kind for o in causes}),
+                             "gross_wasted_gpu_hours": finding.wasted_gpu_hours})
 
 
 def _explained(finding: Finding, found: list[Finding]) -> bool:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..frames import Frames
 from ..holding import hold
+from ..runs import label_runs
 from ..series import category_codes, ramps, series_codes
 from ..workloads import WorkloadClass, classify
 
@@ -202,7 +203,7 @@ class Views:
 
     def __init__(self, frames: Frames, class_overrides: Mapping[str, str] | None = None) -> None:
         # Frames built by hand rather than read by a source: each sample stands for its interval too.
-        self.frames = frames if "held_s" in frames.gpu.columns else hold(frames)
+        self.frames = label_runs(frames if "held_s" in frames.gpu.columns else hold(frames))
         self.step = float(frames.step_s)
         self.start = float(frames.window.start)
         self.n = max(int(np.floor((frames.window.end - frames.window.start) / self.step)) + 1, 1)
