@@ -24,8 +24,18 @@ class UserError(Exception):
     """A mistake in the user's input: printed as one line, no traceback."""
 
 
+def _version() -> str:
+    """The installed distribution's version; a source tree that is not installed says so."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("burnrate")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def _parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="burnrate", description="GPU cost and waste, per training job.")
+    parser.add_argument("--version", action="version", version=f"burnrate {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)

@@ -76,3 +76,9 @@ def test_sigterm_stops_cleanly(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
     assert not (tmp_path / "telemetry.sock").exists()
+
+
+def test_version_is_the_installed_distributions():
+    from importlib.metadata import version
+    done = burnrate("--version")
+    assert done.returncode == 0 and done.stdout == f"burnrate {version('burnrate')}\n"

@@ -66,8 +66,14 @@ def test_json_is_the_contract_document(capsys, recording):
         assert JOB_KEYS <= set(job)
         assert job["capacity_type"] in ("spot", "on-demand", "mixed", "unknown")
         assert isinstance(job["waste_dollars"], dict)
-        if job["cost_dollars"] is not None and job["capacity_type"] == "on-demand":
-            assert job["cost_dollars"] == pytest.approx(job["on_demand_cost_dollars"])
+    # A job on on-demand nodes costs its on-demand price; one on spot, less.
+    on_demand = [j for j in doc["jobs"] if j["capacity_type"] == "on-demand"]
+    spot = [j for j in doc["jobs"] if j["capacity_type"] == "spot"]
+    assert on_demand and spot and all(j["cost_dollars"] is not None for j in on_demand + spot)
+    for job in on_demand:
+        assert job["cost_dollars"] == pytest.approx(job["on_demand_cost_dollars"]) and job["cost_dollars"] > 0
+    for job in spot:
+        assert 0 < job["cost_dollars"] < job["on_demand_cost_dollars"]
     assert doc["simulated"] is True
 
 

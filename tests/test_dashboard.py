@@ -307,9 +307,13 @@ def test_basic_auth_guards_every_route(recording):
 
 
 def test_the_app_only_reads(app):
+    """No route writes: pages and assets are GET, and the one POST is Dash's callback
+    endpoint, which computes figures from the analysis and changes nothing."""
     client = app.server.test_client()
     assert client.get("/").status_code == 200
-    assert client.delete("/").status_code == 405
+    methods = {rule.rule: rule.methods - {"HEAD", "OPTIONS"} for rule in app.server.url_map.iter_rules()}
+    writers = {rule: m for rule, m in methods.items() if m - {"GET"}}
+    assert writers == {app.config.requests_pathname_prefix + "_dash-update-component": {"POST"}}
 
 
 def test_command_line_errors_are_one_line(tmp_path, capsys, recording):

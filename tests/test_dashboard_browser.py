@@ -74,7 +74,11 @@ def _straggler_job(truth: list[dict]) -> tuple[str, str]:
 
 
 def _column(driver, table: str, column: str) -> list[str]:
-    return [cell.text for cell in driver.find_elements(By.CSS_SELECTOR, f"#{table} td[data-dash-column={column}]")]
+    # One script call reads every cell at once: a table re-rendered between element
+    # look-ups would otherwise leave stale references behind.
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(cell => cell.innerText.trim());",
+        f"#{table} td[data-dash-column={column}]")
 
 
 def _chosen(driver, dropdown: str) -> list[str]:

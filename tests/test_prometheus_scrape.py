@@ -12,16 +12,17 @@ pytestmark = pytest.mark.slow
 
 # NVIDIA's Grafana dashboard 12239, its queries as Grafana sends them once the
 # $instance and $gpu variables are substituted (regex-escaped instance, "All" gpus).
-DASHBOARD_12239 = [
-    'DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"}',
-    'avg(DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"})',
-    'DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"}',
-    'sum(DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"})',
-    'DCGM_FI_DEV_SM_CLOCK{instance=~"$instance", gpu=~"$gpu"} * 1000000',
-    'DCGM_FI_DEV_GPU_UTIL{instance=~"$instance", gpu=~"$gpu"}',
-    'DCGM_FI_DEV_FB_USED{instance=~"$instance", gpu=~"$gpu"}',
-    'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{instance=~"$instance", gpu=~"$gpu"}',
-]
+# Each with the range a simulated H100 (two of them, summed where the query sums) reads in.
+DASHBOARD_12239 = {
+    'DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"}': (20, 95),
+    'avg(DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"})': (20, 95),
+    'DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"}': (30, 750),
+    'sum(DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"})': (60, 1500),
+    'DCGM_FI_DEV_SM_CLOCK{instance=~"$instance", gpu=~"$gpu"} * 1000000': (200e6, 2100e6),
+    'DCGM_FI_DEV_GPU_UTIL{instance=~"$instance", gpu=~"$gpu"}': (0, 100),
+    'DCGM_FI_DEV_FB_USED{instance=~"$instance", gpu=~"$gpu"}': (1, 81559),
+    'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{instance=~"$instance", gpu=~"$gpu"}': (0, 1),
+}
 
 
 def telemetry(rank: int, step: int) -> dict:
@@ -54,12 +55,12 @@ def test_prometheus_scrapes_agent(tmp_path):
             # Grafana's label_values(DCGM_FI_DEV_GPU_TEMP, instance|gpu) go to the label values API.
             assert prom.get("/api/v1/label/instance/values", **{"match[]": "DCGM_FI_DEV_GPU_TEMP"}) == [instance]
             assert prom.get("/api/v1/label/gpu/values", **{"match[]": "DCGM_FI_DEV_GPU_TEMP"}) == ["0", "1"]
-            for query in DASHBOARD_12239:
+            for query, (low, high) in DASHBOARD_12239.items():
                 promql = query.replace("$instance", instance.replace(".", "\\\\.")).replace("$gpu", "0|1")
                 result = prom.query(promql)
                 assert result, f"no data for {promql}"
                 for sample in result:
-                    assert float(sample["value"][1]) >= 0
+                    assert low <= float(sample["value"][1]) <= high, (promql, sample["value"])
             # A rank holds its GPU while it reports: keep both ranks alive (no new steps).
             stop = threading.Event()
             keepalive = threading.Thread(target=heartbeat, args=(sock, stop), daemon=True)
