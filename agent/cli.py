@@ -15,7 +15,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
-from burnrate.cli import UserError
+from exporter.errors import UserError
 from exporter import webconfig
 from exporter.collector import SnapshotCollector
 from exporter.render import Exposition

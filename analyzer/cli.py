@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from burnrate.cli import UserError
+from exporter.errors import UserError
 
 from .cost import AdviceConfig
 from .frames import Frames, Window

@@ -14,7 +14,7 @@ from typing import Iterator
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from burnrate.cli import UserError
+from exporter.errors import UserError
 
 from .cost import AdviceConfig
 from .pricing import Catalog

@@ -166,7 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from burnrate.cli import UserError
+    from exporter.errors import UserError
 
     checks = ((args.nodes >= 1, "--nodes must be at least 1"),
               (1 <= args.gpus_per_node <= 64, "--gpus-per-node must be between 1 and 64"),

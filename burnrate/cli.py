@@ -9,6 +9,8 @@ import argparse
 import importlib
 import sys
 
+from exporter.errors import UserError
+
 # command -> (module with add_arguments(parser) and run(args) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("burnrate.demo", "the embedded demo: agent, real training with faults, analyzer, dashboard"),
@@ -18,10 +20,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("analyzer.cli", "findings and per-job cost from Prometheus or a recording"),
     "dashboard": ("dashboard.cli", "the team dashboard: fleet, jobs, findings, cost"),
 }
-
-
-class UserError(Exception):
-    """A mistake in the user's input: printed as one line, no traceback."""
 
 
 def _version() -> str:

@@ -27,7 +27,7 @@ import urllib.request
 import webbrowser
 from contextlib import ExitStack
 
-from .cli import UserError
+from exporter.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from burnrate.cli import UserError
+from exporter.errors import UserError
 
 DEFAULT_LISTEN = "127.0.0.1:8050"
 

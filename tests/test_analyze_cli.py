@@ -22,7 +22,7 @@ from analyzer import cli
 from analyzer.pricing import load_catalog
 from analyzer.report import analyze, render_json
 from analyzer.simulate import Spec, simulate
-from burnrate.cli import UserError
+from exporter.errors import UserError
 from test_detectors import Fleet, healthy_job
 
 END = 1_800_000_000.0

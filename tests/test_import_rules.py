@@ -26,9 +26,6 @@ ALLOWED = {
     CLI: set(PARTS) - {CLI},
 }
 KNOWN = {
-    # Errors for the user live in the CLI: every part raises burnrate.cli.UserError.
-    ("agent/cli.py", "burnrate.cli"), ("analyzer/cli.py", "burnrate.cli"), ("analyzer/serve.py", "burnrate.cli"),
-    ("analyzer/simulate.py", "burnrate.cli"), ("dashboard/cli.py", "burnrate.cli"), ("trainer/cli.py", "burnrate.cli"),
     # The recording format and the simulated-GPU marker live in the agent, not the floor.
     ("analyzer/holding.py", "agent.recording"), ("analyzer/recording.py", "agent.recording"),
     ("analyzer/simulate.py", "agent.recording"), ("analyzer/sources/__init__.py", "agent.recording"),

@@ -11,7 +11,7 @@ from analyzer import fleet as F
 from analyzer.recording import load_table
 from analyzer.simulate import Spec, add_arguments, run, simulate
 from analyzer.sources import RecordingSource
-from burnrate.cli import UserError
+from exporter.errors import UserError
 
 END = 1_800_000_000.0
 KINDS = {"dataloader_starvation", "idle_gpu", "unallocated_gpu", "straggler", "stalled", "diverging",

@@ -10,7 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
-from burnrate.cli import UserError
+from exporter.errors import UserError
 
 from . import config
 from .checkpoint import Checkpointer
