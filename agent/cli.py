@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
 from exporter.errors import UserError
+from exporter.listen import listen_address
+from exporter.telemetry import DEFAULT_SOCKET_PATH as DEFAULT_SOCKET, SOCKET_ENV
 from exporter import webconfig
 from exporter.collector import SnapshotCollector
 from exporter.render import Exposition
@@ -27,7 +29,7 @@ from .sampler import Sampler
 from .snapshot import NodeInfo, Snapshot
 
 log = logging.getLogger("burnrate.agent")
-DEFAULT_SOCKET = "/run/burnrate/telemetry.sock"
+
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
@@ -39,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default="0.0.0.0:9400", metavar="HOST:PORT",
                    help="where /metrics and /healthz are served (default 0.0.0.0:9400, dcgm-exporter's port)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="collection interval (default 1 s)")
-    p.add_argument("--telemetry-socket", default=os.environ.get("BURNRATE_TELEMETRY_SOCKET", DEFAULT_SOCKET),
+    p.add_argument("--telemetry-socket", default=os.environ.get(SOCKET_ENV, DEFAULT_SOCKET),
                    metavar="PATH", help=f"Unix datagram socket trainers send to (default {DEFAULT_SOCKET}; "
                    "'' disables)")
     p.add_argument("--forget-after", type=float, default=300.0, metavar="S",
@@ -55,13 +57,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--web-config", metavar="FILE", help="TLS and basic auth, exporter-toolkit format")
     p.add_argument("--once", action="store_true",
                    help="take one sample (after draining pending telemetry), print the exposition, exit")
-
-
-def _listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UserError(f"--listen wants HOST:PORT, got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def _reader(args: argparse.Namespace, telemetry) -> GpuReader:
@@ -108,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                         stream=sys.stderr)
     if args.interval <= 0:
         raise UserError("--interval must be positive")
-    host, port = _listen(args.listen)
+    host, port = listen_address(args.listen)
     web = None
     if args.web_config:
         try:

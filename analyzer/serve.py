@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.errors import UserError
+from exporter.listen import listen_address
 
 from .cost import AdviceConfig
 from .pricing import Catalog
@@ -73,13 +74,6 @@ class ReportCollector:
         yield CounterMetricFamily("burnrate_analyze_errors", "Analyses that failed.", value=errors)
 
 
-def _listen(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"invalid --listen {text!r} (expected HOST:PORT)")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 def evaluate(args: argparse.Namespace, catalog: Catalog, advice: AdviceConfig, collector: ReportCollector) -> None:
     from .cli import load_frames, overrides_of
 
@@ -95,7 +89,7 @@ def evaluate(args: argparse.Namespace, catalog: Catalog, advice: AdviceConfig, c
 
 def serve(args: argparse.Namespace, catalog: Catalog, advice: AdviceConfig,
           stop: threading.Event | None = None, registry: CollectorRegistry | None = None) -> int:
-    host, port = _listen(args.listen)
+    host, port = listen_address(args.listen)
     registry = registry or CollectorRegistry()
     collector = ReportCollector()
     registry.register(collector)

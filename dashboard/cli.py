@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from exporter.errors import UserError
+from exporter.listen import listen_address
 
 DEFAULT_LISTEN = "127.0.0.1:8050"
 
@@ -26,13 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per-request Prometheus timeout (default 30)")
 
 
-def listen_address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"invalid --listen {text!r} (expected HOST:PORT)")
-    return host.strip("[]"), int(port)
-
-
 def run(args: argparse.Namespace) -> int:
     from analyzer.pricing import PricingError, load_catalog
     from analyzer.recording import RecordingError
@@ -42,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from .app import create_app
     from .ui import SERVICE_KEY
 
-    host, port = listen_address(args.listen)
+    host, port = listen_address(args.listen, default_host=None)
     if args.refresh <= 0 or args.cache_ttl <= 0 or args.timeout <= 0:
         raise UserError("--refresh, --cache-ttl and --timeout must be positive")
     try:

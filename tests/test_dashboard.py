@@ -320,7 +320,7 @@ def test_command_line_errors_are_one_line(tmp_path, capsys, recording):
     assert burnrate(["dashboard", "--recording", str(tmp_path)]) == 2
     assert "not a burnrate recording" in capsys.readouterr().err
     assert burnrate(["dashboard", "--recording", recording[0], "--listen", "nowhere"]) == 2
-    assert "invalid --listen" in capsys.readouterr().err
+    assert "--listen wants HOST:PORT" in capsys.readouterr().err
     assert burnrate(["dashboard", "--recording", recording[0], "--basic-auth", "nopassword"]) == 2
     assert "USER:PASSWORD" in capsys.readouterr().err
     secret = tmp_path / "auth"

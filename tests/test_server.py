@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from exporter import webconfig
 from exporter.collector import SnapshotCollector
+from exporter.errors import UserError
+from exporter.listen import listen_address
 from exporter.render import Exposition
 from exporter.server import MetricsServer
 from tests.conftest import require
@@ -161,3 +163,19 @@ def test_tls(tmp_path, exposition):
 def test_bad_web_config_is_a_clear_error(tmp_path, text, message):
     with pytest.raises(webconfig.WebConfigError, match=message):
         webconfig.load(write_config(tmp_path, text))
+
+
+@pytest.mark.parametrize("text, default, expected", [
+    ("127.0.0.1:9400", "0.0.0.0", ("127.0.0.1", 9400)),
+    (":9400", "0.0.0.0", ("0.0.0.0", 9400)),
+    ("[::1]:8050", None, ("::1", 8050)),
+    ("localhost:0", None, ("localhost", 0)),
+])
+def test_one_listen_parser_for_every_command(text, default, expected):
+    assert listen_address(text, default) == expected
+
+
+@pytest.mark.parametrize("text, default", [("nowhere", "0.0.0.0"), (":8050", None), ("h:65536", None), ("h:x", None)])
+def test_a_bad_listen_address_is_one_line(text, default):
+    with pytest.raises(UserError, match=r"^--listen wants HOST:PORT, got "):
+        listen_address(text, default)

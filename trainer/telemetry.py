@@ -12,9 +12,8 @@ import re
 import socket
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 1
-DEFAULT_SOCKET = "/run/burnrate/telemetry.sock"
-SOCKET_ENV = "BURNRATE_TELEMETRY_SOCKET"
+from exporter.telemetry import DEFAULT_SOCKET_PATH, SCHEMA_VERSION, SOCKET_ENV
+
 # PyTorchJob pods are named <job>-master-<i> / <job>-worker-<i>.
 _PYTORCHJOB_POD = re.compile(r"^(?P<job>.+)-(master|worker)-\d+$")
 
@@ -55,7 +54,7 @@ class Identity:
 
 
 def socket_path(explicit: str | None = None) -> str:
-    return explicit or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+    return explicit or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET_PATH
 
 
 class TelemetrySink:

@@ -24,11 +24,10 @@ from typing import Annotated, Any, Literal, Mapping, Union, get_args, get_origin
 import msgspec
 from msgspec import Meta
 
+from exporter.telemetry import DEFAULT_SOCKET_PATH, SCHEMA_VERSION, SOCKET_ENV
+
 from ..snapshot import RankKey
 
-SCHEMA_VERSION = 1
-DEFAULT_SOCKET_PATH = "/run/burnrate/telemetry.sock"
-SOCKET_ENV = "BURNRATE_TELEMETRY_SOCKET"
 
 MAX_MESSAGE_BYTES = 8 * 1024
 MAX_WORLD_SIZE = 65536
