@@ -22,34 +22,12 @@ import time
 from array import array
 from typing import Iterable, Mapping
 
-from exporter import catalog as C
-from exporter import labels as L
+from exporter.recording import FORMAT, TABLES
 
 from .snapshot import Snapshot
 
-FORMAT = {"format": "burnrate-recording", "version": 1}
 _TYPECODES = {"f8": "d", "f4": "f", "u4": "I"}
 NAN = math.nan
-
-
-def _gpu_columns() -> dict[str, str]:
-    cols = {"up": "f4"}
-    for spec in C.CATALOG:
-        if spec.source == C.GPU_FIELD:
-            cols[spec.field] = "f8" if spec.type == C.COUNTER else "f4"
-    cols.update({"nvlink_tx_bytes": "f8", "nvlink_rx_bytes": "f8", "last_xid": "f4", "xid_total": "f8"})
-    return cols
-
-
-# table -> (key label names, value columns with dtypes)
-TABLES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
-    "gpu": (L.DEVICE_LABELS + L.POD_LABELS, _gpu_columns()),
-    "alloc": (L.DEVICE_LABELS + L.POD_LABELS, {"share": "f4"}),
-    "rank": (L.RANK_LABELS, {f: "f8" for f in C.RANK_FIELDS}),
-    "node": (L.NODE_INFO_LABELS, {"cpu_utilization": "f4"}),
-    "pod_cpu": ((L.NAMESPACE, L.POD, L.HOSTNAME), {"cpu_seconds": "f8"}),
-    "xid": (L.DEVICE_LABELS + ("xid",), {"count": "f8"}),
-}
 
 
 class TableWriter:

@@ -1,7 +1,7 @@
 """The tidy frames every detector and the cost model work on, whatever the source.
 
 Each frame has the columns of the recording table of the same name
-(`agent.recording.TABLES`): `t` (unix seconds, float), the label columns
+(`exporter.recording.TABLES`): `t` (unix seconds, float), the label columns
 (categoricals) and the value columns. Counters stay cumulative, as the agent
 exposes them; detectors take differences. A source that cannot provide a table
 (a dcgm-exporter-only cluster has no `rank` telemetry) leaves it empty and names

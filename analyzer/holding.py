@@ -30,7 +30,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from agent.recording import TABLES
+from exporter.recording import TABLES
 
 from .frames import Frames
 from .series import ramps, series_numbers

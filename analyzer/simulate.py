@@ -5,7 +5,7 @@ The fleet (nodes, jobs, faults) comes from `analyzer.fleet.plan`, its signals fr
 GPUs × 7 days stay within a few hundred MB of memory; this module writes them with
 the recorder's own TableWriter.
 
-Outputs, besides the tables of agent.recording.TABLES:
+Outputs, besides the tables of exporter.recording.TABLES:
     DIR/ground_truth.json  the injected faults (see `analyzer.fleet.ground_truth`)
     DIR/simulated.json     the parameters; its presence marks the recording simulated
 """
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.recording import TABLES, TableWriter, open_recording
+from agent.recording import TableWriter, open_recording
+from exporter.recording import TABLES
 
 from . import fleet as F
 from .signals import Signals

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from agent.recording import TABLES
+from exporter.recording import TABLES
 from analyzer.detectors import DETECTORS, DetectorConfig, Views, detect_all
 from analyzer.detectors import dataloader_starvation, diverging, gpu_error, idle_gpu, low_mfu, stalled
 from analyzer.detectors import straggler, thermal_throttle, unallocated_gpu

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from agent.recording import TABLES
+from exporter.recording import TABLES
 from analyzer.accounting import account
 from analyzer.detectors.views import Views
 from analyzer.frames import Frames, Window

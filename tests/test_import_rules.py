@@ -26,13 +26,12 @@ ALLOWED = {
     CLI: set(PARTS) - {CLI},
 }
 KNOWN = {
-    # The recording format and the simulated-GPU marker live in the agent, not the floor.
-    ("analyzer/holding.py", "agent.recording"), ("analyzer/recording.py", "agent.recording"),
-    ("analyzer/simulate.py", "agent.recording"), ("analyzer/sources/__init__.py", "agent.recording"),
-    ("analyzer/sources/prometheus.py", "agent.recording"), ("analyzer/sources/recording.py", "agent.recording"),
+    # The simulated-GPU marker lives in the agent, not the floor.
     ("analyzer/sources/__init__.py", "agent.gpu.simulated"),
-    # The simulator, still inside the analyzer, borrows the agent's simulated GPU model.
+    # The simulator, still inside the analyzer, borrows the agent's simulated GPU model and
+    # its recording writer.
     ("analyzer/fleet.py", "agent.gpu.simulated"), ("analyzer/signals.py", "agent.gpu.simulated"),
+    ("analyzer/simulate.py", "agent.recording"),
     # The Snapshot records live in the agent, which the exporter renders.
     ("exporter/collector.py", "agent.snapshot"),
 }

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from agent.recording import TABLES
+from exporter.recording import TABLES
 from analyzer import resample
 from analyzer.frames import Window
 from analyzer.openmetrics import write_openmetrics

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from agent.recording import TABLES
+from exporter.recording import TABLES
 from analyzer import fleet as F
 from analyzer.recording import load_table
 from analyzer.simulate import Spec, add_arguments, run, simulate

@@ -1,7 +1,8 @@
 """RecordingSource, the PromQL selector and the CLI's time parsing."""
 import pytest
 
-from agent.recording import TABLES, Recorder
+from agent.recording import Recorder
+from exporter.recording import TABLES
 from analyzer.frames import Window
 from analyzer.recording import RecordingError
 from analyzer.simulate import Spec, simulate

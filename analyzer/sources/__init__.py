@@ -12,7 +12,7 @@ import pandas as pd
 from ..frames import Window
 from ..resample import step_for
 from agent.gpu.simulated import SIMULATED
-from agent.recording import TABLES
+from exporter.recording import TABLES
 
 TRAINING_TELEMETRY = "training telemetry"
 NODE_PRICING_LABELS = "node pricing labels"

@@ -35,7 +35,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from agent.recording import TABLES
+from exporter.recording import TABLES
 from exporter import catalog as C
 from exporter import labels as L
 

@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from agent.recording import TABLES
+from exporter.recording import TABLES
 
 from ..frames import Frames, Window
 from ..recording import Span, check, complete_rows, empty_table, load_table, segments
