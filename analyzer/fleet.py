@@ -16,7 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-from agent.gpu.simulated import H100_SXM, SIMULATED, GpuModelSpec
+from agent.gpu.simulated import H100_SXM, GpuModelSpec
+from exporter.labels import SIMULATED
 
 # What each scenario injects (CONTRACT §4 kinds are in `GroundTruth.kind`).
 HEALTHY = "healthy"

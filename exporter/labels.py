@@ -19,3 +19,6 @@ DEVICE_LABELS = (GPU, UUID, PCI_BUS_ID, DEVICE, MODEL_NAME, HOSTNAME)
 POD_LABELS = (NAMESPACE, POD, CONTAINER, TRAINING_JOB)
 RANK_LABELS = (NAMESPACE, POD, TRAINING_JOB, RANK, HOSTNAME)
 NODE_INFO_LABELS = (HOSTNAME, "instance_type", "capacity_type", "zone", "gpu_model", "gpu_count")
+
+# Appended to modelName by simulated GPUs, so that simulated data is never taken for real.
+SIMULATED = "(simulated)"

@@ -26,8 +26,6 @@ ALLOWED = {
     CLI: set(PARTS) - {CLI},
 }
 KNOWN = {
-    # The simulated-GPU marker lives in the agent, not the floor.
-    ("analyzer/sources/__init__.py", "agent.gpu.simulated"),
     # The simulator, still inside the analyzer, borrows the agent's simulated GPU model and
     # its recording writer.
     ("analyzer/fleet.py", "agent.gpu.simulated"), ("analyzer/signals.py", "agent.gpu.simulated"),

@@ -16,6 +16,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
+from exporter.labels import SIMULATED
+
 from ..local import gpu_index
 from ..snapshot import GpuIdentity, GpuReading, RankState, frozen
 
@@ -24,7 +26,6 @@ REASON_GPU_IDLE = 0x1
 REASON_SW_POWER_CAP = 0x4
 REASON_SW_THERMAL = 0x20
 REASON_HW_THERMAL = 0x40
-SIMULATED = "(simulated)"
 
 
 @dataclass(frozen=True)

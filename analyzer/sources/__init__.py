@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..frames import Window
 from ..resample import step_for
-from agent.gpu.simulated import SIMULATED
+from exporter.labels import SIMULATED
 from exporter.recording import TABLES
 
 TRAINING_TELEMETRY = "training telemetry"
