@@ -3,6 +3,7 @@ torch's elastic launcher, gloo, one process per rank. Each fault is checked the 
 analyzer will see it, through the telemetry records the ranks write."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -66,8 +68,15 @@ def _wait_for(predicate, timeout: float = 60.0) -> None:
 
 
 def _kill(proc: subprocess.Popen) -> None:
+    # The elastic launcher starts its ranks in process groups of their own: end the
+    # whole tree, found before the launcher dies and the ranks are re-parented.
     if proc.poll() is None:
+        ranks = psutil.Process(proc.pid).children(recursive=True)
         os.killpg(proc.pid, signal.SIGKILL)
+        for rank in ranks:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                rank.kill()
+        psutil.wait_procs(ranks, timeout=10)
     proc.wait()
 
 
