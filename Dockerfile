@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # Three images from one build, each with only what it runs:
-#   docker build --target agent   -t burnrate-agent:0.1.0 .    node agent: core dependencies only
+#   docker build --target agent   -t burnrate-agent:0.1.0 .    node agent: the agent extra only
 #   docker build --target app     -t burnrate:0.1.0 .          analyzer and dashboard
 #   docker build --target trainer -t burnrate-trainer:0.1.0 .  reference trainer, CUDA build of torch
 # All run as an unprivileged user (uid 65532) with `burnrate` as the entrypoint.
@@ -14,6 +14,7 @@ COPY exporter exporter
 COPY analyzer analyzer
 COPY dashboard dashboard
 COPY trainer trainer
+COPY simulator simulator
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim AS base
@@ -28,7 +29,7 @@ ENTRYPOINT ["burnrate"]
 
 FROM base AS agent
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install /wheels/*.whl
+    pip install "$(ls /wheels/*.whl)[agent]"
 USER 65532:65532
 CMD ["agent"]
 

@@ -15,18 +15,18 @@ from typing import Callable
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
-from exporter.errors import UserError
-from exporter.listen import listen_address
-from exporter.telemetry import DEFAULT_SOCKET_PATH as DEFAULT_SOCKET, SOCKET_ENV
-from exporter import webconfig
-from exporter.collector import SnapshotCollector
-from exporter.render import Exposition
-from exporter.server import MetricsServer
+from burnrate.exporter.errors import UserError
+from burnrate.exporter.listen import listen_address
+from burnrate.exporter.telemetry import DEFAULT_SOCKET_PATH, socket_path
+from burnrate.exporter import webconfig
+from burnrate.exporter.collector import SnapshotCollector
+from burnrate.exporter.render import Exposition
+from burnrate.exporter.server import MetricsServer
 
 from .gpu import GpuReader
 from .local import local_allocations
 from .sampler import Sampler
-from .snapshot import NodeInfo, Snapshot
+from burnrate.exporter.snapshot import NodeInfo, Snapshot
 
 log = logging.getLogger("burnrate.agent")
 
@@ -41,8 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default="0.0.0.0:9400", metavar="HOST:PORT",
                    help="where /metrics and /healthz are served (default 0.0.0.0:9400, dcgm-exporter's port)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="collection interval (default 1 s)")
-    p.add_argument("--telemetry-socket", default=os.environ.get(SOCKET_ENV, DEFAULT_SOCKET),
-                   metavar="PATH", help=f"Unix datagram socket trainers send to (default {DEFAULT_SOCKET}; "
+    p.add_argument("--telemetry-socket", default=socket_path(),
+                   metavar="PATH", help=f"Unix datagram socket trainers send to (default {DEFAULT_SOCKET_PATH}; "
                    "'' disables)")
     p.add_argument("--forget-after", type=float, default=300.0, metavar="S",
                    help="forget a rank silent this long (default 300 s)")

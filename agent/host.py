@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from agent.snapshot import HostReading, PodRef, frozen
+from burnrate.exporter.snapshot import HostReading, PodRef, frozen
 
 # The kubelet's QoS classes; Guaranteed pods sit directly under the kubepods root.
 _QOS = ("", "burstable", "besteffort")

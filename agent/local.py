@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Iterable, Sequence
 
-from .snapshot import Allocation, GpuReading, PodRef, RankState
+from burnrate.exporter.snapshot import Allocation, GpuReading, PodRef, RankState
 
 CONTAINER = "trainer"
 

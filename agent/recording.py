@@ -22,9 +22,9 @@ import time
 from array import array
 from typing import Iterable, Mapping
 
-from exporter.recording import FORMAT, TABLES
+from burnrate.exporter.recording import FORMAT, TABLES
 
-from .snapshot import Snapshot
+from burnrate.exporter.snapshot import Snapshot
 
 _TYPECODES = {"f8": "d", "f4": "f", "u4": "I"}
 NAN = math.nan

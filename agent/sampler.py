@@ -12,7 +12,7 @@ import time
 from typing import Callable, Iterable, Mapping, Protocol, TypeVar
 
 from .gpu import GpuReader
-from .snapshot import (AgentStats, Allocation, HostReading, NodeInfo, PodRef, RankState, Snapshot,
+from burnrate.exporter.snapshot import (AgentStats, Allocation, HostReading, NodeInfo, PodRef, RankState, Snapshot,
                        frozen)
 
 log = logging.getLogger(__name__)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 
-from exporter.errors import UserError
+from burnrate.exporter.errors import UserError
 
 from .cost import AdviceConfig
 from .frames import Frames, Window
@@ -142,7 +143,8 @@ def overrides_of(args: argparse.Namespace) -> dict[str, str]:
         raise UserError(str(exc)) from None
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
+    """`stop` ends `--serve` (the command runs until interrupted without it)."""
     from .report import analyze, render_csv, render_json, render_table
 
     if args.checkpoint_seconds is not None and args.checkpoint_seconds <= 0:
@@ -154,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         from .serve import serve
         if args.interval <= 0:
             raise UserError("--interval must be positive")
-        return serve(args, catalog, advice)
+        return serve(lambda: analyze(load_frames(args), catalog, advice=advice, class_overrides=overrides),
+                     args.listen, args.interval, stop)
     report = analyze(load_frames(args), catalog, advice=advice, class_overrides=overrides)
     render = {"table": render_table, "json": render_json, "csv": render_csv}[args.format]
     sys.stdout.write(render(report))

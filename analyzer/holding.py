@@ -30,7 +30,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from exporter.recording import TABLES
+from burnrate.exporter.recording import TABLES
 
 from .frames import Frames
 from .series import ramps, series_numbers

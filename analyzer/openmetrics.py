@@ -14,8 +14,8 @@ from typing import IO
 import numpy as np
 import pandas as pd
 
-from exporter import catalog as C
-from exporter import labels as L
+from burnrate.exporter import catalog as C
+from burnrate.exporter import labels as L
 
 from .frames import Window
 from .recording import load_table

@@ -18,7 +18,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from exporter.recording import FORMAT, TABLES
+from burnrate.exporter.recording import FORMAT, TABLES
 
 from .resample import reduce_rows
 

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from exporter import catalog as C
+from burnrate.exporter import catalog as C
 
 from .frames import Window
 

@@ -5,21 +5,18 @@ The collector renders the last finished report; scrapes never run an analysis.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.errors import UserError
-from exporter.listen import listen_address
+from burnrate.exporter.errors import UserError
+from burnrate.exporter.listen import listen_address
 
-from .cost import AdviceConfig
-from .pricing import Catalog
-from .report import Report, analyze
+from .report import Report
 
 FINDING_LABELS = ("kind", "severity", "namespace", "training_job", "Hostname", "gpu", "pod", "rank")
 
@@ -74,12 +71,10 @@ class ReportCollector:
         yield CounterMetricFamily("burnrate_analyze_errors", "Analyses that failed.", value=errors)
 
 
-def evaluate(args: argparse.Namespace, catalog: Catalog, advice: AdviceConfig, collector: ReportCollector) -> None:
-    from .cli import load_frames, overrides_of
-
+def evaluate(analysis: Callable[[], Report], collector: ReportCollector) -> None:
     began = time.monotonic()
     try:
-        report = analyze(load_frames(args), catalog, advice=advice, class_overrides=overrides_of(args))
+        report = analysis()
     except UserError as exc:
         collector.failed()
         print(f"burnrate analyze: {exc}", file=sys.stderr)
@@ -87,22 +82,23 @@ def evaluate(args: argparse.Namespace, catalog: Catalog, advice: AdviceConfig, c
     collector.update(report, time.monotonic() - began, time.time())
 
 
-def serve(args: argparse.Namespace, catalog: Catalog, advice: AdviceConfig,
+def serve(analysis: Callable[[], Report], listen: str, interval_s: float,
           stop: threading.Event | None = None, registry: CollectorRegistry | None = None) -> int:
-    host, port = listen_address(args.listen)
+    """Run `analysis` every `interval_s` and export its latest report on `listen` (HOST:PORT)."""
+    host, port = listen_address(listen)
     registry = registry or CollectorRegistry()
     collector = ReportCollector()
     registry.register(collector)
     try:
         server, _ = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
-        raise UserError(f"cannot listen on {args.listen}: {exc.strerror}") from None
-    print(f"burnrate analyze: serving metrics on http://{args.listen}/metrics", file=sys.stderr)
+        raise UserError(f"cannot listen on {listen}: {exc.strerror}") from None
+    print(f"burnrate analyze: serving metrics on http://{listen}/metrics", file=sys.stderr)
     stop = stop or threading.Event()
     try:
         while not stop.is_set():
-            evaluate(args, catalog, advice, collector)
-            stop.wait(args.interval)
+            evaluate(analysis, collector)
+            stop.wait(interval_s)
     finally:
         server.shutdown()
         server.server_close()

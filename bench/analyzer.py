@@ -29,13 +29,13 @@ TARGET_RSS_GB = 4.0
 def measure(root: str, max_points: int | None) -> dict[str, float]:
     """Runs in the child: one end-to-end analysis, timed by phase."""
     if max_points:
-        from analyzer import resample
+        from burnrate.analyzer import resample
         resample.MAX_POINTS = max_points
-    from analyzer.detectors.views import ANALYSIS_COLUMNS
-    from analyzer.pricing import load_catalog
-    from analyzer.recording import complete_rows, segments
-    from analyzer.report import analyze, render_json
-    from analyzer.sources import RecordingSource
+    from burnrate.analyzer.detectors.views import ANALYSIS_COLUMNS
+    from burnrate.analyzer.pricing import load_catalog
+    from burnrate.analyzer.recording import complete_rows, segments
+    from burnrate.analyzer.report import analyze, render_json
+    from burnrate.analyzer.sources import RecordingSource
 
     began = time.monotonic()
     frames = RecordingSource(root).frames(columns=ANALYSIS_COLUMNS)

@@ -52,10 +52,10 @@ def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
 
 def analyzed_app(cache: str, gpus: int, hours: float):
     """An app over the cached fleet, its default range analyzed; returns (app, analysis, seconds)."""
-    from analyzer.sources import RecordingSource
-    from dashboard.app import create_app
-    from dashboard.timerange import from_query
-    from dashboard.ui import current_service
+    from burnrate.analyzer.sources import RecordingSource
+    from burnrate.dashboard.app import create_app
+    from burnrate.dashboard.timerange import from_query
+    from burnrate.dashboard.ui import current_service
 
     app = create_app(RecordingSource(cached_fleet(cache, gpus, hours)), ttl_s=3600)
     with app.server.app_context():
@@ -66,9 +66,9 @@ def analyzed_app(cache: str, gpus: int, hours: float):
 
 
 def pages_of(analysis) -> list[Page]:
-    from dashboard.filters import FindingFilters
-    from dashboard.pages import cost, findings, fleet, job, jobs  # registered by create_app
-    from dashboard.ui import job_href, render
+    from burnrate.dashboard.filters import FindingFilters
+    from burnrate.dashboard.pages import cost, findings, fleet, job, jobs  # registered by create_app
+    from burnrate.dashboard.ui import job_href, render
 
     top = analysis.jobs.sort_values("gpus", ascending=False).iloc[0]
     namespace, training_job = top["namespace"], top["training_job"]
@@ -97,7 +97,7 @@ def server_side(app, pages: list[Page], repeat: int) -> list[tuple[str, float, f
 
 def in_browser(app, pages: list[Page], repeat: int) -> list[tuple[str, float, float]]:
     """Per page: median ms from navigation to the load event and to the page drawn."""
-    from dashboard.testing import chromium, serve, wait_drawn
+    from burnrate.dashboard.testing import chromium, serve, wait_drawn
 
     load_event = "return performance.getEntriesByType('navigation')[0].loadEventEnd"
     rows = []
@@ -148,7 +148,7 @@ def main() -> int:
 
 
 def browser_report(app, pages: list[Page], args: argparse.Namespace) -> None:
-    from dashboard.testing import chromium_installed
+    from burnrate.dashboard.testing import chromium_installed
 
     if not chromium_installed():
         print("\nbrowser part left out: chromium and chromium-driver are not installed")

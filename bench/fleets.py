@@ -5,15 +5,13 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 GPUS_PER_NODE = 8
 END = 1_800_000_000.0  # a fixed end, so that a cached fleet is the same fleet
 
 
 def cached_fleet(cache: str, gpus: int, hours: float) -> str:
-    from analyzer.simulate import Spec, simulate
+    from burnrate.simulator.simulate import Spec, simulate
 
     root = os.path.join(cache, f"fleet-{gpus}gpus-{hours:g}h")
     if not os.path.exists(os.path.join(root, "ground_truth.json")):

@@ -12,14 +12,11 @@ import argparse
 import contextlib
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
-
-from trainer.flops import model_flops_per_token, peak_flops  # noqa: E402
-from trainer.model import GPT, MODELS  # noqa: E402
+from burnrate.trainer.flops import model_flops_per_token, peak_flops
+from burnrate.trainer.model import GPT, MODELS
 
 
 def measure(name: str, device: torch.device, batch_size: int, steps: int, warmup: int, compile_: bool,

@@ -19,10 +19,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
-
-from trainer.model import GPT, MODELS  # noqa: E402
-from trainer.monitor import Monitor  # noqa: E402
+from burnrate.trainer.model import GPT, MODELS
+from burnrate.trainer.monitor import Monitor
 
 
 def main() -> int:

@@ -6,20 +6,38 @@ never loads pandas, Dash or torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 
-from exporter.errors import UserError
+from burnrate.exporter.errors import UserError
 
-# command -> (module with add_arguments(parser) and run(args) -> int, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("burnrate.demo", "the embedded demo: agent, real training with faults, analyzer, dashboard"),
-    "agent": ("agent.cli", "the node agent: GPU metrics, pod attribution, training telemetry"),
-    "train": ("trainer.cli", "the instrumented reference DDP trainer"),
-    "simulate": ("analyzer.simulate", "write a synthetic fleet recording with ground-truth faults"),
-    "analyze": ("analyzer.cli", "findings and per-job cost from Prometheus or a recording"),
-    "dashboard": ("dashboard.cli", "the team dashboard: fleet, jobs, findings, cost"),
+# command -> (module with add_arguments(parser) and run(args) -> int, the extra it needs, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "demo": ("burnrate.demo", "demo", "the embedded demo: agent, real training with faults, analyzer, dashboard"),
+    "agent": ("burnrate.agent.cli", "agent", "the node agent: GPU metrics, pod attribution, training telemetry"),
+    "train": ("burnrate.trainer.cli", "trainer", "the instrumented reference DDP trainer"),
+    "simulate": ("burnrate.simulator.simulate", "simulator", "write a synthetic fleet recording with ground-truth faults"),
+    "analyze": ("burnrate.analyzer.cli", "analyzer", "findings and per-job cost from Prometheus or a recording"),
+    "dashboard": ("burnrate.dashboard.cli", "dashboard", "the team dashboard: fleet, jobs, findings, cost"),
 }
+
+
+class MissingExtra(Exception):
+    """A command's third-party dependency is not installed."""
+
+
+@contextlib.contextmanager
+def _needs(command: str):
+    """Turn a missing third-party module into the one line that says what to install."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if not exc.name or exc.name.split(".")[0] == "burnrate":
+            raise
+        extra = COMMANDS[command][1]
+        raise MissingExtra(f"needs the {extra!r} extra (no module named {exc.name!r}): "
+                           f"pip install 'burnrate[{extra}]'") from None
 
 
 def _version() -> str:
@@ -35,22 +53,23 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="burnrate", description="GPU cost and waste, per training job.")
     parser.add_argument("--version", action="version", version=f"burnrate {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module, help_) in COMMANDS.items():
+    for name, (module, _, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == command:
-            importlib.import_module(module).add_arguments(p)
+            with _needs(name):
+                importlib.import_module(module).add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = _parser(command if command in COMMANDS else None).parse_args(argv)
-    module = importlib.import_module(COMMANDS[args.command][0])
     try:
-        return int(module.run(args) or 0)
-    except UserError as exc:
-        print(f"burnrate {args.command}: error: {exc}", file=sys.stderr)
+        args = _parser(command if command in COMMANDS else None).parse_args(argv)
+        with _needs(args.command):
+            return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+    except (MissingExtra, UserError) as exc:
+        print(f"burnrate {command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

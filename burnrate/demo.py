@@ -27,7 +27,7 @@ import urllib.request
 import webbrowser
 from contextlib import ExitStack
 
-from exporter.errors import UserError
+from burnrate.exporter.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,12 +155,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--duration must be at least {MIN_DURATION_S:.0f} seconds for the faults to show")
     _check_port(args.port, "--port")
     _check_port(args.agent_port, "--agent-port")
-    from analyzer.detectors import DetectorConfig
-    from analyzer.frames import Window
-    from analyzer.pricing import load_catalog
-    from analyzer.report import analyze, render_table
-    from analyzer.simulate import Spec, simulate
-    from analyzer.sources.recording import RecordingSource
+    from burnrate.analyzer.detectors import DetectorConfig
+    from burnrate.analyzer.frames import Window
+    from burnrate.analyzer.pricing import load_catalog
+    from burnrate.analyzer.report import analyze, render_table
+    from burnrate.simulator.simulate import Spec, simulate
+    from burnrate.analyzer.sources.recording import RecordingSource
 
     work = args.dir or tempfile.mkdtemp(prefix="burnrate-demo-")
     recording = os.path.join(work, "recording")

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analyzer.cost import GpuPrices
-from analyzer.detectors import idle_gpu
-from analyzer.detectors.views import Views, build_grid
-from analyzer.findings import Finding
-from analyzer.report import Report, _headline, _where
+from burnrate.analyzer.cost import GpuPrices
+from burnrate.analyzer.detectors import idle_gpu
+from burnrate.analyzer.detectors.views import Views, build_grid
+from burnrate.analyzer.findings import Finding
+from burnrate.analyzer.report import Report, _headline, _where
 
 MAX_BUCKETS = 300
 # An allocated GPU at or below the idle detector's threshold counts as idle.

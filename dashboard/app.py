@@ -11,7 +11,7 @@ import os
 import dash
 from dash import Input, Output, ctx, dcc, html, no_update
 
-from analyzer.pricing import Catalog, load_catalog
+from burnrate.analyzer.pricing import Catalog, load_catalog
 
 from . import auth
 from .data import DataService, Source, Unavailable, describe_window
@@ -25,7 +25,7 @@ def create_app(source: Source, catalog: Catalog | None = None, *, ttl_s: float =
                refresh_s: float = 60.0, basic_auth: tuple[str, str] | None = None) -> dash.Dash:
     """A dashboard over `source` (a PrometheusSource or RecordingSource). Analyses
     are cached for `ttl_s`; pages refresh every `refresh_s` while live refresh is on."""
-    app = dash.Dash("dashboard", use_pages=True, pages_folder=os.path.join(HERE, "pages"),
+    app = dash.Dash("burnrate.dashboard", use_pages=True, pages_folder=os.path.join(HERE, "pages"),
                     assets_folder=os.path.join(HERE, "assets"), title="burnrate",
                     suppress_callback_exceptions=True, update_title=None)
     service = DataService(source, catalog or load_catalog(None), ttl_s=ttl_s)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from exporter.errors import UserError
-from exporter.listen import listen_address
+from burnrate.exporter.errors import UserError
+from burnrate.exporter.listen import listen_address
 
 DEFAULT_LISTEN = "127.0.0.1:8050"
 
@@ -28,9 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analyzer.pricing import PricingError, load_catalog
-    from analyzer.recording import RecordingError
-    from analyzer.sources import PrometheusSource, RecordingSource
+    from burnrate.analyzer.pricing import PricingError, load_catalog
+    from burnrate.analyzer.recording import RecordingError
+    from burnrate.analyzer.sources import PrometheusSource, RecordingSource
 
     from . import auth
     from .app import create_app

@@ -19,14 +19,14 @@ from typing import Callable, Protocol
 import numpy as np
 import pandas as pd
 
-from analyzer.cost import GpuPrices, gpu_prices
-from analyzer.detectors.views import Views
-from analyzer.frames import Frames, Window
-from analyzer.pricing import Catalog
-from analyzer.recording import RecordingError
-from analyzer.report import Report, analyze
-from analyzer.sources import PrometheusError, PrometheusSource, RecordingSource, missing_signals
-from analyzer.timeparse import format_time
+from burnrate.analyzer.cost import GpuPrices, gpu_prices
+from burnrate.analyzer.detectors.views import Views
+from burnrate.analyzer.frames import Frames, Window
+from burnrate.analyzer.pricing import Catalog
+from burnrate.analyzer.recording import RecordingError
+from burnrate.analyzer.report import Report, analyze
+from burnrate.analyzer.sources import PrometheusError, PrometheusSource, RecordingSource, missing_signals
+from burnrate.analyzer.timeparse import format_time
 
 from . import aggregate
 from .timerange import ALL, TimeRange, from_query

@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analyzer.findings import KINDS
+from burnrate.analyzer.findings import KINDS
 
 from .aggregate import CostSummary, Fleet, JobDetail, RankSteps
 

@@ -14,7 +14,7 @@ from . import labels as L
 GAUGE = "gauge"
 COUNTER = "counter"
 
-# Where a value lives in a Snapshot (see agent.snapshot).
+# Where a value lives in a Snapshot (see exporter.snapshot).
 GPU_FIELD = "gpu_field"          # GpuReading.fields[field]; absent key -> no series
 GPU_UP = "gpu_up"
 GPU_LAST_XID = "gpu_last_xid"

@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Iterator
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
-from agent.snapshot import Allocation, GpuReading, Snapshot
+from .snapshot import Allocation, GpuReading, Snapshot
 
 from . import catalog as C
 from . import labels as L

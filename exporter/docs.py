@@ -1,4 +1,4 @@
-"""docs/metrics.md, written from the catalog (`python -m exporter.docs > docs/metrics.md`).
+"""docs/metrics.md, written from the catalog (`python -m burnrate.exporter.docs > docs/metrics.md`).
 
 A test checks that the committed file matches, so the doc can never drift.
 """

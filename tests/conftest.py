@@ -1,3 +1,4 @@
+import atexit
 import os
 import shutil
 import socket
@@ -9,17 +10,14 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 PYTHON = sys.executable
-# Hypothesis keeps caches in a storage directory: one of this session's own, removed at
-# its end, so that the tests leave nothing behind in the tree.
-# Test modules import this file again as `tests.conftest`: one directory per process.
-HYPOTHESIS_HOME = os.environ.get("BURNRATE_TEST_HYPOTHESIS_HOME") or tempfile.mkdtemp(prefix="burnrate-hypothesis-")
-os.environ["BURNRATE_TEST_HYPOTHESIS_HOME"] = os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = HYPOTHESIS_HOME
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _no_hypothesis_home_left():
-    yield
-    shutil.rmtree(HYPOTHESIS_HOME, ignore_errors=True)
+# Hypothesis keeps caches in a storage directory: one of this run's own, removed when the
+# process that made it exits (after every pytest hook, some of which write there), so that
+# the tests leave nothing behind. Test modules import this file again as `tests.conftest`,
+# and subprocesses inherit the variable: one directory per run.
+if "BURNRATE_TEST_HYPOTHESIS_HOME" not in os.environ:
+    os.environ["BURNRATE_TEST_HYPOTHESIS_HOME"] = tempfile.mkdtemp(prefix="burnrate-hypothesis-")
+    atexit.register(shutil.rmtree, os.environ["BURNRATE_TEST_HYPOTHESIS_HOME"], ignore_errors=True)
+os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = os.environ["BURNRATE_TEST_HYPOTHESIS_HOME"]
 
 
 def free_port() -> int:

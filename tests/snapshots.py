@@ -1,11 +1,11 @@
 """A fixed, fully deterministic snapshot built from the real simulated reader and sampler."""
 import itertools
 
-from agent.attribution.attributor import StaticAttributor
-from agent.gpu.simulated import SimulatedReader
-from agent.sampler import Sampler
-from agent.snapshot import Allocation, NodeInfo, PodRef, RankKey, RankState, frozen
-from exporter.catalog import RANK_FIELDS
+from burnrate.agent.attribution.attributor import StaticAttributor
+from burnrate.agent.gpu.simulated import SimulatedReader
+from burnrate.agent.sampler import Sampler
+from burnrate.exporter.snapshot import Allocation, NodeInfo, PodRef, RankKey, RankState, frozen
+from burnrate.exporter.catalog import RANK_FIELDS
 
 
 class FixedTelemetry:

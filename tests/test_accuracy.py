@@ -13,11 +13,11 @@ import os
 
 import pytest
 
-from analyzer.detectors import detect_all
-from analyzer.findings import KINDS, Finding
-from analyzer.simulate import GROUND_TRUTH, Spec, simulate
-from analyzer.sources import RecordingSource
-from analyzer.timeparse import parse_time
+from burnrate.analyzer.detectors import detect_all
+from burnrate.analyzer.findings import KINDS, Finding
+from burnrate.simulator.simulate import GROUND_TRUTH, Spec, simulate
+from burnrate.analyzer.sources import RecordingSource
+from burnrate.analyzer.timeparse import parse_time
 
 END = 1_800_000_000.0
 IDENTITY = ("namespace", "training_job", "Hostname", "pod", "rank")

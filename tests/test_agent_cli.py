@@ -23,9 +23,10 @@ def test_once_prints_one_exposition(tmp_path):
 
 def test_once_drains_pending_telemetry(tmp_path):
     """Datagrams queued before the sample are in the exposition."""
-    from agent.telemetry.send import send_datagram
     import threading
     import time
+
+    from burnrate.exporter.telemetry import TelemetrySink
 
     sock = tmp_path / "t.sock"
     result = {}
@@ -37,8 +38,9 @@ def test_once_drains_pending_telemetry(tmp_path):
                "step": 5, "time": time.time(), "steps": 5, "step_s": 1.0, "data_wait_s": 0.1,
                "compute_s": 0.8, "samples": 5, "tokens": 500, "flops": 1e9, "loss": 2.0, "grad_norm": 1.0,
                "mfu": 0.1}
-    while time.monotonic() < deadline and not send_datagram(str(sock), message):
-        time.sleep(0.005)
+    with TelemetrySink(sock) as sink:
+        while time.monotonic() < deadline and not sink.send(message):
+            time.sleep(0.005)
     thread.join(60)
     out = result["proc"].stdout
     assert 'burnrate_train_steps_total{Hostname=' in out

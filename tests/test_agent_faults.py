@@ -1,12 +1,12 @@
 """A failing GPU or collector degrades one part of the snapshot, never the rest."""
 from prometheus_client import CollectorRegistry
 
-from agent.attribution.attributor import StaticAttributor
-from agent.gpu.simulated import SimulatedReader
-from agent.sampler import Sampler
-from agent.snapshot import NodeInfo
-from exporter.collector import SnapshotCollector
-from exporter.render import Exposition
+from burnrate.agent.attribution.attributor import StaticAttributor
+from burnrate.agent.gpu.simulated import SimulatedReader
+from burnrate.agent.sampler import Sampler
+from burnrate.exporter.snapshot import NodeInfo
+from burnrate.exporter.collector import SnapshotCollector
+from burnrate.exporter.render import Exposition
 
 
 def serve(sampler):

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 import yaml
 
-from exporter import catalog
-from exporter import labels as L
+from burnrate.exporter import catalog
+from burnrate.exporter import labels as L
 from tests.conftest import ROOT, require
 
 RULES = os.path.join(ROOT, "manifests", "alerts", "burnrate-rules.yaml")

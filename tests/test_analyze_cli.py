@@ -8,7 +8,6 @@ import io
 import json
 import os
 import pty
-import socket
 import subprocess
 import sys
 import threading
@@ -18,12 +17,13 @@ import urllib.request
 import numpy as np
 import pytest
 
-from analyzer import cli
-from analyzer.pricing import load_catalog
-from analyzer.report import analyze, render_json
-from analyzer.simulate import Spec, simulate
-from exporter.errors import UserError
+from burnrate.analyzer import cli
+from burnrate.analyzer.pricing import load_catalog
+from burnrate.analyzer.report import analyze, render_json
+from burnrate.exporter.errors import UserError
+from burnrate.simulator.simulate import Spec, simulate
 from test_detectors import Fleet, healthy_job
+from tests.conftest import free_port
 
 END = 1_800_000_000.0
 FINDING_KEYS = {"kind", "severity", "namespace", "training_job", "Hostname", "gpu", "pod", "rank", "start", "end",
@@ -123,19 +123,11 @@ def test_user_errors_are_one_line(recording, argv, message):
     assert "\n" not in str(info.value)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_exports_costs_and_findings(recording):
-    from analyzer.serve import serve
-
-    port = _free_port()
+    port = free_port()
     args = parse("--recording", recording, "--serve", "--listen", f"127.0.0.1:{port}", "--interval", "60")
     stop = threading.Event()
-    worker = threading.Thread(target=serve, args=(args, load_catalog(), cli.AdviceConfig(), stop), daemon=True)
+    worker = threading.Thread(target=cli.run, args=(args, stop), daemon=True)
     worker.start()
     try:
         deadline, body = time.monotonic() + 30, ""

@@ -25,12 +25,12 @@ import kubernetes.client
 import pytest
 from kubernetes.client import V1OwnerReference
 
-from agent.attribution import Attribution
-from agent.attribution.attributor import Attributor, StaticAttributor
-from agent.attribution.kube import KubeClient, node_info, training_job
-from agent.attribution.kubelet import mig_profile_share
-from agent.attribution.podresources.v1 import api_pb2, api_pb2_grpc
-from agent.snapshot import Allocation, NodeInfo, PodRef
+from burnrate.agent.attribution import Attribution
+from burnrate.agent.attribution.attributor import Attributor, StaticAttributor
+from burnrate.agent.attribution.kube import KubeClient, node_info, training_job
+from burnrate.agent.attribution.kubelet import mig_profile_share
+from burnrate.agent.attribution.podresources.v1 import api_pb2, api_pb2_grpc
+from burnrate.exporter.snapshot import Allocation, NodeInfo, PodRef
 
 NODE = "ip-10-0-12-34.us-west-2.compute.internal"
 GPU_A = "GPU-3f1b2c9e-6d0a-4e55-9c1e-7b2f8a9d0e11"
@@ -384,7 +384,7 @@ def test_mig_profile_shares():
 
 def test_kubelet_socket_missing_is_counted_and_unenriched_served(socket_dir, apiserver, caplog):
     att = attributor(str(socket_dir / "absent.sock"), None)
-    with caplog.at_level(logging.WARNING, logger="agent.attribution"):
+    with caplog.at_level(logging.WARNING, logger="burnrate.agent.attribution"):
         first = att.refresh()
         att.refresh()
     assert first == Attribution((), NodeInfo(NODE))
@@ -411,7 +411,7 @@ def test_kubelet_going_away_keeps_the_last_good_allocations(kubelet):
 def test_api_returning_500_is_counted_and_allocations_still_served(kubelet, apiserver, caplog):
     apiserver.status = 500
     att = attributor(kubelet.socket, kube_client(apiserver))
-    with caplog.at_level(logging.WARNING, logger="agent.attribution"):
+    with caplog.at_level(logging.WARNING, logger="burnrate.agent.attribution"):
         got = att.refresh()
         att.refresh()
     assert dict(att.errors) == {"kubelet": 0, "kubernetes": 2}

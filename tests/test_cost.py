@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from analyzer.cost import AdviceConfig, job_costs, spot_or_on_demand, young_interval
-from analyzer.detectors import detect_all
-from analyzer.report import analyze
-from analyzer.pricing import PricingError, load_catalog
+from burnrate.analyzer.cost import AdviceConfig, job_costs, spot_or_on_demand, young_interval
+from burnrate.analyzer.detectors import detect_all
+from burnrate.analyzer.report import analyze
+from burnrate.analyzer.pricing import PricingError, load_catalog
 from test_detectors import Fleet
 
 P5_ON_DEMAND = 55.04 / 8      # $ per GPU-hour

@@ -14,15 +14,15 @@ import plotly.graph_objects as go
 import pytest
 from dash import no_update
 
-from analyzer.simulate import Spec, simulate
-from analyzer.sources import PrometheusSource, RecordingSource
+from burnrate.simulator.simulate import Spec, simulate
+from burnrate.analyzer.sources import PrometheusSource, RecordingSource
 from burnrate.cli import main as burnrate
-from dashboard import aggregate, figures
-from dashboard.app import create_app, nav_links, range_sync, status_line
-from dashboard.data import TtlCache, Unavailable, describe_source
-from dashboard.filters import FindingFilters
-from dashboard.timerange import TimeRange, from_query, picker_value, with_params
-from dashboard.ui import current_service, render
+from burnrate.dashboard import aggregate, figures
+from burnrate.dashboard.app import create_app, nav_links, range_sync, status_line
+from burnrate.dashboard.data import TtlCache, Unavailable, describe_source
+from burnrate.dashboard.filters import FindingFilters
+from burnrate.dashboard.timerange import TimeRange, from_query, picker_value, with_params
+from burnrate.dashboard.ui import current_service, render
 from tests.conftest import free_port
 
 # Three nodes of 8 GPUs: room for a full-node straggler job beside the GPUs kept free.
@@ -56,7 +56,7 @@ def analysis(app):
 
 @pytest.fixture(scope="module")
 def pages(app):
-    from dashboard.pages import cost, fleet, findings, job, jobs   # registered by create_app
+    from burnrate.dashboard.pages import cost, fleet, findings, job, jobs   # registered by create_app
     return {"fleet": fleet, "jobs": jobs, "job": job, "findings": findings, "cost": cost}
 
 
@@ -325,5 +325,5 @@ def test_command_line_errors_are_one_line(tmp_path, capsys, recording):
     assert "USER:PASSWORD" in capsys.readouterr().err
     secret = tmp_path / "auth"
     secret.write_text("team:s3cret\n")
-    from dashboard.auth import credentials
+    from burnrate.dashboard.auth import credentials
     assert credentials(str(secret)) == ("team", "s3cret")

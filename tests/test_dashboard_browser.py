@@ -21,7 +21,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from dashboard.testing import HEIGHT, WIDTH, chromium, chromium_installed, serve, wait_drawn  # noqa: E402
+from burnrate.dashboard.testing import HEIGHT, WIDTH, chromium, chromium_installed, serve, wait_drawn  # noqa: E402
 
 # The recording's directory name is what the status line shows (and the screenshots).
 RECORDING_NAME = "example-fleet"
@@ -29,8 +29,8 @@ RECORDING_NAME = "example-fleet"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from analyzer.sources import RecordingSource
-    from dashboard.app import create_app
+    from burnrate.analyzer.sources import RecordingSource
+    from burnrate.dashboard.app import create_app
 
     root = str(tmp_path_factory.mktemp("dash") / RECORDING_NAME)
     truth = make_recording(root)
@@ -108,9 +108,9 @@ def test_every_page_renders_without_browser_errors(served, browser):
 
 def test_the_cost_page_shows_where_every_gpu_hour_went(served, browser):
     """The accounting identity as the analysis computed it, figure for figure."""
-    from analyzer.pricing import load_catalog
-    from analyzer.report import analyze
-    from analyzer.sources import RecordingSource
+    from burnrate.analyzer.pricing import load_catalog
+    from burnrate.analyzer.report import analyze
+    from burnrate.analyzer.sources import RecordingSource
     base, _, root = served
     _load(browser, base + "/cost", "#cost-accounting-observed")
     acc = analyze(RecordingSource(root).frames(), load_catalog(None)).accounting

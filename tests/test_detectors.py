@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from exporter.recording import TABLES
-from analyzer.detectors import DETECTORS, DetectorConfig, Views, detect_all
-from analyzer.detectors import dataloader_starvation, diverging, gpu_error, idle_gpu, low_mfu, stalled
-from analyzer.detectors import straggler, thermal_throttle, unallocated_gpu
-from analyzer.detectors.views import runs
-from analyzer.frames import Frames, Window
+from burnrate.exporter.recording import TABLES
+from burnrate.analyzer.detectors import DETECTORS, DetectorConfig, Views, detect_all
+from burnrate.analyzer.detectors import dataloader_starvation, diverging, gpu_error, idle_gpu, low_mfu, stalled
+from burnrate.analyzer.detectors import straggler, thermal_throttle, unallocated_gpu
+from burnrate.analyzer.detectors.views import runs
+from burnrate.analyzer.frames import Frames, Window
 
 T0 = 1_800_000_000.0
 STEP = 15.0

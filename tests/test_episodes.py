@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer.detectors import detect_all
-from analyzer.episodes import KEYS, Config, merge_episodes
-from analyzer.findings import KINDS, Finding
+from burnrate.analyzer.detectors import detect_all
+from burnrate.analyzer.episodes import KEYS, Config, merge_episodes
+from burnrate.analyzer.findings import KINDS, Finding
 from tests.test_detectors import STEP, T0, Fleet
 
 MIN = 60.0

@@ -4,10 +4,10 @@ import subprocess
 
 from prometheus_client import CollectorRegistry
 
-from exporter import catalog
-from exporter.collector import SnapshotCollector
-from exporter.exposition import encode
-from exporter.render import Exposition
+from burnrate.exporter import catalog
+from burnrate.exporter.collector import SnapshotCollector
+from burnrate.exporter.exposition import encode
+from burnrate.exporter.render import Exposition
 from tests.conftest import require
 from tests.snapshots import fixed_snapshot
 
@@ -87,10 +87,10 @@ def test_promtool_check_metrics():
 
 
 def test_metrics_doc_matches_the_catalog():
-    from exporter import docs
+    from burnrate.exporter import docs
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "metrics.md")
     with open(path) as fh:
-        assert fh.read() == docs.render(), "regenerate with: python -m exporter.docs > docs/metrics.md"
+        assert fh.read() == docs.render(), "regenerate with: python -m burnrate.exporter.docs > docs/metrics.md"
 
 
 def test_label_values_are_escaped():

@@ -4,17 +4,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from exporter.recording import TABLES
-from analyzer.accounting import account
-from analyzer.detectors.views import Views
-from analyzer.frames import Frames, Window
-from analyzer.holding import STALENESS_S, hold_table
-from analyzer.pricing import load_catalog
-from analyzer.recording import empty_table
-from analyzer.report import analyze
-from analyzer.simulate import Spec, simulate
-from analyzer.sources import RecordingSource
-from analyzer.sources.allocation import best_allocation
+from burnrate.exporter.recording import TABLES
+from burnrate.analyzer.accounting import account
+from burnrate.analyzer.detectors.views import Views
+from burnrate.analyzer.frames import Frames, Window
+from burnrate.analyzer.holding import STALENESS_S, hold_table
+from burnrate.analyzer.pricing import load_catalog
+from burnrate.analyzer.recording import empty_table
+from burnrate.analyzer.report import analyze
+from burnrate.simulator.simulate import Spec, simulate
+from burnrate.analyzer.sources import RecordingSource
+from burnrate.analyzer.sources.allocation import best_allocation
 
 T0 = 1_800_000_000.0
 GPU_KEYS = TABLES["gpu"][0]

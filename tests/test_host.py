@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.host import HostReader
-from agent.snapshot import PodRef
+from burnrate.agent.host import HostReader
+from burnrate.exporter.snapshot import PodRef
 
 UID = "6f1c2a4e-90b2-4f4e-9a51-1d2e3f4a5b6c"
 UID_ESCAPED = UID.replace("-", "_")

@@ -2,16 +2,17 @@
 
 Floors, bottom up: `exporter` (nothing of ours) -> `agent`, `analyzer`, `trainer` (peers,
 none imports another) -> `simulator` (agent, analyzer), `dashboard` (analyzer) ->
-`burnrate` (the CLI, which imports any part; no part imports it back).
+`burnrate` (the CLI, which imports any part; no part imports it back). No module takes
+part in an import cycle, and every import of ours goes through the installed namespace
+(`burnrate.agent`, never a bare `agent`).
 
-The arrows the code still draws against those rules are listed below, one per file and
-module. A new one fails this test; so does a listed one that is gone, so that the list
-is struck off as the arrows are fixed and only ever shrinks.
+Every import counts, also one inside a function: a lazy import is still an arrow.
 """
 from __future__ import annotations
 
 import ast
 import os
+from collections.abc import Iterator
 
 from tests.conftest import ROOT
 
@@ -25,53 +26,124 @@ ALLOWED = {
     DASHBOARD: {EXPORTER, ANALYZER},
     CLI: set(PARTS) - {CLI},
 }
-KNOWN = {
-    # The simulator, still inside the analyzer, borrows the agent's simulated GPU model and
-    # its recording writer.
-    ("analyzer/fleet.py", "agent.gpu.simulated"), ("analyzer/signals.py", "agent.gpu.simulated"),
-    ("analyzer/simulate.py", "agent.recording"),
-    # The Snapshot records live in the agent, which the exporter renders.
-    ("exporter/collector.py", "agent.snapshot"),
-}
 
 
-def arrows() -> set[tuple[str, str]]:
-    """(file, imported module) for every import of another part."""
-    out = set()
+def modules() -> dict[str, str]:
+    """Installed module name -> source file (relative to the repository), for every part."""
+    out = {}
     for part in PARTS:
         for directory, _, files in os.walk(os.path.join(ROOT, part)):
             for name in files:
-                if not name.endswith(".py"):
-                    continue
-                path = os.path.join(directory, name)
-                with open(path, encoding="utf-8") as fh:
-                    tree = ast.parse(fh.read(), path)
-                for node in ast.walk(tree):
-                    if isinstance(node, ast.Import):
-                        modules = [alias.name for alias in node.names]
-                    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                        modules = [node.module]
-                    else:
-                        continue
-                    out |= {(os.path.relpath(path, ROOT), m) for m in modules
-                            if m.split(".")[0] in PARTS and m.split(".")[0] != part}
+                if name.endswith(".py"):
+                    path = os.path.relpath(os.path.join(directory, name), ROOT)
+                    dotted = path[:-3].replace(os.sep, ".").removesuffix(".__init__")
+                    out[dotted if part == CLI else f"burnrate.{dotted}"] = path
     return out
 
 
-def forbidden(edges: set[tuple[str, str]]) -> set[tuple[str, str]]:
-    return {(path, module) for path, module in edges
-            if module.split(".")[0] not in ALLOWED[path.split("/")[0]]}
+def part_of(module: str) -> str | None:
+    """The part an installed module name belongs to; None for anything not ours."""
+    head, _, rest = module.partition(".")
+    if head != CLI:
+        return None
+    inner = rest.split(".")[0]
+    return inner if inner in PARTS and inner != CLI else CLI
+
+
+def imports(path: str, module: str, known: dict[str, str]) -> Iterator[str]:
+    """The modules a file imports, relative imports resolved; `from pkg import mod` names the
+    module `pkg.mod` where that is one."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                yield sub if sub in known else base
+
+
+def graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports."""
+    known = modules()
+    return {module: {m for m in imports(path, module, known) if m in known or part_of(m) or m.split(".")[0] in PARTS}
+            for module, path in known.items()}
+
+
+def forbidden(edges: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(module, import) for every arrow the rules forbid, and every bare top-level import of a part."""
+    out = set()
+    for module, targets in edges.items():
+        source = part_of(module)
+        for target in targets:
+            to = part_of(target)
+            if to is None or (to != source and to not in ALLOWED[source]):
+                out.add((module, target))
+    return out
+
+
+def cycles(edges: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected groups of more than one module (Tarjan), and self-imports."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1 or v in edges.get(v, ()):
+                found.append(group)
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
 
 
 def test_no_part_imports_what_the_design_forbids():
-    found = forbidden(arrows())
-    assert found - KNOWN == set(), "new imports against shared/DESIGN.md's rules"
-    assert KNOWN - found == set(), "these are fixed: strike them off KNOWN"
+    assert forbidden(graph()) == set()
+
+
+def test_no_module_takes_part_in_an_import_cycle():
+    assert cycles(graph()) == []
 
 
 def test_the_walk_sees_imports_as_written():
-    """The walk itself: a module that imports the agent from the exporter is caught."""
-    assert forbidden({("exporter/x.py", "agent.snapshot"), ("dashboard/y.py", "analyzer.views"),
-                      ("agent/z.py", "exporter.catalog"), ("burnrate/cli.py", "dashboard.app")}) == \
-        {("exporter/x.py", "agent.snapshot")}
-    assert {("dashboard/data.py", "analyzer.report"), ("agent/cli.py", "exporter.server")} <= arrows()
+    """The walk itself: forbidden arrows, bare names and cycles are caught, and the real
+    tree's known arrows are seen, relative imports resolved."""
+    assert forbidden({
+        "burnrate.exporter.x": {"burnrate.agent.snapshot"},
+        "burnrate.dashboard.y": {"burnrate.analyzer.views", "burnrate.exporter.catalog"},
+        "burnrate.agent.z": {"exporter.catalog"},
+        "burnrate.trainer.m": {"burnrate.cli"},
+        "burnrate.cli": {"burnrate.dashboard.app"},
+    }) == {("burnrate.exporter.x", "burnrate.agent.snapshot"), ("burnrate.agent.z", "exporter.catalog"),
+           ("burnrate.trainer.m", "burnrate.cli")}
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}) == [{"a", "b", "c"}, {"e"}]
+    edges = graph()
+    assert "burnrate.analyzer.report" in edges["burnrate.dashboard.data"]
+    assert "burnrate.exporter.server" in edges["burnrate.agent.cli"]
+    assert "burnrate.agent.sampler" in edges["burnrate.agent.cli"]   # written `from .sampler import`

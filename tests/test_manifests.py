@@ -16,7 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agent.cli import DEFAULT_KUBELET_SOCKET, DEFAULT_SOCKET
+from burnrate.agent.cli import DEFAULT_KUBELET_SOCKET
+from burnrate.exporter.telemetry import DEFAULT_SOCKET_PATH as DEFAULT_SOCKET
 from burnrate.cli import COMMANDS
 from tests.conftest import ROOT, require
 
@@ -318,7 +319,7 @@ def test_the_training_job_reaches_the_agent_and_survives_eviction():
         template = replica["template"]
         [container] = template["spec"]["containers"]
         assert container["name"] == "pytorch"
-        assert container["command"] == ["python", "-m", "trainer"]
+        assert container["command"] == ["python", "-m", "burnrate.trainer"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
         env = env_of(container)
         socket = env["BURNRATE_TELEMETRY_SOCKET"]["value"]
@@ -377,11 +378,11 @@ def test_burnrate_arguments_parse_and_listen_on_the_container_port(owner, contai
 
 
 def test_trainer_arguments_parse():
-    from trainer import config
+    from burnrate.trainer import config
 
     for _, container, _ in containers():
-        if container.get("command") == ["python", "-m", "trainer"]:
-            parser = argparse.ArgumentParser(prog="python -m trainer", exit_on_error=False)
+        if container.get("command") == ["python", "-m", "burnrate.trainer"]:
+            parser = argparse.ArgumentParser(prog="python -m burnrate.trainer", exit_on_error=False)
             config.add_arguments(parser)
             cfg = config.from_args(parser.parse_args(container["args"]))
             assert cfg.checkpoint.resume and cfg.checkpoint.checkpoint_dir

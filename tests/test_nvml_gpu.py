@@ -6,8 +6,8 @@ import time
 import pynvml
 import pytest
 
-from agent.gpu.nvml import NvmlReader
-from exporter.catalog import GPU_FIELDS
+from burnrate.agent.gpu.nvml import NvmlReader
+from burnrate.exporter.catalog import GPU_FIELDS
 
 try:
     pynvml.nvmlInit()

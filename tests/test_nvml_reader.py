@@ -7,9 +7,9 @@ from typing import Callable, Iterator
 import pynvml
 import pytest
 
-from agent.gpu.nvml import NvmlReader
-from agent.snapshot import GpuReading
-from exporter.catalog import GPU_FIELDS
+from burnrate.agent.gpu.nvml import NvmlReader
+from burnrate.exporter.snapshot import GpuReading
+from burnrate.exporter.catalog import GPU_FIELDS
 from tests.nvml_standin import GiB, FakeGpu, StandInNvml
 
 HOPPER_GPM = {

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from agent.telemetry.send import send_datagram
-from analyzer.sources import PrometheusSource
+from burnrate.exporter.telemetry import TelemetrySink
+from burnrate.analyzer.sources import PrometheusSource
 from tests.processes import agent, prometheus
 
 pytestmark = pytest.mark.slow
@@ -33,19 +33,21 @@ def telemetry(rank: int, step: int) -> dict:
 
 
 def heartbeat(sock: str, stop: threading.Event) -> None:
-    while not stop.is_set():
-        for rank in (0, 1):
-            send_datagram(sock, {**telemetry(rank, 30), "steps": 0, "step_s": 0.0, "data_wait_s": 0.0,
-                                 "compute_s": 0.0, "samples": 0, "tokens": 0, "flops": 0.0})
-        stop.wait(0.5)
+    with TelemetrySink(sock) as sink:
+        while not stop.is_set():
+            for rank in (0, 1):
+                sink.send({**telemetry(rank, 30), "steps": 0, "step_s": 0.0, "data_wait_s": 0.0,
+                           "compute_s": 0.0, "samples": 0, "tokens": 0, "flops": 0.0})
+            stop.wait(0.5)
 
 
 def test_prometheus_scrapes_agent(tmp_path):
     with agent(tmp_path, "--interval", "0.5") as (url, sock, _):
         instance = url.removeprefix("http://")
-        for step in (10, 20, 30):
-            for rank in (0, 1):
-                assert send_datagram(sock, telemetry(rank, step))
+        with TelemetrySink(sock) as sink:
+            for step in (10, 20, 30):
+                for rank in (0, 1):
+                    assert sink.send(telemetry(rank, step))
         with prometheus(tmp_path, [instance]) as prom:
             util = prom.wait_for("DCGM_FI_DEV_GPU_UTIL")
             assert {r["metric"]["gpu"] for r in util} == {"0", "1"}

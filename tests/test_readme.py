@@ -27,7 +27,7 @@ import yaml
 
 from bench import readme_table
 from burnrate import cli
-from exporter import docs
+from burnrate.exporter import docs
 from tests.conftest import ROOT
 
 README = os.path.join(ROOT, "README.md")
@@ -122,7 +122,7 @@ def test_every_picture_exists():
 def test_the_metrics_table_is_the_catalog():
     table = [line for line in section("Metrics").splitlines() if line.startswith("|")]
     expected = [line for line in docs.render().splitlines() if line.startswith("|")]
-    assert table == expected, "paste the table that `python -m exporter.docs` prints into the README's Metrics section"
+    assert table == expected, "paste the table that `python -m burnrate.exporter.docs` prints into the README's Metrics section"
 
 
 def test_the_benchmark_table_is_bench_results():

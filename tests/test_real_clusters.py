@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from analyzer.frames import Window
-from analyzer.pricing import load_catalog
-from analyzer.report import analyze, to_document
-from analyzer.sources import PrometheusSource
+from burnrate.analyzer.frames import Window
+from burnrate.analyzer.pricing import load_catalog
+from burnrate.analyzer.report import analyze, to_document
+from burnrate.analyzer.sources import PrometheusSource
 from tests.contract_fleet import (BASE_TIME, Fleet, Node, Series, Workload, backfill_prometheus, fleets, generate,
                                   import_victoria)
 from tests.processes import prometheus, victoria_metrics

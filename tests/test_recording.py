@@ -6,8 +6,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from agent.recording import Recorder
-from analyzer.recording import RecordingError, load_table
+from burnrate.agent.recording import Recorder
+from burnrate.analyzer.recording import RecordingError, load_table
 from tests.conftest import PYTHON, ROOT
 from tests.snapshots import fixed_snapshot
 

@@ -1,9 +1,9 @@
 """A window's step and the reduction of finer samples to it, checked by hand."""
 import numpy as np
 
-from analyzer.frames import Window
-from analyzer.resample import MAX_POINTS, grid_points, reduce_rows, reduction, step_for
-from analyzer.sources.prometheus import QUERIES
+from burnrate.analyzer.frames import Window
+from burnrate.analyzer.resample import MAX_POINTS, grid_points, reduce_rows, reduction, step_for
+from burnrate.analyzer.sources.prometheus import QUERIES
 
 
 def test_the_step_is_the_sample_interval_until_a_window_needs_more_points():

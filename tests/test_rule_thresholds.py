@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from analyzer.detectors import DetectorConfig
+from burnrate.analyzer.detectors import DetectorConfig
 from tests.test_alert_rules import load_rules
 
 D = DetectorConfig()

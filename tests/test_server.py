@@ -11,12 +11,12 @@ import bcrypt
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter import webconfig
-from exporter.collector import SnapshotCollector
-from exporter.errors import UserError
-from exporter.listen import listen_address
-from exporter.render import Exposition
-from exporter.server import MetricsServer
+from burnrate.exporter import webconfig
+from burnrate.exporter.collector import SnapshotCollector
+from burnrate.exporter.errors import UserError
+from burnrate.exporter.listen import listen_address
+from burnrate.exporter.render import Exposition
+from burnrate.exporter.server import MetricsServer
 from tests.conftest import require
 from tests.snapshots import fixed_snapshot
 

@@ -6,12 +6,12 @@ import os
 import numpy as np
 import pytest
 
-from exporter.recording import TABLES
-from analyzer import fleet as F
-from analyzer.recording import load_table
-from analyzer.simulate import Spec, add_arguments, run, simulate
-from analyzer.sources import RecordingSource
-from exporter.errors import UserError
+from burnrate.exporter.recording import TABLES
+from burnrate.simulator import fleet as F
+from burnrate.analyzer.recording import load_table
+from burnrate.simulator.simulate import Spec, add_arguments, run, simulate
+from burnrate.analyzer.sources import RecordingSource
+from burnrate.exporter.errors import UserError
 
 END = 1_800_000_000.0
 KINDS = {"dataloader_starvation", "idle_gpu", "unallocated_gpu", "straggler", "stalled", "diverging",

@@ -1,8 +1,9 @@
 """The simulated GPUs behave like GPUs: deterministic, physically plausible, drivable."""
 import itertools
 
-from agent.gpu.simulated import H100_SXM, REASON_HW_THERMAL, REASON_SW_THERMAL, Load, RankWorkload, SimulatedReader
-from agent.snapshot import RankKey, RankState
+from burnrate.agent.gpu.simulated import H100_SXM, Load, RankWorkload, SimulatedReader
+from burnrate.exporter import throttle
+from burnrate.exporter.snapshot import RankKey, RankState
 
 
 def run(reader, n):
@@ -43,8 +44,8 @@ def test_power_follows_utilization_and_temperature_lags():
 def test_hot_gpu_throttles_with_the_thermal_bits():
     reader = SimulatedReader(2, seed=2, clock=ticking(5.0), hot_gpus=[1])
     cool, hot = run(reader, 100)
-    assert cool.fields["throttle_reasons"] & (REASON_SW_THERMAL | REASON_HW_THERMAL) == 0
-    assert hot.fields["throttle_reasons"] & REASON_SW_THERMAL
+    assert cool.fields["throttle_reasons"] & throttle.THERMAL == 0
+    assert hot.fields["throttle_reasons"] & throttle.SW_THERMAL
     assert hot.fields["sm_clock_mhz"] < 0.8 * cool.fields["sm_clock_mhz"]
     assert hot.fields["temp_c"] >= H100_SXM.slowdown_temp_c - 3
 

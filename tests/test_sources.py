@@ -1,13 +1,13 @@
 """RecordingSource, the PromQL selector and the CLI's time parsing."""
 import pytest
 
-from agent.recording import Recorder
-from exporter.recording import TABLES
-from analyzer.frames import Window
-from analyzer.recording import RecordingError
-from analyzer.simulate import Spec, simulate
-from analyzer.sources import RecordingSource, selector
-from analyzer.timeparse import format_time, parse_duration, parse_time, resolve_window
+from burnrate.agent.recording import Recorder
+from burnrate.exporter.recording import TABLES
+from burnrate.analyzer.frames import Window
+from burnrate.analyzer.recording import RecordingError
+from burnrate.simulator.simulate import Spec, simulate
+from burnrate.analyzer.sources import RecordingSource, selector
+from burnrate.analyzer.timeparse import format_time, parse_duration, parse_time, resolve_window
 from tests.snapshots import fixed_snapshot
 
 END = 1_800_000_000.0

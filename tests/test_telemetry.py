@@ -15,13 +15,16 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import msgspec
 import psutil
 import pytest
 
-from agent.snapshot import RankKey
-from agent.telemetry import (CARDINALITY, INTERNAL, MAX_MESSAGE_BYTES, REASONS, Record, Rejection,
-                             TelemetryInbox, send_bytes, send_datagram, socket_path, validate)
-from exporter.catalog import RANK_FIELDS
+from burnrate.agent.telemetry import (CARDINALITY, INTERNAL, MAX_MESSAGE_BYTES, REASONS, Record, Rejection,
+                                      TelemetryInbox, validate)
+from burnrate.exporter.catalog import RANK_FIELDS
+from burnrate.exporter.snapshot import RankKey
+from burnrate.exporter.telemetry import FIELDS, INFORMATIONAL, TelemetrySink, socket_path
+from burnrate.trainer.monitor import Monitor
 
 T0 = 1_763_700_000.0
 _ABSENT = object()  # message(field=_ABSENT) leaves the field out
@@ -41,6 +44,11 @@ def message(**overrides: Any) -> dict[str, Any]:
 
 def encode(msg: Any) -> bytes:
     return json.dumps(msg, allow_nan=True).encode()
+
+
+def send_datagram(path: str | os.PathLike[str], record: dict[str, Any]) -> bool:
+    with TelemetrySink(path) as sink:
+        return sink.send(record)
 
 
 class Clock:
@@ -291,9 +299,23 @@ def test_validate_never_raises_on_noise() -> None:
         assert isinstance(validate(payload), (Record, Rejection))
 
 
+def test_the_monitor_sends_and_the_agent_reads_the_fields_the_contract_names(tmp_path) -> None:
+    assert [f.name for f in msgspec.structs.fields(Record)] == [f.name for f in FIELDS]
+    records: list[dict] = []
+    mon = Monitor(seq_len=8, socket_path=str(tmp_path / "nobody.sock"), on_report=records.append)
+    mon.step(samples=2, loss=1.5)
+    mon.close()
+    (record,) = records
+    assert set(record) == {f.name for f in FIELDS} | set(INFORMATIONAL)
+    accepted = validate(encode(record))
+    assert isinstance(accepted, Record) and (accepted.tokens, accepted.loss) == (16, 1.5)
+    assert mon.sink.dropped == 1    # nobody listens: counted, not raised
+
+
 def test_socket_path_from_environment() -> None:
-    assert socket_path({}) == "/run/burnrate/telemetry.sock"
-    assert socket_path({"BURNRATE_TELEMETRY_SOCKET": "/tmp/t.sock"}) == "/tmp/t.sock"
+    assert socket_path(environ={}) == "/run/burnrate/telemetry.sock"
+    assert socket_path(environ={"BURNRATE_TELEMETRY_SOCKET": "/tmp/t.sock"}) == "/tmp/t.sock"
+    assert socket_path("/x.sock", environ={"BURNRATE_TELEMETRY_SOCKET": "/tmp/t.sock"}) == "/x.sock"
 
 
 # --- accumulation over the socket ------------------------------------------------------------
@@ -477,7 +499,9 @@ def test_nonsense_limits_are_refused_before_binding(sock_dir: Path, limits: dict
 
 def test_send_without_listener_returns_false(sock_dir: Path) -> None:
     assert send_datagram(sock_dir / "nobody.sock", message()) is False
-    assert send_bytes(sock_dir / "nobody.sock", b"{}") is False
+    with TelemetrySink(sock_dir / "nobody.sock") as sink:
+        assert sink.send_bytes(b"{}") is False
+        assert (sink.sent, sink.dropped) == (0, 1)
     assert send_datagram(sock_dir / "missing-dir" / "t.sock", message()) is False
 
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from agent.telemetry.inbox import TelemetryInbox
+from burnrate.agent.telemetry.inbox import TelemetryInbox
 
 pytestmark = pytest.mark.slow
 

@@ -17,15 +17,16 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from agent.telemetry.inbox import TelemetryInbox
-from trainer import config
-from trainer.checkpoint import Checkpointer, young_interval
-from trainer.data import SyntheticTokens, TokenFile, batches
-from trainer.faults import Faults, InjectedCrash, parse_fault
-from trainer.flops import model_flops_per_token, palm_flops_per_token, peak_flops
-from trainer.model import GPT, MODELS
-from trainer.monitor import Monitor
-from trainer.telemetry import Identity, TelemetrySink
+from burnrate.agent.telemetry.inbox import TelemetryInbox
+from burnrate.trainer import config
+from burnrate.trainer.checkpoint import Checkpointer, young_interval
+from burnrate.trainer.data import SyntheticTokens, TokenFile, batches
+from burnrate.trainer.faults import Faults, InjectedCrash, parse_fault
+from burnrate.trainer.flops import model_flops_per_token, palm_flops_per_token, peak_flops
+from burnrate.trainer.model import GPT, MODELS
+from burnrate.trainer.monitor import Monitor
+from burnrate.exporter.telemetry import TelemetrySink
+from burnrate.trainer.telemetry import Identity
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -178,9 +179,8 @@ def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     """A writer saving ~16 MB checkpoints in a loop is SIGKILLed at several points; every
     time, the directory still yields a verified checkpoint."""
     script = textwrap.dedent(f"""
-        import sys, torch
-        sys.path.insert(0, {str(ROOT)!r})
-        from trainer.checkpoint import Checkpointer
+        import torch
+        from burnrate.trainer.checkpoint import Checkpointer
         ck = Checkpointer({str(tmp_path)!r}, keep=2)
         step = 0
         while True:

@@ -1,4 +1,4 @@
-"""`python -m trainer`: one rank of the reference trainer, as torchrun or a PyTorchJob
+"""`python -m burnrate.trainer`: one rank of the reference trainer, as torchrun or a PyTorchJob
 starts it (rank layout from MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .train import train
 
 @record  # writes the error file torchrun reads to name the failing rank and its cause
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m burnrate.trainer", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -1,16 +1,15 @@
 """`burnrate train`: launch N local ranks of the reference trainer through torch's
-elastic launcher (what torchrun runs), one `python -m trainer` process per rank."""
+elastic launcher (what torchrun runs), one `python -m burnrate.trainer` process per rank."""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
 import uuid
 from pathlib import Path
 
-from exporter.errors import UserError
+from burnrate.exporter.errors import UserError
 
 from . import config
 from .checkpoint import Checkpointer
@@ -41,9 +40,6 @@ def run(args: argparse.Namespace) -> int:
     if cfg.data.data_path and not Path(cfg.data.data_path).is_file():
         raise UserError(f"--data-path {cfg.data.data_path}: no such file")
 
-    # Ranks run `python -m trainer`; make sure they import this copy of it.
-    root = str(Path(__file__).resolve().parent.parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     launch = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -58,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     )
     started = time.time()
     try:
-        elastic_launch(launch, sys.executable)("-m", "trainer", *config.to_argv(cfg))
+        elastic_launch(launch, sys.executable)("-m", "burnrate.trainer", *config.to_argv(cfg))
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         print(f"burnrate train: rank {rank} failed with exit code {failure.exitcode}", file=sys.stderr)

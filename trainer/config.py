@@ -1,7 +1,7 @@
 """Trainer configuration: flat dataclasses, one per concern, each field documented and
 validated where it is defined.
 
-The same fields are the command-line flags of `burnrate train` and `python -m trainer`:
+The same fields are the command-line flags of `burnrate train` and `python -m burnrate.trainer`:
 each field's metadata carries its help text and flag, so that a field is declared once.
 """
 from __future__ import annotations

@@ -8,10 +8,15 @@ work the model needs.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn as nn
+# torch is imported where a model or a GPU is at hand, so the monitor works in a loop
+# (and an image) without it.
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
 
 # Dense bf16 tensor-core peaks (no 2:4 sparsity), FLOP/s, from NVIDIA's datasheets.
 # Matched by substring against torch.cuda.get_device_name(), most specific first.
@@ -54,6 +59,8 @@ def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
     `model.config` when it has nanoGPT / Hugging Face GPT-2 names (n_layer, n_head,
     n_embd); without them only 6·N is counted.
     """
+    import torch.nn as nn
+
     embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     n = sum(p.numel() for p in model.parameters() if id(p) not in embedding)
     cfg = getattr(model, "config", None)
@@ -69,9 +76,12 @@ class Peak:
     device: str
 
 
-def peak_flops(device: torch.device, override: float | None = None) -> Peak:
+def peak_flops(device: torch.device | str, override: float | None = None) -> Peak:
     """The peak FLOP/s to divide by on `device`; `override` wins when given."""
-    if device.type == "cuda":
+    kind = device_type(device)
+    if kind == "cuda":
+        import torch
+
         name = torch.cuda.get_device_name(device)
         if override:
             return Peak(override, "override", name)
@@ -81,5 +91,19 @@ def peak_flops(device: torch.device, override: float | None = None) -> Peak:
         # An unknown GPU gets no MFU rather than a made-up one.
         return Peak(0.0, "unknown-gpu", name)
     if override:
-        return Peak(override, "override", device.type)
-    return Peak(CPU_PEAK_FLOPS_PER_THREAD * torch.get_num_threads(), "cpu-estimate", device.type)
+        return Peak(override, "override", kind)
+    return Peak(CPU_PEAK_FLOPS_PER_THREAD * _cpu_threads(), "cpu-estimate", kind)
+
+
+def device_type(device: torch.device | str) -> str:
+    """"cuda" for torch.device("cuda:1") and for "cuda:1" alike."""
+    return getattr(device, "type", None) or str(device).partition(":")[0]
+
+
+def _cpu_threads() -> int:
+    """torch's intra-op threads where torch is loaded (what its kernels use), else the CPUs
+    this process may run on."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else len(os.sched_getaffinity(0))

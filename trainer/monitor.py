@@ -27,15 +27,19 @@ import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from burnrate.exporter.telemetry import SCHEMA_VERSION, TelemetrySink
 
-from .flops import Peak, model_flops_per_token, peak_flops
-from .telemetry import SCHEMA_VERSION, Identity, TelemetrySink
+from .flops import Peak, device_type, model_flops_per_token, peak_flops
+
+# The standard library is all the monitor needs: torch is imported only when there is a
+# GPU to time or a DDP model to watch, so any loop (and any image) can report.
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+from .telemetry import Identity
 
 
 @dataclass
@@ -74,8 +78,13 @@ class _CpuClock:
 
 
 class _CudaClock:
+    def __init__(self) -> None:
+        import torch
+
+        self._event = torch.cuda.Event
+
     def mark(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
+        event = self._event(enable_timing=True)
         event.record()
         return event
 
@@ -117,9 +126,9 @@ class Monitor:
             flops_per_token = model_flops_per_token(model, seq_len)
         self.flops_per_token = flops_per_token or 0.0
         if device is None:
-            device = next(model.parameters()).device if model is not None else torch.device("cpu")
-        self.device = torch.device(device)
-        self.peak: Peak = peak_flops(self.device, peak)
+            device = next(model.parameters()).device if model is not None else "cpu"
+        self.device = device
+        self.peak: Peak = peak_flops(device, peak)
         self.every_steps = every_steps
         self.every_s = every_s
         self.identity = identity or Identity.from_env(job)
@@ -128,7 +137,7 @@ class Monitor:
         self.on_report = on_report
         self.last_compute_s = 0.0
         self.last_checkpoint_time: float | None = None
-        self._clock = _CudaClock() if self.device.type == "cuda" else _CpuClock()
+        self._clock = _CudaClock() if device_type(device) == "cuda" else _CpuClock()
         self._interval = _Interval()
         self._pending: deque[_Phase] = deque()
         self._phase: _Phase | None = None
@@ -199,8 +208,10 @@ class Monitor:
         hook on DDP's gradient all-reduce (the default reduction, unchanged)."""
         # Unannotated on purpose: DDP rejects a hook whose annotations are not the exact
         # objects it expects, and this module's annotations are postponed (strings).
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
         def hook(state, bucket):
-            return self._allreduce_hook(state, bucket)
+            return self._allreduce_hook(allreduce_hook, state, bucket)
 
         ddp_model.register_comm_hook(process_group, hook)
 
@@ -211,7 +222,8 @@ class Monitor:
         self.sink.close()
 
     # --- internals ----------------------------------------------------------------
-    def _allreduce_hook(self, process_group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future:
+    def _allreduce_hook(self, allreduce_hook: Callable, process_group: dist.ProcessGroup | None,
+                        bucket: dist.GradBucket) -> torch.futures.Future:
         phase = self._phase
         if phase is not None and bucket.is_last():
             phase.ready = self._clock.mark()
@@ -292,6 +304,6 @@ class Monitor:
 def _scalar(value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, torch.Tensor):
+    if hasattr(value, "detach"):   # a tensor
         return float(value.detach().float().item())  # a GPU sync: report steps only
     return float(value)

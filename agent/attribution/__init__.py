@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.snapshot import Allocation, NodeInfo
+from burnrate.exporter.snapshot import Allocation, NodeInfo
 
 
 @dataclass(frozen=True)

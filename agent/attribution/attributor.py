@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Mapping, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
-from agent.snapshot import Allocation, NodeInfo, frozen
+from burnrate.exporter.snapshot import Allocation, NodeInfo, frozen
 
 from . import Attribution
 from .kube import KubeClient, PodInfo

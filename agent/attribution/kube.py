@@ -8,7 +8,7 @@ import kubernetes.client
 import kubernetes.config
 from kubernetes.config.config_exception import ConfigException
 
-from agent.snapshot import UNKNOWN, NodeInfo
+from burnrate.exporter.snapshot import UNKNOWN, NodeInfo
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Mapping
 
 import grpc
 
-from agent.snapshot import Allocation, PodRef
+from burnrate.exporter.snapshot import Allocation, PodRef
 
 from .podresources.v1 import api_pb2, api_pb2_grpc
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Mapping, Protocol
 
-from ..snapshot import GpuReading
+from burnrate.exporter.snapshot import GpuReading
 
 
 class GpuReader(Protocol):

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import pynvml
 
-from ..snapshot import UNKNOWN, GpuIdentity, GpuReading, frozen
+from burnrate.exporter.snapshot import UNKNOWN, GpuIdentity, GpuReading, frozen
 from .gpm import GpmSampler, gpm_supported
 from .xid import XidWatcher
 

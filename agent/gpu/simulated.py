@@ -16,16 +16,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from exporter.labels import SIMULATED
+from burnrate.exporter import throttle
+from burnrate.exporter.labels import SIMULATED
 
 from ..local import gpu_index
-from ..snapshot import GpuIdentity, GpuReading, RankState, frozen
+from burnrate.exporter.snapshot import GpuIdentity, GpuReading, RankState, frozen
 
-# NVML clocks-event reason bits (nvmlClocksEventReason*), so the bitmask reads like a real GPU's.
-REASON_GPU_IDLE = 0x1
-REASON_SW_POWER_CAP = 0x4
-REASON_SW_THERMAL = 0x20
-REASON_HW_THERMAL = 0x40
 
 
 @dataclass(frozen=True)
@@ -175,14 +171,14 @@ class SimulatedReader:
             gpu.throttled = False
 
         if util < 0.01:
-            sm_clock, reasons = m.sm_clock_idle_mhz, REASON_GPU_IDLE
+            sm_clock, reasons = m.sm_clock_idle_mhz, throttle.GPU_IDLE
         else:
             sm_clock, reasons = m.sm_clock_max_mhz - rng.choice((0.0, 15.0, 30.0)), 0
             if power >= 0.98 * m.tdp_w:
-                reasons |= REASON_SW_POWER_CAP
+                reasons |= throttle.SW_POWER_CAP
         if gpu.throttled and util >= 0.01:
             sm_clock = round(m.sm_clock_max_mhz * 0.7 / 15.0) * 15.0
-            reasons |= REASON_SW_THERMAL | REASON_HW_THERMAL
+            reasons |= throttle.SW_THERMAL | throttle.HW_THERMAL
 
         gpu.energy_mj += power * dt * 1000.0
         link_rate = load.nvlink_bytes_per_s if load.nvlink_bytes_per_s is not None else 0.2 * m.nvlink_bytes_per_s * util

@@ -1,11 +1,7 @@
-"""Trainer-to-agent telemetry (CONTRACT §3): the message schema, the agent's inbox and a sender."""
+"""Trainer-to-agent telemetry (CONTRACT §3): the message schema and the agent's inbox.
+The contract itself (fields, socket path, the sender) is exporter.telemetry."""
 from .inbox import CARDINALITY, INTERNAL, TelemetryInbox
-from .schema import (DEFAULT_SOCKET_PATH, MAX_MESSAGE_BYTES, REASONS, SCHEMA_VERSION, SOCKET_ENV, Record,
-                     Rejection, socket_path, validate)
-from .send import send_bytes, send_datagram
+from .schema import MAX_MESSAGE_BYTES, REASONS, Record, Rejection, validate
 
-__all__ = [
-    "CARDINALITY", "DEFAULT_SOCKET_PATH", "INTERNAL", "MAX_MESSAGE_BYTES", "REASONS", "SCHEMA_VERSION",
-    "SOCKET_ENV", "Record", "Rejection", "TelemetryInbox", "socket_path", "send_bytes", "send_datagram",
-    "validate",
-]
+__all__ = ["CARDINALITY", "INTERNAL", "MAX_MESSAGE_BYTES", "REASONS", "Record", "Rejection", "TelemetryInbox",
+           "validate"]

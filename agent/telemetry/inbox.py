@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Mapping
 
-from ..snapshot import RankState
+from burnrate.exporter.snapshot import RankState
 from .schema import MAX_MESSAGE_BYTES, Rejection, validate
 from .state import RankTable
 

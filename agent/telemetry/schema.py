@@ -5,7 +5,8 @@ naming the reason, which becomes the `reason` label of
 burnrate_agent_telemetry_rejected_total. Unknown fields are ignored so that a newer
 trainer can add fields without its messages being dropped.
 
-Record's annotations are the rules, and _consistent() holds the few they cannot say.
+Record's annotations are the rules (the contract's fields, each with its rule spelled out
+here), and _consistent() holds the few they cannot say.
 msgspec checks the annotations in C while it decodes, for a fraction of what parsing
 with the stdlib and checking in Python costs; this runs for every message of every
 rank. A message msgspec refuses is read again with the stdlib parser, which also takes
@@ -15,18 +16,18 @@ against the same annotations, so that a rejection names its reason and the field
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from types import UnionType
-from typing import Annotated, Any, Literal, Mapping, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import msgspec
 from msgspec import Meta
 
-from exporter.telemetry import DEFAULT_SOCKET_PATH, SCHEMA_VERSION, SOCKET_ENV
+from burnrate.exporter import telemetry
+from burnrate.exporter.telemetry import SCHEMA_VERSION
 
-from ..snapshot import RankKey
+from burnrate.exporter.snapshot import RankKey
 
 
 MAX_MESSAGE_BYTES = 8 * 1024
@@ -59,37 +60,33 @@ Ratio = Annotated[float, Meta(ge=0.0, le=1.0)]
 WorldSize = Annotated[int, Meta(ge=1, le=MAX_WORLD_SIZE)]
 
 
+_RULES = {
+    telemetry.VERSION: Literal[SCHEMA_VERSION],
+    telemetry.LABEL: Label,
+    telemetry.COUNT: Count,
+    telemetry.AMOUNT: Amount,
+    telemetry.RATIO: Ratio,
+    telemetry.WORLD_SIZE: WorldSize,
+    # Loss and gradient norm: NaN and ±Inf are kept, since they are what shows a run diverging.
+    telemetry.REAL: float,
+}
+
+
+def _key(self) -> RankKey:
+    return RankKey(self.namespace, self.pod, self.training_job, self.rank)
+
+
+def _spec(field: telemetry.Field) -> tuple:
+    annotation = _RULES[field.rule] | None if field.nullable else _RULES[field.rule]
+    return (field.name, annotation) if field.required else (field.name, annotation, field.default)
+
+
+# One valid message, its fields the contract's (exporter.telemetry.FIELDS). Deltas cover the
+# interval since the rank's previous message.
 # gc=False: a Record holds no containers, so it can never be part of a reference cycle,
 # and the collector need not track the one made per message.
-class Record(msgspec.Struct, frozen=True, gc=False):
-    """One valid message. Deltas cover the interval since the rank's previous message."""
-
-    v: Literal[SCHEMA_VERSION]   # the schema version
-    training_job: Label
-    namespace: Label
-    pod: Label
-    rank: Count
-    world_size: WorldSize
-    step: Count
-    time: Amount
-    steps: Count
-    step_s: Amount
-    data_wait_s: Amount
-    compute_s: Amount
-    samples: Amount
-    tokens: Amount
-    flops: Amount
-    # Loss and gradient norm: NaN and ±Inf are kept, since they are what shows a run diverging.
-    loss: float | None
-    grad_norm: float | None
-    mfu: Ratio | None
-    local_rank: Count | None = None
-    checkpoint_time: Amount | None = None
-    checkpoint_s: Amount | None = 0.0    # null is read as 0.0
-
-    @property
-    def key(self) -> RankKey:
-        return RankKey(self.namespace, self.pod, self.training_job, self.rank)
+Record = msgspec.defstruct("Record", [_spec(f) for f in telemetry.FIELDS], frozen=True, gc=False,
+                           module=__name__, namespace={"key": property(_key)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +171,3 @@ def _consistent(record: Record) -> Record | Rejection:
     if record.checkpoint_s is None:
         return msgspec.structs.replace(record, checkpoint_s=0.0)
     return record
-
-
-def socket_path(environ: Mapping[str, str] = os.environ) -> str:
-    """The socket trainers send to: $BURNRATE_TELEMETRY_SOCKET, else the default hostPath."""
-    return environ.get(SOCKET_ENV) or DEFAULT_SOCKET_PATH

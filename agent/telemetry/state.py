@@ -10,17 +10,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from operator import add, attrgetter
 
-from exporter.catalog import RANK_FIELDS
+from burnrate.exporter.catalog import RANK_FIELDS
+from burnrate.exporter.telemetry import FIELDS
 
-from ..snapshot import RankKey, RankState, frozen
+from burnrate.exporter.snapshot import RankKey, RankState, frozen
 from .schema import Record
 
-# Message deltas summed into counters; a delta the catalog has no series for is not kept.
-COUNTER_FIELDS = tuple(
-    name for name in ("steps", "step_s", "data_wait_s", "compute_s", "samples", "tokens", "flops",
-                      "checkpoint_s")
-    if name in RANK_FIELDS
-)
+# The contract's deltas, summed into counters; a delta the catalog has no series for is not kept.
+COUNTER_FIELDS = tuple(f.name for f in FIELDS if f.delta and f.name in RANK_FIELDS)
 _deltas = attrgetter(*COUNTER_FIELDS)
 
 # (namespace, pod, training_job, rank): a plain tuple hashes and compares in C, where

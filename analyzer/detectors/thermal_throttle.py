@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from burnrate.exporter import throttle
+
 from ..findings import Finding
 from ..frames import Frames
 from .views import Views, fmean, holder_of, runs
 
 KIND = "thermal_throttle"
-# nvmlClocksEventReasonSwThermalSlowdown | nvmlClocksEventReasonHwThermalSlowdown
-THERMAL_BITS = 0x20 | 0x40
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         if mine.any():
             ref[model == name] = np.median(peak[mine])
     with np.errstate(invalid="ignore"):
-        slow = (bits & THERMAL_BITS).astype(bool) & (clock < config.clock_ratio * ref[:, None])
+        slow = (bits & throttle.THERMAL).astype(bool) & (clock < config.clock_ratio * ref[:, None])
     found = runs(slow, v.span(config.min_minutes), v.gap(config.gap_minutes))
     out = []
     for r in found:
@@ -56,7 +56,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         ratio = np.clip(clock[r.row, span] / ref[r.row], 0, 1)
         mean_ratio = fmean(ratio) or 0.0
         holder = holder_of(v, r.row, r.start, r.end)
-        codes = np.unique(bits[r.row, span][(bits[r.row, span] & THERMAL_BITS) != 0])
+        codes = np.unique(bits[r.row, span][(bits[r.row, span] & throttle.THERMAL) != 0])
         out.append(Finding(
             kind=KIND, severity="critical" if mean_ratio < config.critical_ratio else "warning",
             start=float(v.time(r.start)), end=float(v.time(r.end)), hostname=k["Hostname"], gpu=k["gpu"],

@@ -5,71 +5,8 @@ detector and the cost model work on either.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from .common import missing_signals
+from .prometheus import PrometheusError, PrometheusSource, selector
+from .recording import RecordingSource
 
-import pandas as pd
-
-from ..frames import Window
-from ..resample import step_for
-from exporter.labels import SIMULATED
-from exporter.recording import TABLES
-
-TRAINING_TELEMETRY = "training telemetry"
-NODE_PRICING_LABELS = "node pricing labels"
-GPU_LOST_SIGNAL = "GPU lost signal (burnrate_gpu_up)"
-XID_EVENT_COUNTS = "XID event counts"
-POD_CPU = "pod CPU"
-# What a cluster running dcgm-exporter without the burnrate agent cannot give.
-DCGM_ONLY_MISSING = (GPU_LOST_SIGNAL, XID_EVENT_COUNTS, POD_CPU)
-DEFAULT_STEP_S = 15.0
-Progress = Callable[[int, int], None]    # (done, total): how far a source is in reading a window
-
-
-def missing_signals(gpu: pd.DataFrame, rank: pd.DataFrame, node: pd.DataFrame,
-                    dcgm_nodes: Sequence[str] = (), nodes: int = 0) -> tuple[str, ...]:
-    """The signals absent from a window that has any data at all; what only some
-    nodes lack (dcgm-exporter beside the agent) names them."""
-    if gpu.empty and rank.empty and node.empty:
-        return ()
-    missing = []
-    if rank.empty:
-        missing.append(TRAINING_TELEMETRY)
-    if node.empty:
-        missing.append(NODE_PRICING_LABELS)
-    if dcgm_nodes and len(dcgm_nodes) >= nodes:
-        missing += DCGM_ONLY_MISSING
-    elif dcgm_nodes:
-        where = ", ".join(dcgm_nodes[:5]) + (" …" if len(dcgm_nodes) > 5 else "")
-        missing += [f"{signal} on {len(dcgm_nodes)} of {nodes} nodes ({where})" for signal in DCGM_ONLY_MISSING]
-    return tuple(missing)
-
-
-def within(window: Window | None, data: Window | None, min_step_s: float) -> Window:
-    """The window, cut to the part that holds data where that gives it a finer step:
-    a year's query over a day of samples is read at the day's resolution, so a job
-    costs the same whatever window holds it."""
-    if data is None or data.end < data.start:
-        return window or Window(0.0, 0.0)
-    if window is None:
-        return data
-    start, end = max(window.start, data.start), min(window.end, data.end)
-    if start > end:
-        return window
-    cut = Window(start, end)
-    return cut if step_for(cut, min_step_s) < step_for(window, min_step_s) else window
-
-
-def column_order(table: str, columns: Sequence[str] | None = None) -> list[str]:
-    """Columns in the order load_table gives them: time, values, labels."""
-    labels, every = TABLES[table]
-    return ["t", *(every if columns is None else columns), *labels]
-
-
-def is_simulated(gpu: pd.DataFrame) -> bool:
-    return bool(len(gpu)) and bool(gpu["modelName"].astype(str).str.contains(SIMULATED, regex=False).any())
-
-
-from .prometheus import PrometheusError, PrometheusSource, selector  # noqa: E402
-from .recording import RecordingSource  # noqa: E402
-
-__all__ = ["PrometheusError", "PrometheusSource", "RecordingSource", "selector", "missing_signals"]
+__all__ = ["PrometheusError", "PrometheusSource", "RecordingSource", "missing_signals", "selector"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from exporter import labels as L
+from burnrate.exporter import labels as L
 
 SHARE_RATIO = "share_ratio"
 ALLOCATED = "allocated"

@@ -35,16 +35,16 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from exporter.recording import TABLES
-from exporter import catalog as C
-from exporter import labels as L
+from burnrate.exporter.recording import TABLES
+from burnrate.exporter import catalog as C
+from burnrate.exporter import labels as L
 
 from ..frames import OWNER_COLUMNS, Frames, Window, empty_owners
 from ..recording import empty_table
 from ..holding import hold
 from ..resample import MAX_POINTS, reduction, step_for
 from ..timeparse import parse_duration
-from . import DEFAULT_STEP_S, Progress, column_order, is_simulated, missing_signals, within
+from .common import DEFAULT_STEP_S, Progress, column_order, is_simulated, missing_signals, within
 from .allocation import best_allocation, empty_alloc
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")

@@ -8,13 +8,13 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from exporter.recording import TABLES
+from burnrate.exporter.recording import TABLES
 
 from ..frames import Frames, Window
 from ..recording import Span, check, complete_rows, empty_table, load_table, segments
 from ..holding import hold
 from .allocation import SHARE_RATIO
-from . import DEFAULT_STEP_S, Progress, is_simulated, missing_signals, within
+from .common import DEFAULT_STEP_S, Progress, is_simulated, missing_signals, within
 from ..resample import grid_points, step_for
 
 SIMULATED_MARKER = "simulated.json"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, callback, ctx, html, no_update
 
-from analyzer.accounting import COVERAGE_WARNING
-from analyzer.report import Report
+from burnrate.analyzer.accounting import COVERAGE_WARNING
+from burnrate.analyzer.report import Report
 
 from ..aggregate import cost_summary
 from ..data import Analysis

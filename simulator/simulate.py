@@ -1,12 +1,12 @@
 """`burnrate simulate`: a synthetic fleet in the recording format, with ground truth.
 
-The fleet (nodes, jobs, faults) comes from `analyzer.fleet.plan`, its signals from
-`analyzer.signals`, whole numpy columns at a time, in time chunks so that 1,024
+The fleet (nodes, jobs, faults) comes from `simulator.fleet.plan`, its signals from
+`simulator.signals`, whole numpy columns at a time, in time chunks so that 1,024
 GPUs × 7 days stay within a few hundred MB of memory; this module writes them with
 the recorder's own TableWriter.
 
 Outputs, besides the tables of exporter.recording.TABLES:
-    DIR/ground_truth.json  the injected faults (see `analyzer.fleet.ground_truth`)
+    DIR/ground_truth.json  the injected faults (see `simulator.fleet.ground_truth`)
     DIR/simulated.json     the parameters; its presence marks the recording simulated
 """
 from __future__ import annotations
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.recording import TableWriter, open_recording
-from exporter.recording import TABLES
+from burnrate.agent.recording import TableWriter, open_recording
+from burnrate.exporter.recording import TABLES
 
 from . import fleet as F
 from .signals import Signals
-from .sources.recording import SIMULATED_MARKER
-from .timeparse import format_time, parse_time
+from burnrate.analyzer.sources.recording import SIMULATED_MARKER
+from burnrate.analyzer.timeparse import format_time, parse_time
 
 GROUND_TRUTH = "ground_truth.json"
 ROWS_PER_CHUNK = 400_000
@@ -167,7 +167,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporter.errors import UserError
+    from burnrate.exporter.errors import UserError
 
     checks = ((args.nodes >= 1, "--nodes must be at least 1"),
               (1 <= args.gpus_per_node <= 64, "--gpus-per-node must be between 1 and 64"),

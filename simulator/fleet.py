@@ -1,6 +1,6 @@
 """The synthetic fleet `burnrate simulate` writes: nodes, GPUs, jobs and the faults
 injected into them. Everything here is per node, GPU or job (small); the per-sample
-signals are built from it, vectorized, in `analyzer.simulate`.
+signals are built from it, vectorized, in `simulator.simulate`.
 
 The plan is deterministic from the seed. One block of scenarios (every fault kind
 at least once) is placed per 256 GPUs, in priority order so that small fleets get
@@ -16,8 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-from agent.gpu.simulated import H100_SXM, GpuModelSpec
-from exporter.labels import SIMULATED
+from burnrate.agent.gpu.simulated import H100_SXM, GpuModelSpec
+from burnrate.exporter.labels import SIMULATED
 
 # What each scenario injects (CONTRACT §4 kinds are in `GroundTruth.kind`).
 HEALTHY = "healthy"

@@ -1,4 +1,5 @@
-"""The plain records readers return and the immutable Snapshot the sampler builds.
+"""The plain records the agent's readers return and the immutable Snapshot its sampler
+builds. They live on the floor because the exporter renders them and recordings keep them.
 
 Everything here is a frozen dataclass so that a Snapshot can be handed to the HTTP
 threads, the recorder and the renderer without locks.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.gpu.simulated import REASON_GPU_IDLE, REASON_HW_THERMAL, REASON_SW_POWER_CAP, REASON_SW_THERMAL
+from burnrate.exporter import throttle
 
 from . import fleet as F
 
@@ -254,8 +254,8 @@ class Signals:
         idle = util < 0.01
         sm = np.where(idle, self.sm_idle, self.sm_max - rng.choice([0.0, 15.0, 30.0], util.shape))
         sm = np.where(thermal, np.round(self.sm_max * 0.7 / 15.0) * 15.0, sm)
-        reasons = np.where(idle, REASON_GPU_IDLE, 0) | np.where(power >= 0.98 * self.tdp_w, REASON_SW_POWER_CAP, 0)
-        reasons = reasons | np.where(thermal, REASON_SW_THERMAL | REASON_HW_THERMAL, 0)
+        reasons = np.where(idle, throttle.GPU_IDLE, 0) | np.where(power >= 0.98 * self.tdp_w, throttle.SW_POWER_CAP, 0)
+        reasons = reasons | np.where(thermal, throttle.SW_THERMAL | throttle.HW_THERMAL, 0)
 
         mem = np.where(has_rank, self.mem_frac[self.rank_job][r], np.where(self.held, 0.2, 0.006))
         mem = np.where(self.shared_gpu, 0.35, mem) * np.where(self.held, 1.0 + rng.normal(0, 0.004, util.shape), 1.0)
