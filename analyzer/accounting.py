@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .detectors.idle_gpu import Config as IdleConfig
-from .detectors.views import Views
+from .views import Views
 
 COVERAGE_WARNING = 0.99
 

@@ -10,6 +10,8 @@ import time
 from burnrate.exporter.errors import UserError
 
 from .cost import AdviceConfig
+from .detectors import DetectorConfig
+from .detectors.config_file import DetectorConfigError, load_detector_config
 from .frames import Frames, Window
 from .pricing import Catalog, PricingError, load_catalog
 from .timeparse import parse_duration, resolve_window
@@ -27,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--start", metavar="T", help="window start: ISO-8601 or unix seconds")
     parser.add_argument("--end", metavar="T", help="window end (default: now)")
     parser.add_argument("--pricing", metavar="FILE", help="YAML price overrides per instance type, GPU model or node")
+    parser.add_argument("--detector-config", metavar="FILE",
+                        help="YAML thresholds per detector, e.g. `idle_gpu: {min_minutes: 60}` (default: built in)")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     parser.add_argument("--workload-class", action="append", default=[], metavar="NAMESPACE=CLASS",
                         help="treat every workload in NAMESPACE as CLASS (training, serving, interactive, batch); "
@@ -103,7 +107,7 @@ def window_of(args: argparse.Namespace, now: float | None = None) -> Window | No
 
 
 def load_frames(args: argparse.Namespace, source=None) -> Frames:
-    from .detectors.views import ANALYSIS_COLUMNS
+    from .views import ANALYSIS_COLUMNS
     from .sources import PrometheusError
 
     source = source or _source(args)
@@ -136,6 +140,15 @@ def catalog_of(args: argparse.Namespace) -> Catalog:
         raise UserError(str(exc)) from None
 
 
+def detector_config_of(args: argparse.Namespace) -> DetectorConfig:
+    if args.detector_config is None:
+        return DetectorConfig()
+    try:
+        return load_detector_config(args.detector_config)
+    except DetectorConfigError as exc:
+        raise UserError(str(exc)) from None
+
+
 def overrides_of(args: argparse.Namespace) -> dict[str, str]:
     try:
         return parse_overrides(args.workload_class)
@@ -152,13 +165,14 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     catalog = catalog_of(args)
     advice = AdviceConfig(checkpoint_seconds=args.checkpoint_seconds)
     overrides = overrides_of(args)
+    config = detector_config_of(args)
     if args.serve:
         from .serve import serve
         if args.interval <= 0:
             raise UserError("--interval must be positive")
-        return serve(lambda: analyze(load_frames(args), catalog, advice=advice, class_overrides=overrides),
-                     args.listen, args.interval, stop)
-    report = analyze(load_frames(args), catalog, advice=advice, class_overrides=overrides)
+        return serve(lambda: analyze(load_frames(args), catalog, config, advice, overrides), args.listen, args.interval,
+                     stop)
+    report = analyze(load_frames(args), catalog, config, advice, overrides)
     render = {"table": render_table, "json": render_json, "csv": render_csv}[args.format]
     sys.stdout.write(render(report))
     return 0

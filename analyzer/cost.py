@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .accounting import Accounting, account
-from .detectors.views import Views
+from .views import Views
 from .findings import KINDS, Finding
 from .frames import Frames
 from .pricing import ON_DEMAND, SPOT, Catalog

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
+from .yamlfile import read_yaml
 
 DEFAULT_CATALOG = os.path.join(os.path.dirname(__file__), "prices.yaml")
 SPOT = "spot"
@@ -161,13 +161,7 @@ def _section(doc: dict, name: str, path: str) -> dict[str, dict[str, Any]]:
 
 
 def _read(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh)
-    except OSError as exc:
-        raise PricingError(f"cannot read pricing file {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise PricingError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    doc = read_yaml(path, "pricing file", PricingError)
     if doc is None:
         return {}
     if not isinstance(doc, dict):

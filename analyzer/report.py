@@ -13,10 +13,11 @@ import numpy as np
 
 from .accounting import COVERAGE_WARNING, Accounting, account
 from .cost import AdviceConfig, GpuPrices, JobCost, gpu_prices, job_costs
-from .detectors import DetectorConfig, Views, detect_all
+from .detectors import DetectorConfig, detect_all
 from .findings import Finding, iso
 from .frames import Frames, Window
 from .pricing import Catalog
+from .views import Views
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -31,6 +32,10 @@ class Report:
     notes: list[str] = field(default_factory=list)
     accounting: Accounting | None = None
     unpriced_jobs: list[dict[str, str]] = field(default_factory=list)
+    # What the analysis was computed from, for whoever draws it (the dashboard) to read
+    # rather than build again: the views of the frames and each GPU row's prices.
+    views: Views | None = field(default=None, repr=False, compare=False)
+    prices: GpuPrices | None = field(default=None, repr=False, compare=False)
 
 
 def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorConfig(),
@@ -52,7 +57,8 @@ def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorC
                      "are for the covered part only")
     unpriced = [{"namespace": j.namespace, "training_job": j.training_job,
                  "reason": _unpriced_reason(views, j, reasons)} for j in jobs if j.cost_dollars is None]
-    return Report(frames.window, priced, jobs, tuple(frames.missing), frames.simulated, notes, accounting, unpriced)
+    return Report(frames.window, priced, jobs, tuple(frames.missing), frames.simulated, notes, accounting, unpriced,
+                  views, prices)
 
 
 def _state_prices(accounting: Accounting, views: Views, prices: GpuPrices) -> None:
@@ -148,7 +154,8 @@ def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[s
     return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
-def _where(f: Finding) -> str:
+def where(f: Finding) -> str:
+    """Where a finding is, in a few words: the node and GPU, the rank or the pod."""
     parts = []
     if f.hostname:
         parts.append(f.hostname + (f":gpu{f.gpu}" if f.gpu is not None else ""))
@@ -159,7 +166,8 @@ def _where(f: Finding) -> str:
     return " ".join(parts) or "-"
 
 
-def _headline(f: Finding) -> str:
+def headline(f: Finding) -> str:
+    """A finding's key figure in a few words ("data wait 40%")."""
     e = f.evidence
     for key, fmt in (("data_wait_share", "data wait {:.0%}"), ("low_util_share", "GPU idle {:.0%} of samples"),
                      ("slowdown", "{:.2f}x slower compute"), ("stalled_minutes", "no step for {:.0f} min"),
@@ -186,9 +194,9 @@ def render_table(report: Report) -> str:
     findings = sorted(report.findings, key=lambda f: (SEVERITY_ORDER[f.severity], -(f.wasted_dollars or 0)))
     lines += ["", f"FINDINGS ({len(findings)})"]
     if findings:
-        rows = [[f.severity, f.kind, f"{f.namespace}/{f.training_job}" if f.job else "-", _where(f),
+        rows = [[f.severity, f.kind, f"{f.namespace}/{f.training_job}" if f.job else "-", where(f),
                  iso(f.start)[:16].replace("T", " "), _num((f.end - f.start) / 3600), _num(f.wasted_gpu_hours),
-                 _money(f.wasted_dollars), _headline(f)] for f in findings]
+                 _money(f.wasted_dollars), headline(f)] for f in findings]
         lines += _table(["SEVERITY", "KIND", "JOB", "WHERE", "START (UTC)", "HOURS", "WASTED GPU-H", "WASTED $",
                          "EVIDENCE"], rows, {5, 6, 7})
         lines += ["", "WHAT TO DO"]

@@ -31,7 +31,7 @@ def measure(root: str, max_points: int | None) -> dict[str, float]:
     if max_points:
         from burnrate.analyzer import resample
         resample.MAX_POINTS = max_points
-    from burnrate.analyzer.detectors.views import ANALYSIS_COLUMNS
+    from burnrate.analyzer.views import ANALYSIS_COLUMNS
     from burnrate.analyzer.pricing import load_catalog
     from burnrate.analyzer.recording import complete_rows, segments
     from burnrate.analyzer.report import analyze, render_json

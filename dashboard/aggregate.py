@@ -13,9 +13,9 @@ import pandas as pd
 
 from burnrate.analyzer.cost import GpuPrices
 from burnrate.analyzer.detectors import idle_gpu
-from burnrate.analyzer.detectors.views import Views, build_grid
+from burnrate.analyzer.views import RankSteps, Views, build_grid
 from burnrate.analyzer.findings import Finding
-from burnrate.analyzer.report import Report, _headline, _where
+from burnrate.analyzer.report import Report, headline, where
 
 MAX_BUCKETS = 300
 # An allocated GPU at or below the idle detector's threshold counts as idle.
@@ -138,12 +138,12 @@ def finding_rows(findings: list[Finding]) -> list[dict[str, object]]:
         evidence = f.to_dict()["evidence"]
         out.append({
             "severity": f.severity, "kind": f.kind, "namespace": f.namespace or "",
-            "training_job": f.training_job or "", "where": _where(f),
+            "training_job": f.training_job or "", "where": where(f),
             "start": pd.to_datetime(f.start, unit="s").strftime("%Y-%m-%d %H:%M"),
             "hours": round((f.end - f.start) / 3600, 2),
             "wasted_gpu_hours": None if f.wasted_gpu_hours is None else round(f.wasted_gpu_hours, 2),
             "wasted_dollars": None if f.wasted_dollars is None else round(f.wasted_dollars, 2),
-            "headline": _headline(f),
+            "headline": headline(f),
             "evidence": "; ".join(f"{k}={_short(v)}" for k, v in evidence.items()),
             "recommendation": f.recommendation,
         })
@@ -158,16 +158,6 @@ def _short(value: object) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_short(v) for v in value) + "]"
     return str(value)
-
-
-@dataclass(frozen=True)
-class RankSteps:
-    """Mean seconds per step of each rank, split into its phases."""
-
-    ranks: list[str]
-    data_wait: np.ndarray
-    compute: np.ndarray
-    other: np.ndarray               # waiting for other ranks (collectives), optimizer, logging
 
 
 @dataclass(frozen=True)
@@ -241,25 +231,8 @@ def job_detail(views: Views, report: Report, namespace: str, training_job: str,
         saved = np.unique(saved.to_numpy()[np.isfinite(saved.to_numpy())])
         checkpoints = [float(t) for t in saved if views.start <= t <= views.frames.window.end]
     return JobDetail(namespace, training_job, times, labels, series, over_ranks("mfu"), throughput, unit,
-                     first_rank("loss"), first_rank("grad_norm"), checkpoints, rank_steps(views, rows),
+                     first_rank("loss"), first_rank("grad_norm"), checkpoints, views.rank_steps(rows),
                      [f for f in report.findings if f.job == job])
-
-
-def rank_steps(views: Views, rows: np.ndarray) -> RankSteps:
-    rank = views.rank
-    needed = ("steps", "step_s", "data_wait_s", "compute_s")
-    if not len(rows) or any(c not in rank.values for c in needed):
-        return RankSteps([], np.zeros(0), np.zeros(0), np.zeros(0))
-    total = {c: np.nansum(rank.values[c][rows], axis=1, dtype=np.float64) for c in needed}
-    steps = np.where(total["steps"] > 0, total["steps"], np.nan)
-    wait, compute = total["data_wait_s"] / steps, total["compute_s"] / steps
-    other = np.clip(total["step_s"] / steps - wait - compute, 0, None)
-    keys = rank.keys.iloc[rows]
-    # A rank restarted on another pod is the same rank: merge its series.
-    frame = pd.DataFrame({"rank": keys["rank_no"].to_numpy(), "wait": wait, "compute": compute, "other": other})
-    merged = frame.groupby("rank", sort=True).mean()
-    return RankSteps([str(int(r)) if float(r).is_integer() else str(r) for r in merged.index],
-                     merged["wait"].to_numpy(), merged["compute"].to_numpy(), merged["other"].to_numpy())
 
 
 @dataclass(frozen=True)

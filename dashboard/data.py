@@ -19,8 +19,8 @@ from typing import Callable, Protocol
 import numpy as np
 import pandas as pd
 
-from burnrate.analyzer.cost import GpuPrices, gpu_prices
-from burnrate.analyzer.detectors.views import Views
+from burnrate.analyzer.cost import GpuPrices
+from burnrate.analyzer.views import Views
 from burnrate.analyzer.frames import Frames, Window
 from burnrate.analyzer.pricing import Catalog
 from burnrate.analyzer.recording import RecordingError
@@ -57,13 +57,13 @@ class Analysis:
     def simulated(self) -> bool:
         return self.frames.simulated
 
-    @cached_property
+    @property
     def views(self) -> Views:
-        return Views(self.frames)
+        return self.report.views
 
-    @cached_property
+    @property
     def prices(self) -> GpuPrices:
-        return gpu_prices(self.views, self.catalog)
+        return self.report.prices
 
     @cached_property
     def fleet(self) -> aggregate.Fleet:
@@ -127,8 +127,6 @@ class DataService:
             raise Unavailable(str(exc).splitlines()[0]) from None
         except (RecordingError, OSError, ValueError) as exc:
             raise Unavailable(f"cannot read {self.where}: {exc}") from None
-        if frames.gpu.empty and frames.rank.empty:
-            return Analysis(frames, Report(frames.window, [], [], frames.missing, frames.simulated), self.catalog)
         return Analysis(frames, analyze(frames, self.catalog), self.catalog).warm()
 
     def _frames(self, r: TimeRange) -> Frames:

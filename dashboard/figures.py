@@ -8,8 +8,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from burnrate.analyzer.findings import KINDS
+from burnrate.analyzer.views import RankSteps
 
-from .aggregate import CostSummary, Fleet, JobDetail, RankSteps
+from .aggregate import CostSummary, Fleet, JobDetail
 
 SIMULATED_NOTE = "simulated data"
 SEVERITY_COLORS = {"critical": "#c0392b", "warning": "#e67e22", "info": "#2980b9"}

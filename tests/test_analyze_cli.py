@@ -106,6 +106,36 @@ def test_nan_losses_survive_into_strict_json():
     assert diverging and diverging[0]["evidence"]["loss_after"] == "nan"
 
 
+@pytest.mark.parametrize("text, message", [
+    ("idle_gpu: [", "is not valid YAML"),
+    ("idle_gpus: {min_minutes: 5}", "unknown detector 'idle_gpus'"),
+    ("idle_gpu: {min_minute: 5}", "unknown setting 'min_minute'"),
+    ("idle_gpu: {min_minutes: -5}", "idle_gpu.min_minutes: expected a non-negative float"),
+    ("diverging: {loss_reports: 2.5}", "diverging.loss_reports: expected a non-negative int"),
+    ("straggler: {slowdown: true}", "straggler.slowdown: expected a non-negative float"),
+])
+def test_a_bad_detector_config_is_one_line(recording, tmp_path, text, message):
+    path = tmp_path / "detectors.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=message) as info:
+        cli.run(parse("--recording", recording, "--detector-config", str(path)))
+    assert "\n" not in str(info.value)
+
+
+def test_detector_config_moves_the_thresholds(capsys, recording, tmp_path):
+    """The same recording, with the idle threshold past the window's two hours, names no idle GPU;
+    every other detector keeps its defaults and finds what it found."""
+    default = json.loads(run(capsys, "--recording", recording, "--format", "json"))["findings"]
+    assert any(f["kind"] == "idle_gpu" for f in default)
+    path = tmp_path / "detectors.yaml"
+    path.write_text("idle_gpu:\n  min_minutes: 600\n")
+    strict = json.loads(run(capsys, "--recording", recording, "--format", "json", "--detector-config", str(path)))
+    assert not any(f["kind"] == "idle_gpu" for f in strict["findings"])
+    kept = lambda findings: sorted((f["kind"], f["namespace"], f["training_job"], f["start"]) for f in findings
+                                   if f["kind"] not in ("idle_gpu", "underused_gpu"))
+    assert kept(strict["findings"]) == kept(default)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--recording", "/nonexistent"], "is not a burnrate recording"),
     (["--recording", "{rec}", "--since", "2x"], "invalid duration"),
@@ -115,6 +145,7 @@ def test_nan_losses_survive_into_strict_json():
     (["--recording", "{rec}", "--checkpoint-seconds", "-1"], "must be positive"),
     (["--prometheus", "http://127.0.0.1:1", "--since", "1h", "--timeout", "2"], "Prometheus"),
     (["--prometheus", "http://127.0.0.1:1", "--bearer-token-file", "/nonexistent"], "cannot read bearer token"),
+    (["--recording", "{rec}", "--detector-config", "/nonexistent.yaml"], "cannot read detector config"),
 ])
 def test_user_errors_are_one_line(recording, argv, message):
     args = parse(*[a.replace("{rec}", recording) for a in argv])

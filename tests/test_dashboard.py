@@ -14,8 +14,8 @@ import plotly.graph_objects as go
 import pytest
 from dash import no_update
 
-from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import PrometheusSource, RecordingSource
+from burnrate.analyzer.views import RankSteps
 from burnrate.cli import main as burnrate
 from burnrate.dashboard import aggregate, figures
 from burnrate.dashboard.app import create_app, nav_links, range_sync, status_line
@@ -23,6 +23,7 @@ from burnrate.dashboard.data import TtlCache, Unavailable, describe_source
 from burnrate.dashboard.filters import FindingFilters
 from burnrate.dashboard.timerange import TimeRange, from_query, picker_value, with_params
 from burnrate.dashboard.ui import current_service, render
+from burnrate.simulator.simulate import Spec, simulate
 from tests.conftest import free_port
 
 # Three nodes of 8 GPUs: room for a full-node straggler job beside the GPUs kept free.
@@ -216,7 +217,7 @@ def test_a_job_bar_carries_its_job_and_a_click_on_it_opens_the_job(analysis, pag
 
 
 def test_empty_inputs_give_a_figure_that_says_so(analysis):
-    empty = aggregate.RankSteps([], np.zeros(0), np.zeros(0), np.zeros(0))
+    empty = RankSteps.none()
     fig = figures.rank_breakdown(empty, False)
     assert not fig.data and "no training telemetry" in fig.layout.annotations[0].text
 

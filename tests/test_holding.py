@@ -6,7 +6,7 @@ import pytest
 
 from burnrate.exporter.recording import TABLES
 from burnrate.analyzer.accounting import account
-from burnrate.analyzer.detectors.views import Views
+from burnrate.analyzer.views import Views
 from burnrate.analyzer.frames import Frames, Window
 from burnrate.analyzer.holding import STALENESS_S, hold_table
 from burnrate.analyzer.pricing import load_catalog

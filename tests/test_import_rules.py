@@ -123,6 +123,23 @@ def cycles(edges: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
+def private_imports() -> set[tuple[str, str]]:
+    """(module, imported name) for every private name (`_x`) one part takes from another."""
+    known = modules()
+    out = set()
+    for module, path in known.items():
+        with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and part_of(node.module or "") not in (None, part_of(module)):
+                out |= {(module, f"{node.module}.{a.name}") for a in node.names if a.name.startswith("_")}
+    return out
+
+
+def test_no_part_takes_another_parts_private_names():
+    assert private_imports() == set()
+
+
 def test_no_part_imports_what_the_design_forbids():
     assert forbidden(graph()) == set()
 

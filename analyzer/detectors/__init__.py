@@ -20,7 +20,7 @@ from ..frames import Frames
 from . import (dataloader_starvation, diverging, gpu_error, idle_gpu, low_mfu, stalled, straggler,
                thermal_throttle, unallocated_gpu, underused_gpu)
 from ..workloads import TRAINING
-from .views import Views
+from ..views import Views
 
 DETECTORS: dict[str, Callable[..., list[Finding]]] = {
     "dataloader_starvation": dataloader_starvation.detect,

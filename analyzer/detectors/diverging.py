@@ -12,7 +12,7 @@ import numpy as np
 
 from ..findings import Finding, iso
 from ..frames import Frames
-from .views import Views, median_over_rows, trailing_mean
+from ..views import Views, median_over_rows, trailing_mean
 
 KIND = "diverging"
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..findings import Finding
 from ..frames import Frames
-from .views import Views, build_grid, counter_delta, holder_of, runs
+from ..views import Views, build_grid, counter_delta, holder_of, runs
 
 KIND = "gpu_error"
 # NVIDIA's XID catalog: codes that mean the GPU (or its memory or links) needs

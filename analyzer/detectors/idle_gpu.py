@@ -12,7 +12,7 @@ import numpy as np
 from ..findings import Finding
 from ..frames import Frames
 from ..workloads import INTERACTIVE, SERVING
-from .views import Views, fmean, runs
+from ..views import Views, fmean, runs
 
 KIND = "idle_gpu"
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..findings import Finding
 from ..frames import Frames
-from .views import Views
+from ..views import Views
 
 KIND = "low_mfu"
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..findings import Finding, iso
 from ..frames import Frames
-from .views import Views, fmean, runs
+from ..views import Views, fmean, runs
 
 KIND = "stalled"
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..findings import Finding
 from ..frames import Frames
-from .views import Views, block_sum, fmean, median_over_rows, runs
+from ..views import Views, block_sum, fmean, median_over_rows, runs
 
 KIND = "straggler"
 ADVICE = ("Cordon and drain the straggler's node (or replace the GPU) and restart from the last checkpoint; "

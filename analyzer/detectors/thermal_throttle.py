@@ -13,7 +13,7 @@ from burnrate.exporter import throttle
 
 from ..findings import Finding
 from ..frames import Frames
-from .views import Views, fmean, holder_of, runs
+from ..views import Views, fmean, holder_of, runs
 
 KIND = "thermal_throttle"
 

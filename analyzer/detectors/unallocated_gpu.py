@@ -7,7 +7,7 @@ import numpy as np
 
 from ..findings import Finding
 from ..frames import Frames
-from .views import Views, fmean, runs
+from ..views import Views, fmean, runs
 
 KIND = "unallocated_gpu"
 

@@ -15,7 +15,7 @@ import numpy as np
 from ..findings import Finding
 from ..frames import Frames
 from ..workloads import INTERACTIVE, SERVING
-from .views import Views, fmean
+from ..views import Views, fmean
 
 KIND = "underused_gpu"
 

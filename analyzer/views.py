@@ -5,6 +5,9 @@ millions of rows becomes a few 2-D numpy arrays: one row per series, one column 
 time bin, NaN where no sample exists. Runs, rolling sums and cross-series medians
 are then whole-array operations, which is what keeps a week of a thousand GPUs
 within seconds.
+
+This is the analyzer's interface for whoever draws an analysis: a Report carries the
+views it was computed from, and the dashboard reads them rather than build its own.
 """
 from __future__ import annotations
 
@@ -16,11 +19,11 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from ..frames import Frames
-from ..holding import hold
-from ..runs import label_runs
-from ..series import category_codes, ramps, series_codes
-from ..workloads import WorkloadClass, classify
+from .frames import Frames
+from .holding import hold
+from .runs import label_runs
+from .series import category_codes, ramps, series_codes
+from .workloads import WorkloadClass, classify
 
 # Time-sliced and MIG GPUs carry no single owner in the gpu table, so ownership
 # always comes from the alloc table; these are the columns that name a holder.
@@ -313,6 +316,46 @@ class Views:
         return {job: classify(job, sorted(names), [kind_of[(job[0], p)] for p in sorted(names) if (job[0], p) in kind_of],
                               job in self.telemetry_jobs, self.class_overrides)
                 for job, names in pods.items()}
+
+    @cached_property
+    def step_phases(self) -> pd.DataFrame | None:
+        """Each rank series' mean seconds per step over the window, by phase: waiting for
+        data, its own compute, and the rest (waiting for other ranks, the optimizer,
+        logging). None where the telemetry has no step counters."""
+        rank = self.rank
+        needed = ("steps", "step_s", "data_wait_s", "compute_s")
+        if any(c not in rank.values for c in needed):
+            return None
+        total = {c: np.nansum(rank.values[c], axis=1, dtype=np.float64) for c in needed}
+        steps = np.where(total["steps"] > 0, total["steps"], np.nan)
+        wait, compute = total["data_wait_s"] / steps, total["compute_s"] / steps
+        other = np.clip(total["step_s"] / steps - wait - compute, 0, None)
+        return pd.DataFrame({"rank": rank.keys["rank_no"].to_numpy(), "wait": wait, "compute": compute,
+                             "other": other})
+
+    def rank_steps(self, rows: np.ndarray) -> RankSteps:
+        """The phases of each rank among `rows` (one job's rank series). A rank restarted on
+        another pod is the same rank: its series are merged."""
+        phases = self.step_phases
+        if phases is None or not len(rows):
+            return RankSteps.none()
+        merged = phases.iloc[rows].groupby("rank", sort=True).mean()
+        return RankSteps([str(int(r)) if float(r).is_integer() else str(r) for r in merged.index],
+                         merged["wait"].to_numpy(), merged["compute"].to_numpy(), merged["other"].to_numpy())
+
+
+@dataclass(frozen=True)
+class RankSteps:
+    """Mean seconds per step of each rank, split into its phases."""
+
+    ranks: list[str]
+    data_wait: np.ndarray
+    compute: np.ndarray
+    other: np.ndarray               # waiting for other ranks (collectives), optimizer, logging
+
+    @classmethod
+    def none(cls) -> RankSteps:
+        return cls([], np.zeros(0), np.zeros(0), np.zeros(0))
 
 
 def median_over_rows(values: np.ndarray) -> np.ndarray:
