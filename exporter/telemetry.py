@@ -59,6 +59,7 @@ FIELDS: tuple[Field, ...] = (
     Field("local_rank", COUNT, nullable=True, required=False),
     Field("checkpoint_time", AMOUNT, nullable=True, required=False),
     Field("checkpoint_s", AMOUNT, nullable=True, required=False, default=0.0, delta=True),   # null reads as 0.0
+    Field("eval_s", AMOUNT, nullable=True, required=False, default=0.0, delta=True),
 )
 # Sent for whoever reads the JSON lines (how MFU was computed); the agent ignores them, as it
 # ignores any field it does not know, so that a newer trainer's messages are never dropped.
@@ -87,6 +88,7 @@ class TelemetrySink:
         self.path = socket_path(os.fspath(path) if path is not None else None)
         self.sent = 0
         self.dropped = 0
+        self.last_error: OSError | None = None     # why the last datagram was dropped
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
         # One os.write per line on an O_APPEND descriptor keeps lines from several ranks
@@ -104,9 +106,10 @@ class TelemetrySink:
         its queue full, or the payload too large for a datagram."""
         try:
             self._sock.sendto(payload, self.path)
-        except OSError:
+        except OSError as exc:
             # ENOENT / ECONNREFUSED: no agent; EAGAIN: its buffer is full. Drop, never wait.
             self.dropped += 1
+            self.last_error = exc
             return False
         self.sent += 1
         return True

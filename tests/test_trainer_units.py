@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import signal
 import socket
@@ -14,18 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
 
 from burnrate.agent.telemetry.inbox import TelemetryInbox
+from burnrate.exporter.telemetry import TelemetrySink
 from burnrate.trainer import config
 from burnrate.trainer.checkpoint import Checkpointer, young_interval
 from burnrate.trainer.data import SyntheticTokens, TokenFile, batches
 from burnrate.trainer.faults import Faults, InjectedCrash, parse_fault
-from burnrate.trainer.flops import model_flops_per_token, palm_flops_per_token, peak_flops
+from burnrate.trainer.flops import model_flops_per_token, peak_flops
 from burnrate.trainer.model import GPT, MODELS
 from burnrate.trainer.monitor import Monitor
-from burnrate.exporter.telemetry import TelemetrySink
 from burnrate.trainer.telemetry import Identity
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,35 +32,6 @@ PYTHON = sys.executable
 
 
 # --- FLOPs ---------------------------------------------------------------------------
-def test_palm_formula_against_flop_counter():
-    """FlopCounterMode counts every matmul, the PaLM formula counts model FLOPs: the two
-    differ by exactly two known terms, which this test pins down.
-
-    - The output layer: 6·D·V per token. It shares its weight with the token embedding,
-      so N (non-embedding) leaves it out; FlopCounterMode counts its forward and both
-      backward matmuls.
-    - Norm gains: part of N, so the formula charges them 6 FLOPs each per token, but
-      they are elementwise, not matmuls, and FlopCounterMode counts no elementwise work.
-
-    Attention is counted alike on both sides (12·L·H·Q·T per token: QKᵀ and AV, forward
-    and backward, with no discount for the causal mask). The math SDPA backend is forced
-    because FlopCounterMode has no formula for the fused CPU attention kernel.
-    """
-    cfg = MODELS["tiny"]
-    model = GPT(cfg)
-    batch, seq = 2, cfg.block_size
-    x = torch.randint(0, cfg.vocab_size, (batch, seq))
-    counter = FlopCounterMode(display=False)
-    with sdpa_kernel(SDPBackend.MATH), counter:
-        model(x, x).backward()
-    tokens = batch * seq
-    formula = model_flops_per_token(model, seq) * tokens
-    output_layer = 6 * cfg.n_embd * cfg.vocab_size * tokens
-    norm_gains = sum(p.numel() for n, p in model.named_parameters() if "ln" in n)
-    assert counter.get_total_flops() == formula + output_layer - 6 * norm_gains * tokens
-    assert formula == palm_flops_per_token(model.num_params(), cfg.n_layer, cfg.n_head, cfg.head_dim, seq) * tokens
-
-
 def test_peak_on_cpu_is_labelled_an_estimate_and_can_be_overridden():
     assert peak_flops(torch.device("cpu")).source == "cpu-estimate"
     p = peak_flops(torch.device("cpu"), 5e11)
@@ -305,3 +275,78 @@ def test_the_agent_inbox_accepts_every_record(tmp_path):
         (state,) = inbox.ranks()
     assert state.key.training_job == "j"
     assert (state.values["steps"], state.values["tokens"], state.values["flops"]) == (5, 40, 400)
+
+
+def test_gradient_accumulation_counts_every_micro_batch(agent_socket):
+    """Four micro-batches per optimizer step: the step carries all their samples and tokens,
+    and the mean of their own (undivided) losses."""
+    path, sock = agent_socket
+    with Monitor(flops_per_token=2.0, seq_len=8, every_steps=1, socket_path=path) as mon:
+        for step in range(2):
+            with mon.compute():
+                for loss in (1.0, 2.0, 3.0, torch.tensor(6.0)):
+                    mon.micro_batch(samples=4, loss=loss)
+            mon.step()
+    first, second = _received(sock)
+    assert (first["steps"], first["samples"], first["tokens"], first["flops"]) == (1, 16, 128, 256.0)
+    assert first["loss"] == 3.0 and second["step"] == 2 and second["samples"] == 16
+    with pytest.raises(ValueError, match="micro_batch"):
+        Monitor(socket_path=path).step()
+
+
+def test_a_fetch_inside_the_step_is_wait_and_never_also_compute(agent_socket):
+    """nanoGPT prefetches its next batch in the middle of the step: that time is data wait,
+    and compute plus wait stay within the step."""
+    path, sock = agent_socket
+    with Monitor(flops_per_token=1.0, seq_len=4, every_steps=3, socket_path=path) as mon:
+        for _ in range(3):
+            with mon.compute():
+                time.sleep(0.01)                 # compute
+                with mon.data_wait():
+                    time.sleep(0.03)             # get_batch() inside the step
+            mon.step(samples=1)
+    (record,) = _received(sock)
+    assert record["data_wait_s"] >= 0.09
+    assert 0.03 <= record["compute_s"] < 0.06
+    assert record["compute_s"] + record["data_wait_s"] <= record["step_s"]
+
+
+def test_eval_and_checkpoint_time_stay_out_of_the_steps(agent_socket):
+    path, sock = agent_socket
+    with Monitor(flops_per_token=1.0, seq_len=4, every_steps=2, socket_path=path) as mon:
+        mon.step(samples=1)
+        with mon.eval():
+            time.sleep(0.05)
+        with mon.checkpoint():
+            time.sleep(0.05)
+        mon.step(samples=1)
+    (record,) = _received(sock)
+    assert record["eval_s"] >= 0.05 and record["checkpoint_s"] >= 0.05
+    assert record["step_s"] < 0.05
+
+
+def test_a_loop_that_never_closes_still_sends_its_last_steps(tmp_path):
+    """Without close() the monitor flushes at interpreter exit: no partial interval is lost."""
+    jsonl = tmp_path / "t.jsonl"
+    script = textwrap.dedent(f"""
+        from burnrate.monitor import Monitor
+        mon = Monitor(flops_per_token=1.0, seq_len=4, every_s=3600, socket_path={str(tmp_path / 'no.sock')!r},
+                      jsonl_path={str(jsonl)!r})
+        for _ in range(7):
+            mon.step(samples=2)
+    """)
+    done = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert sum(r["steps"] for r in records) == 7 and sum(r["samples"] for r in records) == 14
+
+
+def test_no_agent_is_said_once_with_the_socket_path(tmp_path, caplog):
+    path = str(tmp_path / "nobody.sock")
+    with caplog.at_level(logging.WARNING, logger="burnrate.monitor"):
+        with Monitor(flops_per_token=1.0, seq_len=4, every_steps=1, socket_path=path) as mon:
+            for _ in range(5):
+                mon.step(samples=1)
+    (warning,) = [r for r in caplog.records if r.name == "burnrate.monitor"]
+    assert path in warning.getMessage() and "no agent is listening" in warning.getMessage()
+    assert mon.sink.dropped == 5

@@ -1,7 +1,8 @@
 """Model FLOPs per token (the MFU numerator) and peak FLOP/s by device (the denominator).
 
 Model FLOPs follow PaLM (Chowdhery et al. 2022, appendix B): per token, 6·N for the
-forward and backward matmuls over the N non-embedding parameters, plus 12·L·H·Q·T for
+forward and backward matmuls over the N parameters they use (the output projection
+included, tied to the token embedding or not), plus 12·L·H·Q·T for
 attention scores and values (L layers, H heads, Q head size, T sequence length).
 Recomputation is not counted: MFU, unlike hardware FLOPs utilization, credits only the
 work the model needs.
@@ -48,25 +49,56 @@ CPU_PEAK_FLOPS_PER_THREAD = 100e9
 
 
 def palm_flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6·N + 12·L·H·Q·T, N without embedding parameters."""
+    """Training FLOPs per token: 6·N + 12·L·H·Q·T, N the parameters matmuls use."""
     return 6.0 * n_params + 12.0 * n_layer * n_head * head_dim * seq_len
 
 
 def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
-    """PaLM FLOPs per token for any module.
+    """PaLM FLOPs per token for any module, as nanoGPT and torchtitan count them.
 
-    N excludes `nn.Embedding` weights. The attention term needs the sizes, read from
-    `model.config` when it has nanoGPT / Hugging Face GPT-2 names (n_layer, n_head,
-    n_embd); without them only 6·N is counted.
+    N is every parameter a matmul uses: all but the `nn.Embedding` tables, which are
+    looked up rather than multiplied, plus the output projection when it shares the
+    token embedding's weight (tied, it is still a matmul over the vocabulary). The
+    attention term needs the sizes, read from `model.config` with nanoGPT / GPT-2 names
+    (n_layer, n_head, n_embd) or Llama-style ones (num_hidden_layers,
+    num_attention_heads, hidden_size, head_dim); it counts query heads, so grouped-query
+    attention is counted as it computes. Without a config only 6·N is counted.
+    DDP, FSDP and torch.compile wrappers are looked through.
     """
     import torch.nn as nn
 
-    embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    model = unwrap(model)
+    embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
     n = sum(p.numel() for p in model.parameters() if id(p) not in embedding)
-    cfg = getattr(model, "config", None)
-    if cfg is not None and all(hasattr(cfg, a) for a in ("n_layer", "n_head", "n_embd")):
-        return palm_flops_per_token(n, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, seq_len)
-    return 6.0 * n
+    # A tied output projection: parameters() yields the shared tensor once, as an embedding.
+    n += sum(m.weight.numel() for m in model.modules()
+             if not isinstance(m, nn.Embedding) and id(getattr(m, "weight", None)) in embedding)
+    sizes = attention_sizes(getattr(model, "config", None))
+    if sizes is None:
+        return 6.0 * n
+    return palm_flops_per_token(n, *sizes, seq_len)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside DDP / FSDP (`.module`) and torch.compile (`._orig_mod`)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None or inner is model:
+            return model
+        model = inner
+
+
+def attention_sizes(cfg: object) -> tuple[int, int, int] | None:
+    """(layers, query heads, head size) from a model config, or None."""
+    if cfg is None:
+        return None
+    for layers, heads, width in (("n_layer", "n_head", "n_embd"),
+                                 ("num_hidden_layers", "num_attention_heads", "hidden_size")):
+        values = [getattr(cfg, a, None) for a in (layers, heads, width)]
+        if all(isinstance(v, int) and v > 0 for v in values):
+            head_dim = getattr(cfg, "head_dim", None)
+            return values[0], values[1], head_dim if isinstance(head_dim, int) and head_dim > 0 else values[2] // values[1]
+    return None
 
 
 @dataclass(frozen=True)

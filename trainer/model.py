@@ -110,8 +110,8 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count; `non_embedding` leaves out both embedding tables (the token
-        table doubles as the output layer, whose FLOPs the PaLM formula does not count)."""
+        """Parameter count; `non_embedding` leaves out both embedding tables (the token table
+        doubles as the output layer, a matmul the FLOPs count adds back: trainer.flops)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.wte.weight.numel() + self.wpe.weight.numel()

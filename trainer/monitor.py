@@ -1,10 +1,15 @@
 """The instrumentation library: drop it into any PyTorch loop.
 
-    mon = Monitor(model, seq_len=T)                    # once
-    for x, y in mon.wrap(loader):                      # times the wait for each batch
-        with mon.compute():                            # this rank's own compute
-            loss = model(x, y); loss.backward(); opt.step(); opt.zero_grad()
-        mon.step(samples=len(x), loss=loss)            # counts the step, reports when due
+    with Monitor(model, seq_len=T) as mon:             # once; sends what is left at the end
+        for x, y in mon.wrap(loader):                  # times the wait for each batch
+            with mon.compute():                        # this rank's own compute
+                loss = model(x, y); loss.backward(); opt.step(); opt.zero_grad()
+            mon.step(samples=len(x), loss=loss)        # counts the step, reports when due
+
+With gradient accumulation, each micro-batch is counted with `micro_batch(samples, loss=)`
+and `step()` closes the optimizer step with their sums and mean loss. A loop that fetches
+its next batch inside the step times the fetch with `data_wait()`: that time is data wait,
+never also compute. `eval()` and `checkpoint()` keep their time out of the step times.
 
 Per step it measures the wait for data, this rank's own compute and the step's wall
 time, counts samples, tokens and model FLOPs, and every few steps (or seconds) sends
@@ -23,7 +28,10 @@ report steps.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import errno
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,13 +41,16 @@ from burnrate.exporter.telemetry import SCHEMA_VERSION, TelemetrySink
 
 from .flops import Peak, device_type, model_flops_per_token, peak_flops
 
+from .telemetry import Identity
+
 # The standard library is all the monitor needs: torch is imported only when there is a
 # GPU to time or a DDP model to watch, so any loop (and any image) can report.
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
     import torch.nn as nn
-from .telemetry import Identity
+
+log = logging.getLogger("burnrate.monitor")
 
 
 @dataclass
@@ -54,6 +65,7 @@ class _Interval:
     tokens: int = 0
     flops: float = 0.0
     checkpoint_s: float = 0.0
+    eval_s: float = 0.0
 
 
 @dataclass
@@ -64,6 +76,18 @@ class _Phase:
     end: Any = None
     ready: Any = None                       # the last gradient bucket was ready
     done: list = field(default_factory=list)  # each bucket's all-reduce finished
+    waited: float = 0.0                     # data wait inside the phase: not compute
+
+
+@dataclass
+class _MicroBatches:
+    """Micro-batches counted since the last optimizer step (gradient accumulation)."""
+
+    count: int = 0
+    samples: int = 0
+    tokens: int = 0
+    losses: int = 0
+    loss_sum: Any = 0.0
 
 
 class _CpuClock:
@@ -145,6 +169,17 @@ class Monitor:
         self._grad_norm: Any = None
         self._step_end = time.perf_counter()
         self._last_report = time.monotonic()
+        self._micro = _MicroBatches()
+        self._warned = False
+        self._closed = False
+        # A loop that ends without close() still sends its last partial interval.
+        atexit.register(self.close)
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # --- the loop-facing API --------------------------------------------------------
     def wrap(self, batches: Iterable) -> Iterator:
@@ -157,8 +192,23 @@ class Monitor:
                 batch = next(it)
             except StopIteration:
                 return
-            self._interval.data_wait_s += time.perf_counter() - t0
+            self._waited(time.perf_counter() - t0)
             yield batch
+
+    @contextlib.contextmanager
+    def data_wait(self) -> Iterator[None]:
+        """Time fetching a batch where no iterator is wrapped (`X, Y = get_batch()`). Inside
+        `compute()` too, as loops that prefetch mid-step do: the time counts once, as wait."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._waited(time.perf_counter() - t0)
+
+    def _waited(self, seconds: float) -> None:
+        self._interval.data_wait_s += seconds
+        if self._phase is not None:
+            self._phase.waited += seconds
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
@@ -172,10 +222,31 @@ class Monitor:
             self._phase = None
             self._pending.append(phase)
 
-    def step(self, samples: int, tokens: int | None = None, loss: Any = None, grad_norm: Any = None) -> None:
-        """Close a step. `loss` and `grad_norm` may be tensors: they are read only when
-        a report goes out."""
+    def micro_batch(self, samples: int, tokens: int | None = None, loss: Any = None) -> None:
+        """Count one micro-batch of a step that accumulates gradients over several. `loss` is
+        the micro-batch's own loss, before any division by the accumulation steps."""
+        micro = self._micro
+        micro.count += 1
+        micro.samples += samples
+        micro.tokens += samples * (self.seq_len or 0) if tokens is None else tokens
+        if loss is not None:
+            # Tensors add on their device without a sync; the mean is read on report steps.
+            micro.loss_sum = micro.loss_sum + (loss.detach() if hasattr(loss, "detach") else loss)
+            micro.losses += 1
+
+    def step(self, samples: int | None = None, tokens: int | None = None, loss: Any = None,
+             grad_norm: Any = None) -> None:
+        """Close an optimizer step. Without `samples`, the micro-batches counted since the
+        last step give samples, tokens and (their mean) loss. `loss` and `grad_norm` may be
+        tensors: they are read only when a report goes out."""
         now = time.perf_counter()
+        micro, self._micro = self._micro, _MicroBatches()
+        if samples is None:
+            if not micro.count:
+                raise ValueError("step() needs samples=, or micro_batch() calls before it")
+            samples, tokens = micro.samples, micro.tokens if tokens is None else tokens
+            if loss is None and micro.losses:
+                loss = micro.loss_sum / micro.losses
         if tokens is None:
             tokens = samples * (self.seq_len or 0)
         iv = self._interval
@@ -203,6 +274,17 @@ class Monitor:
             self._step_end += elapsed
             self.last_checkpoint_time = time.time()
 
+    @contextlib.contextmanager
+    def eval(self) -> Iterator[None]:
+        """Time an evaluation pass; its time is kept out of the step times."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - t0
+            self._interval.eval_s += elapsed
+            self._step_end += elapsed
+
     def watch(self, ddp_model: nn.Module, process_group: dist.ProcessGroup | None = None) -> None:
         """Separate waiting for other ranks from this rank's compute, by a pass-through
         hook on DDP's gradient all-reduce (the default reduction, unchanged)."""
@@ -216,8 +298,14 @@ class Monitor:
         ddp_model.register_comm_hook(process_group, hook)
 
     def close(self) -> None:
-        """Send what is left and release the socket."""
-        if self._interval.steps or self._interval.checkpoint_s:
+        """Send what is left and release the socket. Runs at interpreter exit if the loop
+        did not call it; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        iv = self._interval
+        if iv.steps or iv.checkpoint_s or iv.eval_s:
             self.report()
         self.sink.close()
 
@@ -246,7 +334,7 @@ class Monitor:
                 for e in phase.done:
                     e.synchronize()
             self._pending.popleft()
-            seconds = self._clock.seconds(phase.start, phase.end)
+            seconds = max(self._clock.seconds(phase.start, phase.end) - phase.waited, 0.0)
             if phase.ready is not None and phase.done:
                 waited = max(self._clock.seconds(phase.ready, d) for d in phase.done)
                 seconds -= min(max(waited, 0.0), seconds)
@@ -292,13 +380,27 @@ class Monitor:
             "peak_source": self.peak.source,
             "checkpoint_time": self.last_checkpoint_time,
             "checkpoint_s": iv.checkpoint_s,
+            "eval_s": iv.eval_s,
         }
-        self.sink.send(record)
+        if not self.sink.send(record) and not self._warned:
+            self._warned = True
+            self._warn_undelivered()
         if self.on_report is not None:
             self.on_report(record)
         self._interval = _Interval()
         self._last_report = time.monotonic()
         return record
+
+
+    def _warn_undelivered(self) -> None:
+        error = self.sink.last_error
+        if error is not None and error.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            log.warning("burnrate: no agent is listening at %s, so this rank's telemetry is dropped (once the "
+                        "agent runs there it arrives; BURNRATE_TELEMETRY_SOCKET names another socket)",
+                        self.sink.path)
+        else:
+            log.warning("burnrate: telemetry to %s is dropped: %s", self.sink.path,
+                        error.strerror if error is not None else "unknown error")
 
 
 def _scalar(value: Any) -> float | None:

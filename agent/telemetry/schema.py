@@ -114,6 +114,7 @@ def _json_types(annotation: Any) -> frozenset[type]:
 _FIELDS = tuple((field.name, field.type, field.required, _json_types(field.type))
                 for field in msgspec.structs.fields(Record))
 _decode = msgspec.json.Decoder(Record).decode
+_NULL_DELTAS = tuple((f.name, f.default) for f in telemetry.FIELDS if f.delta and f.nullable)
 
 
 def validate(payload: bytes) -> Record | Rejection:
@@ -168,6 +169,6 @@ def _consistent(record: Record) -> Record | Rejection:
     # A node's local ranks are a subset of the job's ranks.
     if record.local_rank is not None and record.local_rank >= record.world_size:
         return Rejection(BAD_VALUE, "local_rank")
-    if record.checkpoint_s is None:
-        return msgspec.structs.replace(record, checkpoint_s=0.0)
-    return record
+    # A delta sent as null is "nothing this interval": the counters add its default.
+    nulls = {name: default for name, default in _NULL_DELTAS if getattr(record, name) is None}
+    return msgspec.structs.replace(record, **nulls) if nulls else record
