@@ -181,6 +181,15 @@ class JobDetail:
         return not self.gpu_labels and not self.steps.ranks
 
 
+def _held_by(views: Views, alloc_rows: np.ndarray) -> dict[str, np.ndarray]:
+    """UUID -> (time,) bool: when the allocations `alloc_rows` (one job's) held that GPU."""
+    held: dict[str, np.ndarray] = {}
+    uuids = views.alloc.keys["UUID"].to_numpy()
+    for row in alloc_rows:
+        held[uuids[row]] = held.get(uuids[row], np.zeros(views.n, bool)) | views.alloc.present[row]
+    return held
+
+
 GPU_SERIES = {"util": "gpu_util", "memory": "fb_used_mib", "power": "power_w", "nvlink": "nvlink_bandwidth_mbps"}
 
 
@@ -198,7 +207,10 @@ def job_detail(views: Views, report: Report, namespace: str, training_job: str,
     order = sorted(range(grid.size), key=lambda i: (_natural(grid.keys["Hostname"].iloc[i]),
                                                    _natural(grid.keys["gpu"].iloc[i])))
     labels = [f"{grid.keys['Hostname'].iloc[i]}/{grid.keys['gpu'].iloc[i]}" for i in order]
-    series = {name: bucket_mean(grid.values[col][order], k) for name, col in GPU_SERIES.items()
+    # Only while this job held the GPU: before and after, another job's work is on it.
+    held = _held_by(views, alloc_rows)
+    mask = np.array([held[grid.keys["UUID"].iloc[i]] for i in order]).reshape(len(order), views.n)
+    series = {name: bucket_mean(np.where(mask, grid.values[col][order], np.nan), k) for name, col in GPU_SERIES.items()
               if col in grid.values and grid.size}
 
     rank = views.rank

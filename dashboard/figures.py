@@ -110,7 +110,9 @@ def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
                   row=row, col=1)
     fig.add_trace(go.Scatter(x=detail.times, y=np.round(detail.throughput, 1), name=detail.throughput_unit,
                              line={"color": "#00b894", "dash": "dot"}), row=row, col=1, secondary_y=True)
-    fig.update_yaxes(tickformat=".0%", row=row, col=1, secondary_y=False)
+    # Two significant digits: a CPU run's 0.4% and a GPU run's 41% both read as themselves,
+    # where a fixed ".0%" repeats "0%" down a small axis.
+    fig.update_yaxes(tickformat=".2~p", row=row, col=1, secondary_y=False)
     row += 1
     fig.add_trace(go.Scatter(x=detail.times, y=detail.loss, name="loss", line={"color": "#d63031"}), row=row, col=1)
     fig.add_trace(go.Scatter(x=detail.times, y=detail.grad_norm, name="grad norm", line={"color": "#636e72"}),
@@ -133,9 +135,27 @@ def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
     if detail.checkpoints:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="checkpoint",
                                  line={"color": "#b2bec3", "dash": "dash"}), row=1, col=1)
+    # A date axis over the job's own time on every row: a row without traces (no findings)
+    # would otherwise make the shared axis linear and squeeze every panel into the edge.
+    fig.update_xaxes(type="date", range=_job_extent(detail))
     fig = _layout(fig, f"{detail.namespace}/{detail.training_job} over time", simulated, height=190 * rows)
     fig.update_layout(legend={"orientation": "h", "y": -0.04}, hovermode="x")
     return fig
+
+
+def _job_extent(detail: JobDetail) -> list[pd.Timestamp] | None:
+    """From the job's first to the end of its last bucket with any series, its findings included."""
+    seen = np.zeros(len(detail.times), bool)
+    for values in (*detail.gpu_series.values(), detail.mfu[None], detail.throughput[None], detail.loss[None],
+                   detail.grad_norm[None]):
+        if values.size:
+            seen |= np.isfinite(values).any(axis=0)
+    times = pd.DatetimeIndex(detail.times)
+    ends = list(_datetimes([v for f in detail.findings for v in (f.start, f.end)]))
+    if seen.any():
+        step = times[1] - times[0] if len(times) > 1 else pd.Timedelta(0)
+        ends += [times[seen].min(), times[seen].max() + step]
+    return [min(ends), max(ends)] if ends else None
 
 
 def _datetimes(seconds: list[float]) -> pd.DatetimeIndex:

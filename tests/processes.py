@@ -1,4 +1,4 @@
-"""Real processes for integration tests: the agent and a Prometheus server, on loopback."""
+"""Real processes for integration tests: the agent, the dashboard and a Prometheus server, on loopback."""
 from __future__ import annotations
 
 import contextlib
@@ -38,6 +38,22 @@ def agent(tmp_path, *extra: str):
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
         yield f"http://127.0.0.1:{port}", sock, proc
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+@contextlib.contextmanager
+def dashboard(tmp_path, recording: str):
+    """`burnrate dashboard --recording` as a user runs it; yields its base URL."""
+    port = free_port()
+    log = open(tmp_path / "dashboard.log", "wb")
+    proc = subprocess.Popen([PYTHON, "-m", "burnrate", "dashboard", "--recording", recording,
+                             "--listen", f"127.0.0.1:{port}"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/", timeout=60, proc=proc)
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(10)

@@ -24,7 +24,10 @@ from burnrate.dashboard.filters import FindingFilters
 from burnrate.dashboard.timerange import TimeRange, from_query, picker_value, with_params
 from burnrate.dashboard.ui import current_service, render
 from burnrate.simulator.simulate import Spec, simulate
+from burnrate.analyzer.pricing import load_catalog
+from burnrate.analyzer.report import analyze
 from tests.conftest import free_port
+from tests.test_detectors import Fleet
 
 # Three nodes of 8 GPUs: room for a full-node straggler job beside the GPUs kept free.
 SPEC = Spec(nodes=3, gpus_per_node=8, hours=1.0, step_s=15.0, seed=0, end=1_795_000_000.0)
@@ -328,3 +331,20 @@ def test_command_line_errors_are_one_line(tmp_path, capsys, recording):
     secret.write_text("team:s3cret\n")
     from burnrate.dashboard.auth import credentials
     assert credentials(str(secret)) == ("team", "s3cret")
+
+
+def test_a_jobs_gpu_panels_show_only_the_time_it_held_them():
+    """One GPU, held by job `first` for the first half of the window and by `second` after:
+    each job's page shows the GPU's series only for its own half."""
+    f = Fleet()
+    f.node("node-a")
+    f.gpu("node-a", 0, util=np.where(np.arange(f.n) < f.n // 2, 30.0, 90.0))
+    half = np.arange(f.n) < f.n // 2
+    f.alloc("node-a", 0, "first-0", "first", mask=half)
+    f.alloc("node-a", 0, "second-0", "second", mask=~half)
+    report = analyze(f.frames(), load_catalog())
+    for job, mine, util in (("first", half, 30.0), ("second", ~half, 90.0)):
+        detail = aggregate.job_detail(report.views, report, "ml", job, max_buckets=f.n)
+        (shown,) = detail.gpu_series["util"]
+        assert np.isfinite(shown).tolist() == mine.tolist()
+        assert set(shown[mine]) == {util}

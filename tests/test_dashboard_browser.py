@@ -204,3 +204,46 @@ def test_a_range_without_a_preset_stays_in_the_url(served, browser):
     WebDriverWait(browser, 30).until(EC.text_to_be_present_in_element((By.ID, "app-range"), "custom"))
     assert urlsplit(browser.current_url).query == "range=30m"
     assert _errors(browser) == []
+
+
+AXES_AND_DATA = """
+const gd = document.querySelector('#job-timeline .js-plotly-plot') || document.getElementById('job-timeline');
+const L = gd._fullLayout, xs = [];
+for (const t of gd._fullData) for (const [i, x] of Array.from(t.x || []).entries())
+    if (x !== null && t.y && t.y[i] !== null && t.y[i] === t.y[i]) xs.push(L.xaxis.d2l(x));
+return {
+    axes: Object.keys(L).filter(k => /^xaxis\\d*$/.test(k)).map(k => [k, L[k].type, L[k].range.map(v => L[k].r2l(v))]),
+    first: Math.min(...xs), last: Math.max(...xs),
+};
+"""
+
+
+def test_a_jobs_panels_span_its_own_time_with_or_without_findings(served, browser, tmp_path):
+    """Every over-time panel of a job's page is a date axis over the job's own time: the
+    x range a user sees starts at or before the job's first point and ends at or after its
+    last, and is no wider than the recording's window. A job without findings (here from a
+    fleet without faults) once made the shared axis linear, squeezing every panel into a
+    line at the right edge."""
+    from burnrate.analyzer.pricing import load_catalog
+    from burnrate.analyzer.report import analyze
+    from burnrate.analyzer.sources import RecordingSource
+    from burnrate.simulator.simulate import Spec, simulate
+    from tests.processes import dashboard
+
+    base, truth, _ = served
+    healthy = str(tmp_path / "healthy")
+    simulate(healthy, Spec(nodes=1, gpus_per_node=8, hours=1.0, seed=1, end=1_795_000_000.0, healthy_only=True))
+    report = analyze(RecordingSource(healthy).frames(), load_catalog())
+    quiet = next((j.namespace, j.training_job) for j in report.jobs
+                 if not any(f.job == (j.namespace, j.training_job) for f in report.findings))
+    window_ms = (report.window.end - report.window.start) * 1000
+    with dashboard(tmp_path, healthy) as healthy_base:
+        for url in (base + "/job/{}/{}".format(*_straggler_job(truth)), healthy_base + "/job/{}/{}".format(*quiet)):
+            _load(browser, url, "#job-timeline")
+            seen = browser.execute_script(AXES_AND_DATA)
+            assert seen["axes"], f"{url}: no x axes drawn"
+            for name, kind, (start, end) in seen["axes"]:
+                assert kind == "date", (url, name)
+                assert start <= seen["first"] and end >= seen["last"], (url, name)
+                assert end - start <= window_ms * 1.05, (url, name)
+            assert seen["last"] > seen["first"]
