@@ -18,7 +18,7 @@ import argparse
 import dataclasses
 import os
 import signal
-import socket
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +28,7 @@ import webbrowser
 from contextlib import ExitStack
 
 from burnrate.exporter.errors import UserError
+from burnrate.exporter.listen import ensure_free
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,16 +71,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agent-port", type=int, default=9400, help="agent /metrics port (default 9400)")
     p.add_argument("--no-browser", action="store_true", help="do not open the dashboard in a browser")
     p.add_argument("--dir", help="where the recording goes (default: a new temporary directory)")
-
-
-def _check_port(port: int, flag: str) -> None:
-    with socket.socket() as s:
-        # as the servers do: a port left in TIME_WAIT by an earlier run is free
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            raise UserError(f"port {port} is in use (another demo or dcgm-exporter?): pass {flag} PORT") from None
 
 
 def _spawn(stack: ExitStack, argv: list[str], log: str, env: dict | None = None) -> subprocess.Popen:
@@ -153,8 +144,8 @@ def live_config(config):
 def run(args: argparse.Namespace) -> int:
     if args.duration < MIN_DURATION_S:
         raise UserError(f"--duration must be at least {MIN_DURATION_S:.0f} seconds for the faults to show")
-    _check_port(args.port, "--port")
-    _check_port(args.agent_port, "--agent-port")
+    ensure_free("127.0.0.1", args.port, "--port")
+    ensure_free("127.0.0.1", args.agent_port, "--agent-port")
     from burnrate.analyzer.detectors import DetectorConfig
     from burnrate.analyzer.frames import Window
     from burnrate.analyzer.pricing import load_catalog
@@ -170,24 +161,29 @@ def run(args: argparse.Namespace) -> int:
     simulate(recording, Spec(nodes=4, gpus_per_node=8, hours=2.0, end=start))
     print("  simulated fleet: 4 nodes x 8 GPUs, 2 h (labelled simulated)")
 
-    agent_url = f"http://127.0.0.1:{args.agent_port}/metrics"
-    with ExitStack() as stack:
-        _spawn(stack, ["agent", "--gpus", "2", "--listen", f"127.0.0.1:{args.agent_port}", "--node", "demo-node",
-                       "--telemetry-socket", sock, "--record", recording, "--forget-after", "5"],
-               os.path.join(work, "agent.log"))
-        dashboard_url = f"http://127.0.0.1:{args.port}/"
-        _spawn(stack, ["dashboard", "--recording", recording, "--listen", f"127.0.0.1:{args.port}"],
-               os.path.join(work, "dashboard.log"))
-        print(f"  agent:     {agent_url}\n  dashboard: {dashboard_url}\n")
-        # Only with a screen: without one, webbrowser may start a console browser that takes the terminal.
-        if not args.no_browser and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
-                                    or sys.platform == "darwin"):
-            webbrowser.open(dashboard_url)
-        env = {**os.environ, "BURNRATE_TELEMETRY_SOCKET": sock, "POD_NAMESPACE": NAMESPACE}
-        live_start = time.time()
-        for job in JOBS:
-            _train(stack, job, args.duration * job.share, env, work, agent_url, live_start)
-        time.sleep(2.0)  # the agent's last samples
+    try:
+        agent_url = f"http://127.0.0.1:{args.agent_port}/metrics"
+        with ExitStack() as stack:
+            _spawn(stack, ["agent", "--gpus", "2", "--listen", f"127.0.0.1:{args.agent_port}", "--node", "demo-node",
+                           "--telemetry-socket", sock, "--record", recording, "--forget-after", "5"],
+                   os.path.join(work, "agent.log"))
+            dashboard_url = f"http://127.0.0.1:{args.port}/"
+            _spawn(stack, ["dashboard", "--recording", recording, "--listen", f"127.0.0.1:{args.port}"],
+                   os.path.join(work, "dashboard.log"))
+            print(f"  agent:     {agent_url}\n  dashboard: {dashboard_url}\n")
+            # Only with a screen: without one, webbrowser may start a console browser that takes the terminal.
+            if not args.no_browser and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+                                        or sys.platform == "darwin"):
+                webbrowser.open(dashboard_url)
+            env = {**os.environ, "BURNRATE_TELEMETRY_SOCKET": sock, "POD_NAMESPACE": NAMESPACE}
+            live_start = time.time()
+            for job in JOBS:
+                _train(stack, job, args.duration * job.share, env, work, agent_url, live_start)
+            time.sleep(2.0)  # the agent's last samples
+    except KeyboardInterrupt:
+        # The children are stopped; what they recorded is kept.
+        print(f"\nburnrate demo: stopped\n{_replay(recording)}")
+        return 130
     end = time.time()
 
     catalog = load_catalog(None)
@@ -198,5 +194,15 @@ def run(args: argparse.Namespace) -> int:
     print(render_table(live))
     print("=== simulated fleet ===\n")
     print(render_table(fleet))
-    print(f"recording: {recording}\nreplay: burnrate dashboard --recording {recording}")
+    print(_replay(recording))
     return 0
+
+
+def _replay(recording: str) -> str:
+    """Where the recording is and the command that opens it again, runnable as printed: the
+    venv's own `burnrate` when the venv is not activated."""
+    command, beside = "burnrate", os.path.join(os.path.dirname(sys.executable), "burnrate")
+    if shutil.which("burnrate") is None and os.path.exists(beside):
+        relative = os.path.relpath(beside)
+        command = beside if relative.startswith("..") else relative
+    return f"recording: {recording}\nreplay: {command} dashboard --recording {recording}"

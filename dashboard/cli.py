@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from burnrate.exporter.errors import UserError
-from burnrate.exporter.listen import listen_address
+from burnrate.exporter.listen import ensure_free, listen_address
 
 DEFAULT_LISTEN = "127.0.0.1:8050"
 
@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from .ui import SERVICE_KEY
 
     host, port = listen_address(args.listen, default_host=None)
+    ensure_free(host, port, "--listen")
     if args.refresh <= 0 or args.cache_ttl <= 0 or args.timeout <= 0:
         raise UserError("--refresh, --cache-ttl and --timeout must be positive")
     try:

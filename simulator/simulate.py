@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from array import array
@@ -182,7 +183,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if os.path.exists(os.path.join(args.out, "burnrate.json")):
-        raise UserError(f"{args.out} already holds a recording; choose a new directory")
+        # A fleet this command wrote before is replaced; anything else is somebody's data.
+        if not os.path.exists(os.path.join(args.out, GROUND_TRUTH)):
+            raise UserError(f"{args.out} holds a recording that `burnrate simulate` did not write; "
+                            "choose a new directory")
+        shutil.rmtree(args.out)
+        print(f"replacing the simulated fleet in {args.out}", file=sys.stderr)
+    elif os.path.isdir(args.out) and os.listdir(args.out):
+        raise UserError(f"{args.out} is a directory with other files in it; choose a new one")
     spec = Spec(args.nodes, args.gpus_per_node, args.hours, args.step, args.seed, end, args.healthy_only)
     try:
         truth = simulate(args.out, spec)

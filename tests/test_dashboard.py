@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import threading
 import time
 
@@ -327,6 +328,14 @@ def test_command_line_errors_are_one_line(tmp_path, capsys, recording):
     assert "--listen wants HOST:PORT" in capsys.readouterr().err
     assert burnrate(["dashboard", "--recording", recording[0], "--basic-auth", "nopassword"]) == 2
     assert "USER:PASSWORD" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert burnrate(["dashboard", "--recording", recording[0], "--listen", f"127.0.0.1:{port}"]) == 2
+    out = capsys.readouterr()
+    (line,) = out.err.splitlines()          # the port is checked before anything is printed
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "pass --listen" in line and not out.out
     secret = tmp_path / "auth"
     secret.write_text("team:s3cret\n")
     from burnrate.dashboard.auth import credentials

@@ -1,5 +1,10 @@
 """`burnrate demo` end to end: real agent, real 2-rank training with faults, the analyzer naming them."""
+import os
+import signal
 import subprocess
+import time
+
+import psutil
 
 import pytest
 
@@ -27,3 +32,32 @@ def test_demo_names_the_injected_faults_at_its_shortest_duration(tmp_path):
     diverging = next(f for f in findings if f[1] == "diverging")
     assert diverging[0] == "critical" and "non_finite" in diverging, live
     assert "=== simulated fleet ===" in proc.stdout
+
+
+def test_ctrl_c_stops_everything_and_says_where_the_recording_is(tmp_path):
+    """Ctrl-C in a terminal signals the whole foreground process group: the demo stops its
+    agent, dashboard and trainers, and prints where the recording is and how to replay it."""
+    work = tmp_path / "demo"
+    proc = subprocess.Popen([PYTHON, "-m", "burnrate", "demo", "--duration", "600", "--no-browser", "--dir", str(work),
+                             "--port", str(free_port()), "--agent-port", str(free_port())],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("dashboard:" in line for line in lines):
+            lines.append(proc.stdout.readline())
+        time.sleep(5)                                       # the first trainer is running
+        family = psutil.Process(proc.pid).children(recursive=True)
+        assert family, "the demo started no processes"
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert f"recording: {work / 'recording'}" in rest
+    assert "dashboard --recording" in rest and "Traceback" not in rest
+    gone, alive = psutil.wait_procs(family, timeout=30)
+    assert alive == [], [p.cmdline() for p in alive]

@@ -197,7 +197,12 @@ with open(os.environ["README_STANDIN_LOG"], "a") as fh:
 
 
 def check_docker(args: list[str], cwd: str) -> None:
-    """An image the manifests deploy, built from a stage of the Dockerfile."""
+    """An image the manifests deploy, built from a stage of the Dockerfile, or pushed."""
+    images = yaml.safe_load(read(os.path.join(MANIFESTS, "kustomization.yaml")))["images"]
+    if args[:1] == ["push"]:
+        (_, tag), (name, _, version) = args, args[1].rsplit("/", 1)[-1].partition(":")
+        assert {"name": name, "newTag": version} in images, f"{tag} is not an image of manifests/kustomization.yaml"
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("verb", choices=["build"])
     parser.add_argument("--target", required=True)
@@ -207,7 +212,6 @@ def check_docker(args: list[str], cwd: str) -> None:
     stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", read(os.path.join(cwd, build.context, "Dockerfile")), re.M | re.I)
     assert build.target in stages
     name, _, tag = build.tag.rsplit("/", 1)[-1].partition(":")
-    images = yaml.safe_load(read(os.path.join(MANIFESTS, "kustomization.yaml")))["images"]
     assert {"name": name, "newTag": tag} in images, f"{build.tag} is not an image of manifests/kustomization.yaml"
 
 
@@ -283,3 +287,15 @@ def test_readme_command_runs_as_written(command, checkout, tmp_path):
         STANDINS[call["tool"]](call["args"], call["cwd"])
     if command.line.split()[0] in STANDINS:
         assert calls, f"{command.line.split()[0]} was not called"
+
+
+def test_the_pod_wiring_shown_is_the_manifests():
+    """The env, mount and volume the README tells a user to add are the example PyTorchJob's."""
+    (shown,) = [yaml.safe_load(b.body) for b in blocks() if b.language == "yaml" and "BURNRATE_TELEMETRY_SOCKET" in b.body]
+    job = yaml.safe_load(read(os.path.join(MANIFESTS, "trainer", "pytorchjob.yaml")))
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert shown["env"] == [e for e in container["env"] if e["name"] in {x["name"] for x in shown["env"]}]
+    assert {x["name"] for x in shown["env"]} == {"BURNRATE_TELEMETRY_SOCKET", "POD_NAME", "POD_NAMESPACE",
+                                               "BURNRATE_TRAINING_JOB"}
+    assert shown["volumeMounts"][0] in container["volumeMounts"] and shown["volumes"][0] in pod["volumes"]

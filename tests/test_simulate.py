@@ -166,9 +166,24 @@ def test_unwritable_directory_is_a_user_error(tmp_path):
         run(parse("--out", str(tmp_path / "file" / "fleet"), "--nodes", "1", "--hours", "0.1"))
 
 
-def test_refuses_to_append_to_a_recording(tmp_path, capsys):
-    args = parse("--out", str(tmp_path / "fleet"), "--nodes", "1", "--hours", "0.1", "--end", "2027-01-15T08:00:00Z")
+def test_a_second_run_replaces_its_own_fleet_and_nothing_else(tmp_path, capsys):
+    """Running the README's command twice works; an agent's recording or a directory of
+    other files is never written over."""
+    out = tmp_path / "fleet"
+    args = parse("--out", str(out), "--nodes", "1", "--hours", "0.1", "--end", "2027-01-15T08:00:00Z")
     assert run(args) == 0
-    assert "ground_truth.json" in capsys.readouterr().out
-    with pytest.raises(UserError, match="already holds a recording"):
+    first = (out / "ground_truth.json").read_text()
+    assert run(parse("--out", str(out), "--nodes", "1", "--hours", "0.1", "--end", "2027-01-15T09:00:00Z")) == 0
+    assert "replacing the simulated fleet" in capsys.readouterr().err
+    second = (out / "ground_truth.json").read_text()
+    assert first != second and len(RecordingSource(str(out)).frames().gpu)
+    (out / "ground_truth.json").unlink()          # now it looks like an agent's recording
+    with pytest.raises(UserError, match="did not write"):
         run(args)
+    other = tmp_path / "photos"
+    other.mkdir()
+    (other / "cat.jpg").write_bytes(b"\xff")
+    with pytest.raises(UserError, match="other files"):
+        run(parse("--out", str(other), "--nodes", "1", "--hours", "0.1"))
+    assert (other / "cat.jpg").read_bytes() == b"\xff"
+

@@ -160,6 +160,24 @@ def test_stall_stops_the_step_counter_while_the_processes_live(tmp_path):
         _kill(proc)
 
 
+def test_a_stalled_run_still_stops_on_sigterm_with_a_checkpoint(tmp_path):
+    """Kubernetes evicting a hung job: SIGTERM to the launcher reaches the stalled ranks,
+    which save the last step they finished and exit, leaving no process behind."""
+    ck = tmp_path / "ck"
+    proc = _start(tmp_path, "--steps", "100000", "--fault", "stall:at=5", "--checkpoint-dir", str(ck))
+    try:
+        _wait_for(lambda: {r["rank"] for r in _records(tmp_path) if r["step"] == 4} == {0, 1})
+        family = psutil.Process(proc.pid).children(recursive=True)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()[-3000:]
+    finally:
+        _kill(proc)
+    assert psutil.wait_procs(family, timeout=10)[1] == []
+    manifest = json.loads((ck / ((ck / "latest").read_text() + ".json")).read_text())
+    assert (manifest["reason"], manifest["step"]) == ("sigterm", 4)
+
+
 def test_straggler_has_the_longest_compute(tmp_path):
     _train(tmp_path, "--steps", "25", "--fault", "straggler:rank=1,factor=2")
     records = _records(tmp_path)

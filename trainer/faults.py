@@ -7,6 +7,7 @@ fault would show, not through doctored telemetry:
 - `starve:delay=S`             the loader takes S more seconds for every batch
 - `diverge:at=STEP`            from STEP on, the learning rate is multiplied by 10^4
 - `stall:at=STEP[,rank=R]`     before STEP, every rank (or only R) hangs; processes stay alive
+                               until SIGTERM, which stops them as it stops a running job
 - `crash:at=STEP[,rank=R]`     before STEP, rank R (default 0) raises and exits non-zero
 
 Steps count from 1: `at=5` acts on the fifth optimizer step.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 DIVERGE_LR_FACTOR = 1e4
 
@@ -97,16 +99,20 @@ class Faults:
                 scale *= DIVERGE_LR_FACTOR
         return scale
 
-    def before_step(self, step: int) -> None:
-        """Crash or hang before 1-based `step` starts, when a fault says so."""
+    def before_step(self, step: int, stopping: Callable[[], bool] = lambda: False) -> bool:
+        """Crash or hang before 1-based `step` starts, when a fault says so. False when a hang
+        was ended by `stopping()` (SIGTERM): the step must not run."""
         for f in self._of("crash"):
             if step == f.params["at"] and self.rank == int(f.get("rank", 0)):
                 raise InjectedCrash(f"injected crash at step {step} on rank {self.rank}")
         for f in self._of("stall"):
             if step == f.params["at"] and f.get("rank") in (None, self.rank):
-                # A hang, as in a deadlocked collective: no progress, no exit, signals ignored.
-                while True:
-                    time.sleep(3600)
+                # A hang, as in a deadlocked collective: no progress and no exit, until the pod
+                # is told to stop. The test fleet's ranks must never outlive their launcher.
+                while not stopping():
+                    time.sleep(0.1)
+                return False
+        return True
 
     def straggle(self, last_compute_s: float) -> None:
         """Inside the compute phase: on the straggling rank, stretch compute to `factor`

@@ -218,18 +218,20 @@ def _train(cfg: TrainConfig, ranks: Ranks, device: torch.device, stop: _StopRequ
     stopped = False
     try:
         for step, (x, y) in zip(range(start + 1, cfg.run.steps + 1), mon.wrap(data)):
-            faults.before_step(step)
-            with mon.compute():
-                faults.straggle(mon.last_compute_s)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with autocast:
-                    loss = net(x, y)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-            mon.step(samples=x.shape[0], tokens=x.numel(), loss=loss.detach(), grad_norm=grad_norm)
+            if faults.before_step(step, lambda: stop.requested):
+                with mon.compute():
+                    faults.straggle(mon.last_compute_s)
+                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                    with autocast:
+                        loss = net(x, y)
+                    loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                mon.step(samples=x.shape[0], tokens=x.numel(), loss=loss.detach(), grad_norm=grad_norm)
+            else:
+                step -= 1   # SIGTERM ended a hang before this step ran: the last step is the one to save
 
             # Time-based intervals are rank 0's call (clocks differ); Young's first save
             # measures the save time C that the interval needs.
