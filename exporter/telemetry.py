@@ -109,7 +109,8 @@ class TelemetrySink:
         except OSError as exc:
             # ENOENT / ECONNREFUSED: no agent; EAGAIN: its buffer is full. Drop, never wait.
             self.dropped += 1
-            self.last_error = exc
+            # Without its traceback, whose frames would keep the sender's caller alive.
+            self.last_error = OSError(exc.errno, exc.strerror)
             return False
         self.sent += 1
         return True

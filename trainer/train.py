@@ -250,6 +250,9 @@ def _train(cfg: TrainConfig, ranks: Ranks, device: torch.device, stop: _StopRequ
             save(step, "final")
     finally:
         mon.close()
+        # Stop the loader's workers now: they ignore SIGTERM (trainer.data), so a rank that
+        # left them to interpreter exit would wait on them forever.
+        data.close()
     return 0
 
 
