@@ -147,11 +147,13 @@ def run(args: argparse.Namespace) -> int:
     ensure_free("127.0.0.1", args.port, "--port")
     ensure_free("127.0.0.1", args.agent_port, "--agent-port")
     from burnrate.analyzer.detectors import DetectorConfig
+    from burnrate.analyzer.detectors.config_file import dump_detector_config
     from burnrate.analyzer.frames import Window
     from burnrate.analyzer.pricing import load_catalog
     from burnrate.analyzer.report import analyze, render_table
-    from burnrate.simulator.simulate import Spec, simulate
     from burnrate.analyzer.sources.recording import RecordingSource
+    from burnrate.analyzer.timeparse import format_time
+    from burnrate.simulator.simulate import Spec, simulate
 
     work = args.dir or tempfile.mkdtemp(prefix="burnrate-demo-")
     recording = os.path.join(work, "recording")
@@ -160,6 +162,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"burnrate demo: writing to {work}")
     simulate(recording, Spec(nodes=4, gpus_per_node=8, hours=2.0, end=start))
     print("  simulated fleet: 4 nodes x 8 GPUs, 2 h (labelled simulated)")
+    # The dashboard judges the live jobs as the summary at the end does: thresholds in
+    # minutes read as seconds, since the jobs last seconds.
+    thresholds = os.path.join(work, "live-thresholds.yaml")
+    with open(thresholds, "w", encoding="utf-8") as fh:
+        fh.write(dump_detector_config(live_config(DetectorConfig())))
 
     try:
         agent_url = f"http://127.0.0.1:{args.agent_port}/metrics"
@@ -167,10 +174,12 @@ def run(args: argparse.Namespace) -> int:
             _spawn(stack, ["agent", "--gpus", "2", "--listen", f"127.0.0.1:{args.agent_port}", "--node", "demo-node",
                            "--telemetry-socket", sock, "--record", recording, "--forget-after", "5"],
                    os.path.join(work, "agent.log"))
-            dashboard_url = f"http://127.0.0.1:{args.port}/"
-            _spawn(stack, ["dashboard", "--recording", recording, "--listen", f"127.0.0.1:{args.port}"],
-                   os.path.join(work, "dashboard.log"))
-            print(f"  agent:     {agent_url}\n  dashboard: {dashboard_url}\n")
+            # It opens where the live jobs are: their findings, from the moment they started.
+            dashboard_url = f"http://127.0.0.1:{args.port}/findings?start={format_time(start)}&namespace={NAMESPACE}"
+            _spawn(stack, ["dashboard", "--recording", recording, "--listen", f"127.0.0.1:{args.port}",
+                           "--detector-config", thresholds], os.path.join(work, "dashboard.log"))
+            print(f"  agent:     {agent_url}\n  dashboard: {dashboard_url}\n"
+                  f"             (live jobs; thresholds in minutes read as seconds, see {thresholds})\n")
             # Only with a screen: without one, webbrowser may start a console browser that takes the terminal.
             if not args.no_browser and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
                                         or sys.platform == "darwin"):

@@ -11,6 +11,7 @@ import os
 import dash
 from dash import Input, Output, ctx, dcc, html, no_update
 
+from burnrate.analyzer.detectors import DetectorConfig
 from burnrate.analyzer.pricing import Catalog, load_catalog
 
 from . import auth
@@ -22,13 +23,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def create_app(source: Source, catalog: Catalog | None = None, *, ttl_s: float = 30.0,
-               refresh_s: float = 60.0, basic_auth: tuple[str, str] | None = None) -> dash.Dash:
+               refresh_s: float = 60.0, basic_auth: tuple[str, str] | None = None,
+               config: DetectorConfig = DetectorConfig()) -> dash.Dash:
     """A dashboard over `source` (a PrometheusSource or RecordingSource). Analyses
-    are cached for `ttl_s`; pages refresh every `refresh_s` while live refresh is on."""
+    are cached for `ttl_s`; pages refresh every `refresh_s` while live refresh is on;
+    `config` holds the detectors' thresholds."""
     app = dash.Dash("burnrate.dashboard", use_pages=True, pages_folder=os.path.join(HERE, "pages"),
                     assets_folder=os.path.join(HERE, "assets"), title="burnrate",
                     suppress_callback_exceptions=True, update_title=None)
-    service = DataService(source, catalog or load_catalog(None), ttl_s=ttl_s)
+    service = DataService(source, catalog or load_catalog(None), ttl_s=ttl_s, config=config)
     app.server.extensions[SERVICE_KEY] = service
     if basic_auth is not None:
         auth.require_basic_auth(app.server, *basic_auth)

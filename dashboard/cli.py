@@ -19,6 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--basic-auth", metavar="USER:PASSWORD|FILE",
                         help="require HTTP basic auth; a file holding USER:PASSWORD keeps it out of `ps`")
     parser.add_argument("--pricing", metavar="FILE", help="YAML price overrides per instance type, GPU model or node")
+    parser.add_argument("--detector-config", metavar="FILE",
+                        help="YAML thresholds per detector, as `burnrate analyze --detector-config` reads them")
     parser.add_argument("--refresh", type=float, default=60.0, metavar="S",
                         help="seconds between live refreshes of a page (default 60)")
     parser.add_argument("--cache-ttl", type=float, default=30.0, metavar="S",
@@ -28,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from burnrate.analyzer.detectors import DetectorConfig
+    from burnrate.analyzer.detectors.config_file import DetectorConfigError, load_detector_config
     from burnrate.analyzer.pricing import PricingError, load_catalog
     from burnrate.analyzer.recording import RecordingError
     from burnrate.analyzer.sources import PrometheusSource, RecordingSource
@@ -46,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     try:
         catalog = load_catalog(args.pricing)
-    except PricingError as exc:
+        config = load_detector_config(args.detector_config) if args.detector_config else DetectorConfig()
+    except (PricingError, DetectorConfigError) as exc:
         raise UserError(str(exc)) from None
     try:
         if args.recording is not None:
@@ -55,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
             source, where = PrometheusSource(args.prometheus, timeout_s=args.timeout), f"Prometheus {args.prometheus}"
     except (RecordingError, ValueError) as exc:
         raise UserError(str(exc)) from None
-    app = create_app(source, catalog, ttl_s=args.cache_ttl, refresh_s=args.refresh, basic_auth=credentials)
+    app = create_app(source, catalog, ttl_s=args.cache_ttl, refresh_s=args.refresh, basic_auth=credentials,
+                     config=config)
     app.server.extensions[SERVICE_KEY].warm_up()
     print(f"burnrate dashboard: http://{args.listen}/ ({where})", file=sys.stderr, flush=True)
     try:

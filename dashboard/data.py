@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from burnrate.analyzer.cost import GpuPrices
+from burnrate.analyzer.detectors import DetectorConfig
 from burnrate.analyzer.views import Views
 from burnrate.analyzer.frames import Frames, Window
 from burnrate.analyzer.pricing import Catalog
@@ -96,9 +97,10 @@ class DataService:
     """Analyses of one source, cached per time range for `ttl_s` seconds."""
 
     def __init__(self, source: Source, catalog: Catalog, ttl_s: float = 30.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, config: DetectorConfig = DetectorConfig()) -> None:
         self.source = source
         self.catalog = catalog
+        self.config = config
         self.where = describe_source(source)
         self.clock = clock
         # A recording's ranges end at its last sample; Prometheus' end now.
@@ -127,7 +129,7 @@ class DataService:
             raise Unavailable(str(exc).splitlines()[0]) from None
         except (RecordingError, OSError, ValueError) as exc:
             raise Unavailable(f"cannot read {self.where}: {exc}") from None
-        return Analysis(frames, analyze(frames, self.catalog), self.catalog).warm()
+        return Analysis(frames, analyze(frames, self.catalog, self.config), self.catalog).warm()
 
     def _frames(self, r: TimeRange) -> Frames:
         if isinstance(self.source, RecordingSource) and r.start is None:

@@ -122,6 +122,17 @@ def test_a_bad_detector_config_is_one_line(recording, tmp_path, text, message):
     assert "\n" not in str(info.value)
 
 
+def test_a_dumped_detector_config_reads_back_as_itself(tmp_path):
+    from burnrate.analyzer.detectors import DetectorConfig
+    from burnrate.analyzer.detectors.config_file import dump_detector_config, load_detector_config
+    from burnrate.demo import live_config
+
+    for config in (DetectorConfig(), live_config(DetectorConfig())):
+        path = tmp_path / "thresholds.yaml"
+        path.write_text(dump_detector_config(config))
+        assert load_detector_config(str(path)) == config
+
+
 def test_detector_config_moves_the_thresholds(capsys, recording, tmp_path):
     """The same recording, with the idle threshold past the window's two hours, names no idle GPU;
     every other detector keeps its defaults and finds what it found."""

@@ -328,6 +328,8 @@ def test_command_line_errors_are_one_line(tmp_path, capsys, recording):
     assert "--listen wants HOST:PORT" in capsys.readouterr().err
     assert burnrate(["dashboard", "--recording", recording[0], "--basic-auth", "nopassword"]) == 2
     assert "USER:PASSWORD" in capsys.readouterr().err
+    assert burnrate(["dashboard", "--recording", recording[0], "--detector-config", str(tmp_path / "none.yaml")]) == 2
+    assert "cannot read detector config" in capsys.readouterr().err
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

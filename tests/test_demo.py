@@ -8,6 +8,12 @@ import psutil
 
 import pytest
 
+from burnrate.analyzer.detectors.config_file import load_detector_config
+from burnrate.analyzer.pricing import load_catalog
+from burnrate.analyzer.sources import RecordingSource
+from burnrate.dashboard.data import DataService
+from burnrate.dashboard.filters import FindingFilters
+from burnrate.dashboard.timerange import ALL, from_query
 from burnrate.demo import MIN_DURATION_S
 from tests.conftest import PYTHON, ROOT, free_port
 
@@ -32,6 +38,15 @@ def test_demo_names_the_injected_faults_at_its_shortest_duration(tmp_path):
     diverging = next(f for f in findings if f[1] == "diverging")
     assert diverging[0] == "critical" and "non_finite" in diverging, live
     assert "=== simulated fleet ===" in proc.stdout
+    # The dashboard the demo opened: the same page, range and thresholds show the same faults.
+    url = next(line.split("dashboard: ", 1)[1] for line in proc.stdout.splitlines() if "dashboard: http" in line)
+    path, _, search = url.partition("?")
+    assert path.endswith("/findings")
+    service = DataService(RecordingSource(str(tmp_path / "demo" / "recording")), load_catalog(),
+                          config=load_detector_config(str(tmp_path / "demo" / "live-thresholds.yaml")))
+    keep = FindingFilters.from_query(search).keeps
+    shown = [f for f in service.analysis(from_query(search, ALL)).report.findings if keep(f)]
+    assert {(f.kind, f"{f.namespace}/{f.training_job}") for f in shown} >= set(INJECTED.items())
 
 
 def test_ctrl_c_stops_everything_and_says_where_the_recording_is(tmp_path):

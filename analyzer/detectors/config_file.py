@@ -16,6 +16,8 @@ import dataclasses
 import math
 import typing
 
+import yaml
+
 from ..yamlfile import read_yaml
 from . import DetectorConfig
 
@@ -26,6 +28,11 @@ class DetectorConfigError(ValueError):
 
 def load_detector_config(path: str) -> DetectorConfig:
     return detector_config(read_yaml(path, "detector config", DetectorConfigError) or {}, path)
+
+
+def dump_detector_config(config: DetectorConfig) -> str:
+    """Every threshold of `config` as a file `load_detector_config` reads back."""
+    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
 
 
 def detector_config(doc: object, path: str = "the detector config") -> DetectorConfig:
