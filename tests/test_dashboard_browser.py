@@ -207,15 +207,38 @@ def test_a_range_without_a_preset_stays_in_the_url(served, browser):
 
 
 AXES_AND_DATA = """
-const gd = document.querySelector('#job-timeline .js-plotly-plot') || document.getElementById('job-timeline');
+const box = document.getElementById(arguments[0]);
+const gd = box.classList.contains('js-plotly-plot') ? box : box.querySelector('.js-plotly-plot');
 const L = gd._fullLayout, xs = [];
 for (const t of gd._fullData) for (const [i, x] of Array.from(t.x || []).entries())
-    if (x !== null && t.y && t.y[i] !== null && t.y[i] === t.y[i]) xs.push(L.xaxis.d2l(x));
+    if (x !== null && (t.type === 'heatmap' || (t.y && t.y[i] !== null && t.y[i] === t.y[i]))) xs.push(L.xaxis.d2l(x));
 return {
     axes: Object.keys(L).filter(k => /^xaxis\\d*$/.test(k)).map(k => [k, L[k].type, L[k].range.map(v => L[k].r2l(v))]),
     first: Math.min(...xs), last: Math.max(...xs),
 };
 """
+
+
+def assert_time_axes(browser, graph: str, window_ms: float, where: str) -> None:
+    """Every x axis of the graph is a date axis whose range, as the user sees it, holds all of
+    the graph's data and is no wider than the window (plus Plotly's small padding)."""
+    seen = browser.execute_script(AXES_AND_DATA, graph)
+    assert seen["axes"], f"{where}: no x axes drawn"
+    for name, kind, (start, end) in seen["axes"]:
+        assert kind == "date", (where, graph, name)
+        assert start <= seen["first"] and end >= seen["last"], (where, graph, name)
+        assert end - start <= window_ms * 1.05, (where, graph, name)
+    assert seen["last"] > seen["first"], (where, graph)
+
+
+def test_the_fleet_pages_time_axes_span_the_recording(served, browser):
+    from burnrate.analyzer.sources import RecordingSource
+
+    base, _, root = served
+    window = RecordingSource(root).frames().window
+    _load(browser, base + "/", "#fleet-heatmap")
+    for graph in ("fleet-state", "fleet-burn", "fleet-heatmap"):
+        assert_time_axes(browser, graph, (window.end - window.start) * 1000, "fleet")
 
 
 def test_a_jobs_panels_span_its_own_time_with_or_without_findings(served, browser, tmp_path):
@@ -240,10 +263,4 @@ def test_a_jobs_panels_span_its_own_time_with_or_without_findings(served, browse
     with dashboard(tmp_path, healthy) as healthy_base:
         for url in (base + "/job/{}/{}".format(*_straggler_job(truth)), healthy_base + "/job/{}/{}".format(*quiet)):
             _load(browser, url, "#job-timeline")
-            seen = browser.execute_script(AXES_AND_DATA)
-            assert seen["axes"], f"{url}: no x axes drawn"
-            for name, kind, (start, end) in seen["axes"]:
-                assert kind == "date", (url, name)
-                assert start <= seen["first"] and end >= seen["last"], (url, name)
-                assert end - start <= window_ms * 1.05, (url, name)
-            assert seen["last"] > seen["first"]
+            assert_time_axes(browser, "job-timeline", window_ms, url)
