@@ -192,7 +192,7 @@ class Monitor:
                 batch = next(it)
             except StopIteration:
                 return
-            self._waited(time.perf_counter() - t0)
+            self.add_data_wait(time.perf_counter() - t0)
             yield batch
 
     @contextlib.contextmanager
@@ -203,9 +203,11 @@ class Monitor:
         try:
             yield
         finally:
-            self._waited(time.perf_counter() - t0)
+            self.add_data_wait(time.perf_counter() - t0)
 
-    def _waited(self, seconds: float) -> None:
+    # Framework hooks (trainer.integrations) see phases begin and end in separate calls.
+    def add_data_wait(self, seconds: float) -> None:
+        """Count `seconds` blocked on data; inside a compute phase, they are not compute."""
         self._interval.data_wait_s += seconds
         if self._phase is not None:
             self._phase.waited += seconds
@@ -213,13 +215,19 @@ class Monitor:
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
         """Time this rank's forward, backward and optimizer step."""
-        phase = _Phase(start=self._clock.mark())
-        self._phase = phase
+        self.begin_compute()
         try:
             yield
         finally:
+            self.end_compute()
+
+    def begin_compute(self) -> None:
+        self._phase = _Phase(start=self._clock.mark())
+
+    def end_compute(self) -> None:
+        phase, self._phase = self._phase, None
+        if phase is not None:
             phase.end = self._clock.mark()
-            self._phase = None
             self._pending.append(phase)
 
     def micro_batch(self, samples: int, tokens: int | None = None, loss: Any = None) -> None:
@@ -269,10 +277,13 @@ class Monitor:
         try:
             yield
         finally:
-            elapsed = time.perf_counter() - t0
-            self._interval.checkpoint_s += elapsed
-            self._step_end += elapsed
-            self.last_checkpoint_time = time.time()
+            self.add_checkpoint(time.perf_counter() - t0)
+
+    def add_checkpoint(self, seconds: float) -> None:
+        """Count a checkpoint save of `seconds` that just ended, kept out of the step times."""
+        self._interval.checkpoint_s += seconds
+        self._step_end += seconds
+        self.last_checkpoint_time = time.time()
 
     @contextlib.contextmanager
     def eval(self) -> Iterator[None]:
@@ -281,9 +292,12 @@ class Monitor:
         try:
             yield
         finally:
-            elapsed = time.perf_counter() - t0
-            self._interval.eval_s += elapsed
-            self._step_end += elapsed
+            self.add_eval(time.perf_counter() - t0)
+
+    def add_eval(self, seconds: float) -> None:
+        """Count an evaluation of `seconds` that just ended, kept out of the step times."""
+        self._interval.eval_s += seconds
+        self._step_end += seconds
 
     def watch(self, ddp_model: nn.Module, process_group: dist.ProcessGroup | None = None) -> None:
         """Separate waiting for other ranks from this rank's compute, by a pass-through

@@ -1,0 +1,78 @@
+"""The monitor for Hugging Face's `Trainer`, with no change to the training loop:
+
+    from burnrate.trainer.huggingface import BurnrateCallback
+    Trainer(model, args, train_dataset=..., callbacks=[BurnrateCallback(seq_len=1024)]).train()
+
+The Trainer fetches an optimizer step's micro-batches before `on_step_begin`, so the time
+from the previous step's end to this one's begin is data wait, unless an evaluation or a
+checkpoint save ended in between: that time is theirs, kept out of the step times.
+Samples are the micro-batches' per-device batch size; tokens are the Trainer's own count
+(`include_num_input_tokens_seen`, per rank) where it keeps one, else samples × `seq_len`.
+Loss and gradient norm are the Trainer's logged ones (every `logging_steps`).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from transformers import TrainerCallback
+
+from .monitor import Monitor
+
+
+class BurnrateCallback(TrainerCallback):
+    def __init__(self, seq_len: int | None = None, **monitor_args: Any) -> None:
+        """`seq_len`: the training sequence length, for tokens and the FLOPs per token;
+        `monitor_args` go to `Monitor` (socket_path, peak, every_s, job, ...)."""
+        self.seq_len = seq_len
+        self.monitor_args = monitor_args
+        self.monitor: Monitor | None = None
+        self._mark = time.perf_counter()
+        self._micro = 0
+        self._tokens_seen = 0
+        self._loss: float | None = None
+        self._grad_norm: float | None = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.monitor = Monitor(model, seq_len=self.seq_len, start_step=state.global_step, **self.monitor_args)
+        self._tokens_seen = state.num_input_tokens_seen
+        self._mark = time.perf_counter()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        self.monitor.add_data_wait(now - self._mark)
+        self.monitor.begin_compute()
+        self._micro = 0
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self._micro += 1
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.monitor.end_compute()
+        samples = (self._micro + 1) * args.per_device_train_batch_size
+        seen, self._tokens_seen = state.num_input_tokens_seen - self._tokens_seen, state.num_input_tokens_seen
+        # The Trainer gathers its token count over every rank.
+        tokens = seen // max(args.world_size, 1) if seen > 0 else None
+        self.monitor.step(samples=samples, tokens=tokens, loss=self._loss, grad_norm=self._grad_norm)
+        self._mark = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        self._loss = logs.get("loss", self._loss)
+        self._grad_norm = logs.get("grad_norm", self._grad_norm)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._set_apart(self.monitor.add_eval)
+
+    def on_save(self, args, state, control, **kwargs):
+        self._set_apart(self.monitor.add_checkpoint)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.monitor is not None:
+            self.monitor.close()
+
+    def _set_apart(self, add) -> None:
+        now = time.perf_counter()
+        if self.monitor is not None:
+            add(now - self._mark)
+        self._mark = now
