@@ -17,26 +17,20 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .monitor import Monitor
+from .hooks import MonitorHooks
 
 
-class BurnrateCallback(TrainerCallback):
+class BurnrateCallback(MonitorHooks, TrainerCallback):
     def __init__(self, seq_len: int | None = None, **monitor_args: Any) -> None:
-        """`seq_len`: the training sequence length, for tokens and the FLOPs per token;
-        `monitor_args` go to `Monitor` (socket_path, peak, every_s, job, ...)."""
-        self.seq_len = seq_len
-        self.monitor_args = monitor_args
-        self.monitor: Monitor | None = None
-        self._mark = time.perf_counter()
+        super().__init__(seq_len, **monitor_args)
         self._micro = 0
         self._tokens_seen = 0
         self._loss: float | None = None
         self._grad_norm: float | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.monitor = Monitor(model, seq_len=self.seq_len, start_step=state.global_step, **self.monitor_args)
+        self._start(model, state.global_step)
         self._tokens_seen = state.num_input_tokens_seen
-        self._mark = time.perf_counter()
 
     def on_step_begin(self, args, state, control, **kwargs):
         now = time.perf_counter()
@@ -68,11 +62,4 @@ class BurnrateCallback(TrainerCallback):
         self._set_apart(self.monitor.add_checkpoint)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.monitor is not None:
-            self.monitor.close()
-
-    def _set_apart(self, add) -> None:
-        now = time.perf_counter()
-        if self.monitor is not None:
-            add(now - self._mark)
-        self._mark = now
+        self._close()

@@ -1,0 +1,33 @@
+"""What the framework callbacks (trainer.huggingface, trainer.lightning) share: a monitor
+started when training starts, a clock mark since the last batch ended, and closing."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from .monitor import Monitor
+
+
+class MonitorHooks:
+    def __init__(self, seq_len: int | None = None, **monitor_args: Any) -> None:
+        """`seq_len`: the training sequence length, for tokens and the FLOPs per token;
+        `monitor_args` go to `Monitor` (socket_path, peak, every_s, job, ...)."""
+        self.seq_len = seq_len
+        self.monitor_args = monitor_args
+        self.monitor: Monitor | None = None
+        self._mark = time.perf_counter()    # when the last batch, evaluation or save ended
+
+    def _start(self, model: Any, step: int) -> None:
+        self.monitor = Monitor(model, seq_len=self.seq_len, start_step=step, **self.monitor_args)
+        self._mark = time.perf_counter()
+
+    def _set_apart(self, add: Callable[[float], None]) -> None:
+        """Count the time since the mark with `add` (the monitor's add_eval or add_checkpoint)."""
+        now = time.perf_counter()
+        if self.monitor is not None:
+            add(now - self._mark)
+        self._mark = now
+
+    def _close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
