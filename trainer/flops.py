@@ -10,6 +10,7 @@ work the model needs.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -135,7 +136,5 @@ def device_type(device: torch.device | str) -> str:
 def _cpu_threads() -> int:
     """torch's intra-op threads where torch is loaded (what its kernels use), else the CPUs
     this process may run on."""
-    import sys
-
     torch = sys.modules.get("torch")
     return torch.get_num_threads() if torch is not None else len(os.sched_getaffinity(0))

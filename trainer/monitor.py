@@ -195,17 +195,12 @@ class Monitor:
             self.add_data_wait(time.perf_counter() - t0)
             yield batch
 
-    @contextlib.contextmanager
-    def data_wait(self) -> Iterator[None]:
+    def data_wait(self) -> contextlib.AbstractContextManager[None]:
         """Time fetching a batch where no iterator is wrapped (`X, Y = get_batch()`). Inside
         `compute()` too, as loops that prefetch mid-step do: the time counts once, as wait."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add_data_wait(time.perf_counter() - t0)
+        return _timed(self.add_data_wait)
 
-    # Framework hooks (trainer.integrations) see phases begin and end in separate calls.
+    # Framework callbacks (trainer.hooks) see phases begin and end in separate calls.
     def add_data_wait(self, seconds: float) -> None:
         """Count `seconds` blocked on data; inside a compute phase, they are not compute."""
         self._interval.data_wait_s += seconds
@@ -248,7 +243,9 @@ class Monitor:
         last step give samples, tokens and (their mean) loss. `loss` and `grad_norm` may be
         tensors: they are read only when a report goes out."""
         now = time.perf_counter()
-        micro, self._micro = self._micro, _MicroBatches()
+        micro = self._micro
+        if micro.count:     # a fresh count only after micro-batches: nothing new per plain step
+            self._micro = _MicroBatches()
         if samples is None:
             if not micro.count:
                 raise ValueError("step() needs samples=, or micro_batch() calls before it")
@@ -270,14 +267,9 @@ class Monitor:
         if self._due():
             self.report()
 
-    @contextlib.contextmanager
-    def checkpoint(self) -> Iterator[None]:
+    def checkpoint(self) -> contextlib.AbstractContextManager[None]:
         """Time a checkpoint save; its time is kept out of the step times."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add_checkpoint(time.perf_counter() - t0)
+        return _timed(self.add_checkpoint)
 
     def add_checkpoint(self, seconds: float) -> None:
         """Count a checkpoint save of `seconds` that just ended, kept out of the step times."""
@@ -285,14 +277,9 @@ class Monitor:
         self._step_end += seconds
         self.last_checkpoint_time = time.time()
 
-    @contextlib.contextmanager
-    def eval(self) -> Iterator[None]:
+    def eval(self) -> contextlib.AbstractContextManager[None]:
         """Time an evaluation pass; its time is kept out of the step times."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add_eval(time.perf_counter() - t0)
+        return _timed(self.add_eval)
 
     def add_eval(self, seconds: float) -> None:
         """Count an evaluation of `seconds` that just ended, kept out of the step times."""
@@ -415,6 +402,16 @@ class Monitor:
         else:
             log.warning("burnrate: telemetry to %s is dropped: %s", self.sink.path,
                         error.strerror if error is not None else "unknown error")
+
+
+@contextlib.contextmanager
+def _timed(add: Callable[[float], None]) -> Iterator[None]:
+    """Time the block and hand its seconds to `add`."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        add(time.perf_counter() - t0)
 
 
 def _scalar(value: Any) -> float | None:
