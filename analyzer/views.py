@@ -209,7 +209,9 @@ class Views:
         self.frames = label_runs(frames if "held_s" in frames.gpu.columns else hold(frames))
         self.step = float(frames.step_s)
         self.start = float(frames.window.start)
-        self.n = max(int(np.floor((frames.window.end - frames.window.start) / self.step)) + 1, 1)
+        # Samples fall into the nearest bin (build_grid), so a window not on the step's
+        # multiples needs the bin its last samples round up to.
+        self.n = max(int(np.rint((frames.window.end - frames.window.start) / self.step)) + 1, 1)
         self._job_rows: dict[int, dict[tuple[str, str], np.ndarray]] = {}
         self.class_overrides = dict(class_overrides or {})
 

@@ -296,6 +296,29 @@ def test_single_loss_blip_is_not_divergence():
     assert diverging.detect(f.frames()) == []
 
 
+def test_one_report_held_over_several_steps_counts_once():
+    """Read at a step finer than the trainers report, each report repeats into several
+    bins with no step between: one spiked report is still one blip; three are a spike,
+    dated at the first."""
+    every = 5                                   # a report every fifth bin
+    reported = np.arange(N) % every == 0
+    steps = np.where(reported, 10.0, 0.0)
+
+    def held(spiked_reports: int) -> np.ndarray:
+        loss = np.full(N, 2.0) + np.repeat(np.arange(N // every) * 1e-4, every)   # each report its own value
+        loss[300:300 + spiked_reports * every] = 5.0 + np.repeat(np.arange(spiked_reports), every)
+        return loss
+
+    f = Fleet()
+    healthy_job(f, ranks=2, per_rank={r: {"loss": held(1), "steps": steps} for r in range(2)})
+    assert diverging.detect(f.frames()) == []
+    f = Fleet()
+    healthy_job(f, ranks=2, per_rank={r: {"loss": held(3), "steps": steps} for r in range(2)})
+    found = diverging.detect(f.frames())
+    assert [x.evidence["signals"] for x in found] == [["loss_spike"]]
+    assert found[0].start == pytest.approx(T0 + 300 * STEP)
+
+
 def test_thermal_throttle_needs_the_bits_and_a_low_clock():
     f = Fleet()
     f.node("n")

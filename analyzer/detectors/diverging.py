@@ -39,17 +39,32 @@ def _first_finite_seen(values: np.ndarray, present: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(present & np.isfinite(values), axis=1)
 
 
-def _sustained_spike(values: np.ndarray, mean: np.ndarray, ratio: float, count: int) -> int:
+def _sustained_spike(values: np.ndarray, mean: np.ndarray, fresh: np.ndarray, ratio: float, count: int) -> int:
     """The first bin from which `count` reports in a row stay at or above `ratio` times
     the mean before that bin, or -1. The level is held from the spike's start: a
-    trailing mean that took in the spike would soon call a blown-up loss normal."""
+    trailing mean that took in the spike would soon call a blown-up loss normal.
+    Only `fresh` bins are reports: a step finer than the reports repeats each one into
+    several bins (analyzer.holding), and one bad batch must not count three times."""
+    report = np.flatnonzero(fresh)
+    values, level = values[report], mean[report]
     with np.errstate(invalid="ignore"):
-        starts = np.flatnonzero(np.isfinite(values) & (values >= ratio * mean))
-    for start in starts:
+        spiked = np.isfinite(values) & (values >= ratio * level)
+    for start in np.flatnonzero(spiked):
         reports = values[start:start + count]
-        if len(reports) == count and np.all(np.isfinite(reports) & (reports >= ratio * mean[start])):
-            return int(start)
+        if len(reports) == count and np.all(np.isfinite(reports) & (reports >= ratio * level[start])):
+            return int(report[start])
     return -1
+
+
+def _fresh(v: Views, rows: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """The bins where a new report arrived: some rank's step counter moved, or its
+    series began. Without step counters every bin with a report counts."""
+    seen = present.any(axis=0)
+    if "steps" not in v.rank.values:
+        return seen
+    moved = (np.nan_to_num(v.rank.values["steps"][rows]) != 0).any(axis=0)
+    began = seen & ~np.r_[False, seen[:-1]]
+    return moved | began
 
 
 def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
@@ -74,13 +89,14 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         # One loss per job: ranks report the same all-reduced loss, or their own; the median is robust.
         job_loss = _job_median(loss, present)
         mean = trailing_mean(job_loss[None], history)[0]
-        at = _sustained_spike(job_loss, mean, config.loss_ratio, config.loss_reports)
+        fresh = _fresh(v, rows, present)
+        at = _sustained_spike(job_loss, mean, fresh, config.loss_ratio, config.loss_reports)
         if at >= 0:
             onsets["loss_spike"] = at
         if grad is not None:
             job_grad = _job_median(grad, present)
             gmean = trailing_mean(job_grad[None], history)[0]
-            at = _sustained_spike(job_grad, gmean, config.grad_ratio, config.grad_reports)
+            at = _sustained_spike(job_grad, gmean, fresh, config.grad_ratio, config.grad_reports)
             if at >= 0:
                 onsets["grad_norm_spike"] = at
         if not onsets:

@@ -23,20 +23,39 @@ LOADERS = min(4, os.cpu_count() or 1)
 
 
 def sample_interval(root: str, window: Window) -> float:
-    """The sample interval within a window: the median gap between distinct sample
-    times of the gpu (else node) table, from the first rows of each segment there."""
+    """The sample interval within a window: the shortest of its series' own intervals
+    (each the median gap between that series' samples) in the gpu (else node) table,
+    from the first rows of each segment there. The shortest, as Prometheus' step is the
+    shortest scrape interval: a node sampled every second beside a fleet sampled every
+    15 s must not have fifteen samples fall into one step, whatever the window."""
     for table in ("gpu", "node"):
-        times = []
-        for segment in segments(root, table):
-            rows = complete_rows(segment, {"t": "f8"})
-            if rows:
-                t = np.memmap(os.path.join(segment, "t.f8"), dtype="<f8", mode="r", shape=(rows,))
-                lo, hi = np.searchsorted(t, window.start, "left"), np.searchsorted(t, window.end, "right")
-                times.append(np.array(t[lo:min(hi, lo + STEP_SAMPLE_ROWS)]))
-        distinct = np.unique(np.concatenate(times)) if times else np.empty(0)
-        if len(distinct) > 1:
-            return float(np.median(np.diff(distinct)))
+        intervals = [interval for segment in segments(root, table)
+                     if (interval := _finest_series_interval(segment, window)) is not None]
+        if intervals:
+            return min(intervals)
     return DEFAULT_STEP_S
+
+
+def _finest_series_interval(segment: str, window: Window) -> float | None:
+    rows = complete_rows(segment, {"t": "f8", "key": "u4"})
+    if not rows:
+        return None
+    t = np.memmap(os.path.join(segment, "t.f8"), dtype="<f8", mode="r", shape=(rows,))
+    lo = int(np.searchsorted(t, window.start, "left"))
+    hi = min(int(np.searchsorted(t, window.end, "right")), lo + STEP_SAMPLE_ROWS)
+    keys = np.fromfile(os.path.join(segment, "key.u4"), dtype="<u4", count=hi - lo, offset=lo * 4)
+    times = np.array(t[lo:hi])
+    order = np.lexsort((times, keys))
+    keys, times = keys[order], times[order]
+    gap = np.diff(times)
+    same = (keys[1:] == keys[:-1]) & (gap > 0)
+    if not same.any():
+        return None
+    gap_key = keys[1:][same]
+    gap = gap[same]
+    # Rows are sorted by key, so each key's gaps are one stretch: its median, then the least.
+    bounds = np.flatnonzero(np.diff(gap_key)) + 1
+    return float(min(np.median(part) for part in np.split(gap, bounds)))
 
 
 def time_range(root: str) -> Window:
