@@ -68,6 +68,9 @@ class Fleet:
     burn_now: float | None          # $/h at the last sample
     window_dollars: float           # the fleet's cost over the window
     unpriced_gpus: int              # GPUs no catalog price covers (left out of the dollars)
+    reporting_now: int = 0          # GPUs reporting at the last sample: the basis of every "now"
+    silent: int = 0                 # GPUs seen in the window that no longer report
+    silent_since: float | None = None   # when the last of them stopped
 
     @property
     def now(self) -> dict[str, float]:
@@ -91,6 +94,10 @@ def fleet(views: Views, prices: GpuPrices, max_buckets: int = MAX_BUCKETS) -> Fl
     burn = (reporting * rate).sum(axis=0)
     burn_free = ((reporting & ~held) * rate).sum(axis=0)
     seen = np.nonzero(reporting.any(axis=0))[0]
+    # A GPU that stopped reporting (a node gone, an agent down, a recording that ended
+    # for part of the fleet) is not in "now": say how many, or "now" reads as a lost fleet.
+    gone = reporting.any(axis=1) & ~reporting[:, seen[-1]] if len(seen) else np.zeros(gpu.size, bool)
+    last_seen = [int(np.flatnonzero(row).max()) for row in reporting[gone]]
     return Fleet(
         times=bucket_times(views, k), gpu_labels=labels,
         util=bucket_mean(util[order], k).astype(np.float32) if gpu.size else np.zeros((0, -(-views.n // k))),
@@ -99,7 +106,9 @@ def fleet(views: Views, prices: GpuPrices, max_buckets: int = MAX_BUCKETS) -> Fl
         burn=bucket_mean(burn, k)[0], burn_unallocated=bucket_mean(burn_free, k)[0],
         burn_now=float(burn[seen[-1]]) if len(seen) else None,
         window_dollars=float(burn.sum() * views.step / 3600),
-        unpriced_gpus=int(np.isnan(prices.actual).sum()))
+        unpriced_gpus=int(np.isnan(prices.actual).sum()),
+        reporting_now=int(reporting[:, seen[-1]].sum()) if len(seen) else 0,
+        silent=int(gone.sum()), silent_since=float(views.time(max(last_seen)) + views.step) if last_seen else None)
 
 
 def job_table(report: Report, views: Views) -> pd.DataFrame:

@@ -1,8 +1,10 @@
-"""A fixed, fully deterministic snapshot built from the real simulated reader and sampler."""
+"""Snapshots built from the real simulated reader and sampler: a fixed, fully deterministic
+one, and a node recorded by the real Recorder."""
 import itertools
 
 from burnrate.agent.attribution.attributor import StaticAttributor
 from burnrate.agent.gpu.simulated import SimulatedReader
+from burnrate.agent.recording import Recorder
 from burnrate.agent.sampler import Sampler
 from burnrate.exporter.snapshot import Allocation, NodeInfo, PodRef, RankKey, RankState, frozen
 from burnrate.exporter.catalog import RANK_FIELDS
@@ -33,3 +35,20 @@ def fixed_snapshot(gpus: int = 2):
     # Durations are wall-clock measurements: pin them so the text is reproducible.
     stats = snap.stats.__class__(**{**snap.stats.__dict__, "collection_seconds": frozen({"gpu": 0.001})})
     return snap.__class__(**{**snap.__dict__, "stats": stats})
+
+
+def record_live_node(root: str, start: float, seconds: int, every_s: float) -> None:
+    """The agent's own path, as in the demo: its simulated GPUs, held by one job, sampled
+    by the real Sampler every `every_s` and appended by the real Recorder."""
+    now = [start]
+    reader = SimulatedReader(2, seed=3, clock=lambda: now[0])
+    node = NodeInfo("live-node", "p5.48xlarge", "on-demand", "us-east-1a")
+    uuids = [g.identity.uuid for g in reader.read()]
+    holders = [Allocation(u, u, PodRef("demo", f"live-{i}", "trainer", "live")) for i, u in enumerate(uuids)]
+    sampler = Sampler(node_name="live-node", reader=reader, attribution=StaticAttributor(node, lambda: holders),
+                      clock=lambda: now[0])
+    recorder = Recorder(root)
+    for k in range(1, int(seconds / every_s) + 1):
+        now[0] = start + k * every_s
+        recorder.write(sampler.collect())
+    recorder.close()

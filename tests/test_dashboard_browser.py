@@ -264,3 +264,26 @@ def test_a_jobs_panels_span_its_own_time_with_or_without_findings(served, browse
         for url in (base + "/job/{}/{}".format(*_straggler_job(truth)), healthy_base + "/job/{}/{}".format(*quiet)):
             _load(browser, url, "#job-timeline")
             assert_time_axes(browser, "job-timeline", window_ms, url)
+
+
+def test_now_on_the_fleet_page_says_which_gpus_it_counts(browser, tmp_path):
+    """The demo's recording: a fleet that stops at T, then one node sampled every second.
+    "Now" counts the GPUs reporting now and says how many stopped and when, instead of
+    reading as a fleet that lost them."""
+    from burnrate.analyzer.timeparse import format_time
+    from burnrate.simulator.simulate import Spec, simulate
+    from tests.processes import dashboard
+    from tests.snapshots import record_live_node
+
+    end = 15 * 119_666_666.0         # on the 15 s grid: the fleet's last sample
+    root = str(tmp_path / "mixed")
+    simulate(root, Spec(nodes=2, gpus_per_node=4, hours=1.0, seed=1, end=end))
+    record_live_node(root, end, 60, 1.0)
+    with dashboard(tmp_path, root) as base:
+        _load(browser, base + "/", "#fleet-heatmap")
+        stats = browser.execute_script(
+            "return Object.fromEntries(Array.from(document.querySelectorAll('.br-stat')).map(s => ["
+            "s.querySelector('.br-stat-label').textContent.trim(),"
+            "[s.querySelector('.br-stat-value').textContent.trim(), s.querySelector('.br-stat-sub').textContent.trim()]]));")
+    assert stats["GPUs busy now"] == ["2", f"of 2 GPUs reporting; 8 more stopped reporting at {format_time(end + 15)}"]
+    assert stats["burn rate now"][1] == "the 2 reporting"

@@ -4,12 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from burnrate.agent.attribution.attributor import StaticAttributor
-from burnrate.agent.gpu.simulated import SimulatedReader
-from burnrate.agent.recording import Recorder
-from burnrate.agent.sampler import Sampler
 from burnrate.exporter.recording import TABLES
-from burnrate.exporter.snapshot import Allocation, NodeInfo, PodRef
 from burnrate.analyzer.accounting import account
 from burnrate.analyzer.views import Views
 from burnrate.analyzer.frames import Frames, Window
@@ -20,6 +15,7 @@ from burnrate.analyzer.report import analyze
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import RecordingSource
 from burnrate.analyzer.sources.allocation import best_allocation
+from tests.snapshots import record_live_node
 
 T0 = 1_800_000_000.0
 GPU_KEYS = TABLES["gpu"][0]
@@ -158,23 +154,6 @@ def test_successive_jobs_in_one_pod_stay_apart():
     assert jobs["sweep-a"].gpu_hours == pytest.approx(0.5) and jobs["sweep-b"].gpu_hours == pytest.approx(1.5)
 
 
-def _record_live_node(root: str, start: float, seconds: int, every_s: float) -> None:
-    """The agent's own path, as in the demo: its simulated GPUs, held by one job, sampled
-    by the real Sampler every `every_s` and appended by the real Recorder."""
-    now = [start]
-    reader = SimulatedReader(2, seed=3, clock=lambda: now[0])
-    node = NodeInfo("live-node", "p5.48xlarge", "on-demand", "us-east-1a")
-    uuids = [g.identity.uuid for g in reader.read()]
-    holders = [Allocation(u, u, PodRef("demo", f"live-{i}", "trainer", "live")) for i, u in enumerate(uuids)]
-    sampler = Sampler(node_name="live-node", reader=reader, attribution=StaticAttributor(node, lambda: holders),
-                      clock=lambda: now[0])
-    recorder = Recorder(root)
-    for k in range(1, int(seconds / every_s) + 1):
-        now[0] = start + k * every_s
-        recorder.write(sampler.collect())
-    recorder.close()
-
-
 @pytest.mark.parametrize("every_s", [1.0, 5.0])
 def test_a_node_sampled_faster_than_the_fleet_reads_the_same_in_every_window(tmp_path, every_s):
     """A fleet recorded at 15 s, then one node at `every_s` (the demo's recording): each
@@ -183,7 +162,7 @@ def test_a_node_sampled_faster_than_the_fleet_reads_the_same_in_every_window(tmp
     its job up to 15 times its hours."""
     root, live_s = str(tmp_path / "rec"), 120
     simulate(root, Spec(nodes=2, gpus_per_node=4, hours=2.0, step_s=15.0, seed=5, end=T0))
-    _record_live_node(root, T0, live_s, every_s)
+    record_live_node(root, T0, live_s, every_s)
     catalog, source = load_catalog(None), RecordingSource(root)
 
     def read(start: float, end: float):

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, callback, dash_table, html
 
+from burnrate.analyzer.timeparse import format_time
+
 from ..aggregate import finding_rows
 from ..data import Analysis
 from ..figures import burn_rate, fleet_state, utilization_heatmap
@@ -29,11 +31,15 @@ def content(a: Analysis, search: str) -> list:
     waste = sum(f.wasted_dollars or 0.0 for f in a.report.findings)
     hours = (a.frames.window.end - a.frames.window.start) / 3600
     unpriced = f"{fleet.unpriced_gpus} GPUs unpriced" if fleet.unpriced_gpus else None
+    basis = f"of {fleet.reporting_now} GPUs reporting"
+    if fleet.silent:
+        basis += f"; {fleet.silent} more stopped reporting at {format_time(fleet.silent_since)}"
     stats = html.Div([
-        stat("GPUs busy now", f"{now.get('busy', 0):.0f}"),
+        stat("GPUs busy now", f"{now.get('busy', 0):.0f}", basis),
         stat("allocated, idle", f"{now.get('idle', 0):.0f}"),
         stat("unallocated", f"{now.get('unallocated', 0):.0f}"),
-        stat("burn rate now", money(fleet.burn_now) + "/h", unpriced),
+        stat("burn rate now", money(fleet.burn_now) + "/h",
+             ", ".join(filter(None, [f"the {fleet.reporting_now} reporting" if fleet.silent else None, unpriced]))),
         stat("over the window", money(fleet.window_dollars, 0),
              f"{money(fleet.window_dollars / hours if hours else None)}/h average"),
         stat("findings", str(len(a.report.findings)), f"{money(waste, 0)} wasted"),
