@@ -231,6 +231,33 @@ def assert_time_axes(browser, graph: str, window_ms: float, where: str) -> None:
     assert seen["last"] > seen["first"], (where, graph)
 
 
+STACKED_BARS = """
+const gd = document.getElementById(arguments[0]).querySelector('.js-plotly-plot');
+const totals = {};
+for (const t of gd._fullData) for (const [i, x] of Array.from(t.x).entries()) totals[x] = (totals[x] || 0) + t.y[i];
+return {totals: totals, range: gd._fullLayout.yaxis.range};
+"""
+
+
+def test_the_cost_pages_namespace_bars_are_the_jobs_dollars(served, browser):
+    """Each namespace's stacked bar, as drawn, is the sum of its jobs' dollars, and the
+    y axis the user sees runs from zero past the tallest bar."""
+    from burnrate.analyzer.pricing import load_catalog
+    from burnrate.analyzer.report import analyze
+    from burnrate.analyzer.sources import RecordingSource
+    base, _, root = served
+    _load(browser, base + "/cost", "#cost-namespace")
+    expected: dict[str, float] = {}
+    for job in analyze(RecordingSource(root).frames(), load_catalog(None)).jobs:
+        expected[job.namespace] = expected.get(job.namespace, 0.0) + (job.cost_dollars or 0.0)
+    seen = browser.execute_script(STACKED_BARS, "cost-namespace")
+    assert seen["totals"].keys() == expected.keys()
+    for namespace, dollars in expected.items():
+        assert seen["totals"][namespace] == pytest.approx(dollars, abs=0.02), namespace
+    low, high = seen["range"]
+    assert low <= 0 < max(expected.values()) <= high
+
+
 def test_the_fleet_pages_time_axes_span_the_recording(served, browser):
     from burnrate.analyzer.sources import RecordingSource
 
