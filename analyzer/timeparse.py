@@ -14,6 +14,8 @@ from .frames import Window
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
 _PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _DURATION = re.compile(r"(?:\d+(?:ms|s|m|h|d|w|y))+")
+LATEST = 253402300799.0     # 9999-12-31T23:59:59Z, the last second datetime can write
+LONGEST_S = 1000 * _UNITS["y"]
 
 
 def parse_duration(text: str) -> float:
@@ -24,24 +26,29 @@ def parse_duration(text: str) -> float:
     seconds = sum(int(n) * _UNITS[unit] for n, unit in _PART.findall(text))
     if seconds <= 0:
         raise ValueError(f"duration {text!r} must be longer than zero")
+    if seconds > LONGEST_S:
+        raise ValueError(f"duration {text!r} is longer than 1000y")
     return seconds
 
 
 def parse_time(text: str) -> float:
-    """Unix seconds from unix seconds or ISO-8601; a time without a zone is UTC."""
+    """Unix seconds from unix seconds or ISO-8601; a time without a zone is UTC. Times
+    must lie between 1970 and the end of 9999, where they can be written back."""
     text = text.strip()
     try:
-        return float(text)
+        unix = float(text)
     except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
-    except ValueError:
-        raise ValueError(f"invalid time {text!r} (expected ISO-8601 like 2026-11-21T03:00:00Z, "
-                         "or unix seconds)") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.timestamp()
+        try:
+            parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+        except ValueError:
+            raise ValueError(f"invalid time {text!r} (expected ISO-8601 like 2026-11-21T03:00:00Z, "
+                             "or unix seconds)") from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=timezone.utc)
+        unix = parsed.timestamp()
+    if not 0.0 <= unix <= LATEST:     # NaN fails this too
+        raise ValueError(f"time {text!r} is outside 1970-01-01 to 9999-12-31")
+    return unix
 
 
 def format_time(unix: float) -> str:

@@ -281,6 +281,10 @@ def test_an_empty_window_and_a_bad_range_are_explained(app, pages):
         empty = pages["fleet"].update("?start=2000-01-01T00:00:00Z&end=2000-01-01T01:00:00Z", 1)
         assert "No data in this window" in _text(empty)
         assert "Invalid time range" in _text(pages["cost"].update("?range=forever", 1))
+        # Numbers no clock can hold are the URL's mistake, not a server error.
+        for search, says in (("?start=1e300", "outside 1970-01-01 to 9999-12-31"), ("?start=nan", "outside"),
+                             ("?range=99999999999y", "longer than 1000y")):
+            assert says in _text(pages["fleet"].update(search, 1)), search
 
 
 def test_an_unreachable_prometheus_is_explained():

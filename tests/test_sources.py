@@ -78,7 +78,7 @@ def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "2", "h", "2x", "-1h", "0s", "1.5h"])
+@pytest.mark.parametrize("text", ["", "2", "h", "2x", "-1h", "0s", "1.5h", "1001y", "100000y"])
 def test_bad_durations(text):
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
@@ -92,6 +92,10 @@ def test_times():
     assert format_time(1795230000.0) == "2026-11-21T03:00:00Z"
     with pytest.raises(ValueError, match="invalid time 'soon'"):
         parse_time("soon")
+    for text in ("nan", "inf", "-5", "1e300", "1969-12-31T23:59:59Z"):
+        with pytest.raises(ValueError, match="outside 1970-01-01 to 9999-12-31"):
+            parse_time(text)
+    assert parse_time("9999-12-31T23:59:59Z") == 253402300799.0
 
 
 def test_windows():
