@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -26,7 +27,16 @@ _INDEX = b"""<html><head><title>burnrate agent</title></head><body>
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver listens with a backlog of 5: a burst of scrapes (several Prometheus
+    # replicas, a federation, an HA pair at the same second) overflows it into time-outs.
+    request_queue_size = 128
     tls: ssl.SSLContext | None = None
+
+    def handle_error(self, request, client_address) -> None:
+        # A client that hung up or timed out mid-answer is its own business, not a
+        # traceback in the agent's log; anything else is still reported.
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
 
     def finish_request(self, request, client_address) -> None:
         request.settimeout(10.0)
@@ -57,7 +67,8 @@ class MetricsServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self._httpd.shutdown()
+        if self._thread.is_alive():     # shutdown() waits for a loop that never started
+            self._httpd.shutdown()
         self._httpd.server_close()
 
 

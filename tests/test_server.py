@@ -2,7 +2,10 @@
 import base64
 import dataclasses
 import gzip
+import select
+import socket
 import ssl
+import struct
 import subprocess
 import urllib.error
 import urllib.request
@@ -179,3 +182,44 @@ def test_one_listen_parser_for_every_command(text, default, expected):
 def test_a_bad_listen_address_is_one_line(text, default):
     with pytest.raises(UserError, match=r"^--listen wants HOST:PORT, got "):
         listen_address(text, default)
+
+
+def test_a_burst_of_scrapes_is_queued_not_refused(exposition):
+    """100 scrapers connect while the server has not accepted yet (as when every thread is
+    busy): the listen queue holds them all, where socketserver's default of 5 let the
+    rest hang in SYN_SENT until they timed out. Then every one is answered."""
+    server = MetricsServer("127.0.0.1", 0, exposition, lambda: (True, "ok"))
+    clients = []
+    try:
+        for _ in range(100):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(("127.0.0.1", server.port))
+            clients.append(c)
+        _, writable, _ = select.select([], clients, [], 3.0)
+        connected = [c for c in writable if c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0]
+        assert len(connected) == 100
+        server.start()
+        for c in clients:
+            c.setblocking(True)
+            c.settimeout(10)
+            c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert all(c.recv(64).startswith(b"HTTP/1.1 200") for c in clients)
+    finally:
+        for c in clients:
+            c.close()
+        server.stop()
+
+
+def test_a_client_that_hangs_up_mid_answer_leaves_no_traceback(exposition, capfd):
+    server = serve(exposition)
+    try:
+        for _ in range(30):
+            c = socket.create_connection(("127.0.0.1", server.port))
+            c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # RST on close
+            c.close()
+        assert get(f"http://127.0.0.1:{server.port}/healthz")[0] == 200
+    finally:
+        server.stop()
+    assert "Traceback" not in capfd.readouterr().err
