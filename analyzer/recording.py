@@ -7,6 +7,8 @@ windows are read in chunks and reduced to the window's step as they go
 (analyzer.resample), so memory follows the frames, not the recording.
 A segment whose columns differ in length (a crash mid-write) is cut to its
 shortest complete column, and rows whose key never reached keys.jsonl are dropped.
+A value column that is lost altogether (no file, or an empty one) reads as no value
+rather than taking its table's rows with it; `damage` says what is lost, and where.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import pandas as pd
 from burnrate.exporter.recording import FORMAT, TABLES
 
 from .resample import reduce_rows
+from .timeparse import format_time
 
 # Rows read at once: small enough that a chunk's arrays are reused from the heap
 # instead of faulted in afresh, and that a long window never sits in memory whole.
@@ -75,12 +78,44 @@ def _read(path: str, dtype: str, lo: int, hi: int) -> np.ndarray:
     return np.fromfile(path, dtype="<" + dtype, count=hi - lo, offset=lo * size)
 
 
+def _column_rows(segment: str, column: str, dtype: str) -> int:
+    path = os.path.join(segment, f"{column}.{dtype}")
+    return os.path.getsize(path) // np.dtype(dtype).itemsize if os.path.exists(path) else 0
+
+
 def complete_rows(segment: str, dtypes: dict[str, str]) -> int:
     """Rows every column of a segment has in full."""
-    def rows(column: str, dtype: str) -> int:
-        path = os.path.join(segment, f"{column}.{dtype}")
-        return os.path.getsize(path) // np.dtype(dtype).itemsize if os.path.exists(path) else 0
-    return min(rows(c, d) for c, d in dtypes.items())
+    return min(_column_rows(segment, c, d) for c, d in dtypes.items())
+
+
+def _lost(segment: str, columns: dict[str, str]) -> set[str]:
+    """Value columns with no rows where the time column has some: lost, not in flight."""
+    if not _column_rows(segment, "t", "f8"):
+        return set()
+    return {c for c, d in columns.items() if not _column_rows(segment, c, d)}
+
+
+def damage(root: str, start: float, end: float) -> list[str]:
+    """One line per part of a recording that cannot be read in [start, end]: a value
+    column lost (its rows read as no value) or a time column lost (its rows cannot be
+    placed in time), with the rows and the time it covers."""
+    notes = []
+    for table, (_labels, columns) in TABLES.items():
+        for segment in segments(root, table):
+            where = f"recording {table}/{os.path.basename(segment)}"
+            rows = complete_rows(segment, {"t": "f8", "key": "u4"})
+            if not rows:
+                stranded = max(_column_rows(segment, c, d) for c, d in columns.items())
+                if stranded:
+                    notes.append(f"{where}: no readable time or key column, {stranded:,} rows cannot be placed in time")
+                continue
+            lost = sorted(_lost(segment, columns))
+            t = np.memmap(os.path.join(segment, "t.f8"), dtype="<f8", mode="r", shape=(rows,))
+            lo, hi = int(np.searchsorted(t, start, "left")), int(np.searchsorted(t, end, "right"))
+            if lost and hi > lo:
+                notes.append(f"{where}: {', '.join(lost)} lost, {hi - lo:,} rows from {format_time(t[lo])} "
+                             f"to {format_time(t[hi - 1])} read as no value")
+    return notes
 
 
 def _chunks(t: np.ndarray, span: Span | None) -> Iterator[tuple[int, int]]:
@@ -103,8 +138,9 @@ def _chunks(t: np.ndarray, span: Span | None) -> Iterator[tuple[int, int]]:
 
 def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str], table: str,
              span: Span | None) -> pd.DataFrame | None:
+    lost = _lost(segment, columns)
     dtypes = {"t": "f8", "key": "u4", **columns}
-    rows = complete_rows(segment, dtypes)
+    rows = complete_rows(segment, {c: d for c, d in dtypes.items() if c not in lost})
     if rows == 0:
         return None
     path = {c: os.path.join(segment, f"{c}.{d}") for c, d in dtypes.items()}
@@ -124,7 +160,8 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
     filled = 0
     for lo, hi in chunks:
         times, key = _read(path["t"], "f8", lo, hi), _read(path["key"], "u4", lo, hi)
-        values = {c: _read(path[c], d, lo, hi) for c, d in columns.items()}
+        values = {c: np.full(hi - lo, np.nan, "<" + d) if c in lost else _read(path[c], d, lo, hi)
+                  for c, d in columns.items()}
         series = position[np.minimum(key, len(position) - 1)]
         known = series >= 0
         if not known.all():

@@ -62,6 +62,7 @@ class Fleet:
     util: np.ndarray                # (GPU, bucket) mean utilization %, NaN where no sample
     busy: np.ndarray                # GPUs allocated and working, per bucket
     idle: np.ndarray                # allocated, at or below IDLE_UTIL_PCT
+    util_unknown: np.ndarray        # allocated, reporting no utilization (a lost column, an old exporter)
     unallocated: np.ndarray         # reporting, held by no pod
     burn: np.ndarray                # $/h of every reporting GPU, per bucket
     burn_unallocated: np.ndarray    # the part of `burn` nobody holds
@@ -76,6 +77,7 @@ class Fleet:
     def now(self) -> dict[str, float]:
         last = len(self.busy) - 1
         return {"busy": float(self.busy[last]), "idle": float(self.idle[last]),
+                "util_unknown": float(self.util_unknown[last]),
                 "unallocated": float(self.unallocated[last])} if last >= 0 else {}
 
 
@@ -89,7 +91,9 @@ def fleet(views: Views, prices: GpuPrices, max_buckets: int = MAX_BUCKETS) -> Fl
     reporting = gpu.present
     held = views.held > 0
     allocated = held & reporting
-    idle = allocated & (np.nan_to_num(util, nan=0.0) <= IDLE_UTIL_PCT)
+    # NaN compares false both ways: a GPU whose utilization is not known is neither.
+    idle = allocated & (util <= IDLE_UTIL_PCT)
+    busy = allocated & (util > IDLE_UTIL_PCT)
     rate = np.nan_to_num(prices.actual, nan=0.0)[:, None]
     burn = (reporting * rate).sum(axis=0)
     burn_free = ((reporting & ~held) * rate).sum(axis=0)
@@ -101,7 +105,8 @@ def fleet(views: Views, prices: GpuPrices, max_buckets: int = MAX_BUCKETS) -> Fl
     return Fleet(
         times=bucket_times(views, k), gpu_labels=labels,
         util=bucket_mean(util[order], k).astype(np.float32) if gpu.size else np.zeros((0, -(-views.n // k))),
-        busy=bucket_mean((allocated & ~idle).sum(axis=0), k)[0], idle=bucket_mean(idle.sum(axis=0), k)[0],
+        busy=bucket_mean(busy.sum(axis=0), k)[0], idle=bucket_mean(idle.sum(axis=0), k)[0],
+        util_unknown=bucket_mean((allocated & ~busy & ~idle).sum(axis=0), k)[0],
         unallocated=bucket_mean((reporting & ~held).sum(axis=0), k)[0],
         burn=bucket_mean(burn, k)[0], burn_unallocated=bucket_mean(burn_free, k)[0],
         burn_now=float(burn[seen[-1]]) if len(seen) else None,

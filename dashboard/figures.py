@@ -14,7 +14,7 @@ from .aggregate import CostSummary, Fleet, JobDetail
 
 SIMULATED_NOTE = "simulated data"
 SEVERITY_COLORS = {"critical": "#c0392b", "warning": "#e67e22", "info": "#2980b9"}
-STATE_COLORS = {"busy": "#2e86de", "idle": "#f39c12", "unallocated": "#b2bec3"}
+STATE_COLORS = {"busy": "#2e86de", "idle": "#f39c12", "utilization unknown": "#636e72", "unallocated": "#b2bec3"}
 PHASE_COLORS = {"data wait": "#e17055", "compute": "#00b894", "other": "#b2bec3"}
 KIND_COLORS = dict(zip(KINDS, ("#e17055", "#fdcb6e", "#b2bec3", "#6c5ce7", "#d63031", "#e84393",
                                "#fd79a8", "#2d3436", "#0984e3")))
@@ -56,7 +56,10 @@ def fleet_state(fleet: Fleet, simulated: bool) -> go.Figure:
     if not len(fleet.times):
         return empty_figure("no GPU data in this window")
     fig = go.Figure()
-    for name, values in (("busy", fleet.busy), ("idle", fleet.idle), ("unallocated", fleet.unallocated)):
+    states = [("busy", fleet.busy), ("idle", fleet.idle), ("unallocated", fleet.unallocated)]
+    if fleet.util_unknown.any():
+        states.insert(2, ("utilization unknown", fleet.util_unknown))
+    for name, values in states:
         fig.add_trace(go.Scatter(x=fleet.times, y=np.round(values, 2), name=name, stackgroup="gpus",
                                  line={"width": 0.5, "color": STATE_COLORS[name]}))
     fig.update_yaxes(title="GPUs", rangemode="tozero")

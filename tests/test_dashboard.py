@@ -169,7 +169,10 @@ def test_fleet_counts_add_up_to_every_gpu(analysis, recording):
     fleet = analysis.fleet
     gpus = len(fleet.gpu_labels)
     assert gpus == 24 and fleet.util.shape == (24, len(fleet.times))
-    np.testing.assert_allclose(fleet.busy + fleet.idle + fleet.unallocated, gpus)
+    np.testing.assert_allclose(fleet.busy + fleet.idle + fleet.util_unknown + fleet.unallocated, gpus)
+    # Only the GPU that fell off the bus (gpu_error) stops reporting its utilization.
+    lost = sum(t["kind"] == "gpu_error" for t in recording[1])
+    assert fleet.util_unknown.max() == lost == 1
     unallocated = sum(t["kind"] == "unallocated_gpu" for t in recording[1])
     assert fleet.now["unallocated"] == unallocated
     assert fleet.burn_now > 0 and fleet.window_dollars > 0 and fleet.unpriced_gpus == 0

@@ -92,3 +92,50 @@ def test_agent_records(tmp_path):
                     "--telemetry-socket", "", "--record", str(out)], cwd=ROOT, check=True, capture_output=True)
     assert json.loads((out / "burnrate.json").read_text())["format"] == "burnrate-recording"
     assert len(load_table(str(out), "gpu")) == 3
+
+
+@pytest.fixture
+def damaged(tmp_path):
+    """A recording, read whole, then with one column file lost from its GPU table."""
+    from burnrate.analyzer.pricing import load_catalog
+    from burnrate.analyzer.report import analyze
+    from burnrate.analyzer.sources import RecordingSource
+    from burnrate.simulator.simulate import Spec, simulate
+
+    root = tmp_path / "rec"
+    simulate(str(root), Spec(nodes=1, gpus_per_node=4, hours=1.0, seed=3, end=1_800_000_000.0))
+
+    def read():
+        return analyze(RecordingSource(str(root)).frames(), load_catalog(None))
+    return root, read
+
+
+def test_a_lost_column_reads_as_no_value_and_is_named(damaged):
+    """Losing gpu_util.f4 once made the whole GPU table vanish: every job cost $0.00,
+    exit 0. Its rows stay (the cost with them) and the report says what is lost."""
+    from burnrate.dashboard.aggregate import fleet
+
+    root, read = damaged
+    whole = read()
+    (root / "gpu" / "simulated" / "gpu_util.f4").unlink()
+    hurt = read()
+    assert whole.accounting.observed_gpu_hours > 0
+    assert hurt.accounting.observed_gpu_hours == pytest.approx(whole.accounting.observed_gpu_hours)
+    assert sum(j.cost_dollars for j in hurt.jobs) == pytest.approx(sum(j.cost_dollars for j in whole.jobs))
+    assert [m for m in hurt.missing if m.startswith("recording")] == [
+        "recording gpu/simulated: gpu_util lost, 960 rows from 2027-01-15T07:00:15Z to 2027-01-15T08:00:00Z "
+        "read as no value"]
+    # Nothing is called idle or busy on a utilization nobody measured.
+    assert hurt.accounting.allocated_gpu_hours > 0
+    assert hurt.accounting.util_unknown_gpu_hours == pytest.approx(hurt.accounting.allocated_gpu_hours)
+    shown = fleet(hurt.views, hurt.prices)
+    assert not shown.busy.any() and not shown.idle.any() and shown.util_unknown.max() > 0
+
+
+def test_a_lost_time_column_is_named_with_the_rows_it_strands(damaged):
+    root, read = damaged
+    (root / "alloc" / "simulated" / "t.f8").write_bytes(b"")
+    hurt = read()
+    assert [m for m in hurt.missing if m.startswith("recording")] == [
+        "recording alloc/simulated: no readable time or key column, 720 rows cannot be placed in time"]
+    assert hurt.accounting.allocated_gpu_hours == 0 and hurt.accounting.unallocated_gpu_hours > 0

@@ -11,7 +11,7 @@ import pandas as pd
 from burnrate.exporter.recording import TABLES
 
 from ..frames import Frames, Window
-from ..recording import Span, check, complete_rows, empty_table, load_table, segments
+from ..recording import Span, check, complete_rows, damage, empty_table, load_table, segments
 from ..holding import hold
 from .allocation import SHARE_RATIO
 from .common import DEFAULT_STEP_S, Progress, is_simulated, missing_signals, within
@@ -108,7 +108,8 @@ class RecordingSource:
         tables["alloc"]["signal"] = pd.Categorical.from_codes(np.zeros(len(tables["alloc"]), np.int8), [SHARE_RATIO])
         gpu, rank, node = tables["gpu"], tables["rank"], tables["node"]
         simulated = os.path.exists(os.path.join(self.root, SIMULATED_MARKER)) or is_simulated(gpu)
-        return hold(Frames(window=window, step_s=step, missing=missing_signals(gpu, rank, node),
+        missing = missing_signals(gpu, rank, node) + tuple(damage(self.root, window.start, window.end))
+        return hold(Frames(window=window, step_s=step, missing=missing,
                            simulated=simulated, **tables))
 
 

@@ -36,7 +36,8 @@ def content(a: Analysis, search: str) -> list:
         basis += f"; {fleet.silent} more stopped reporting at {format_time(fleet.silent_since)}"
     stats = html.Div([
         stat("GPUs busy now", f"{now.get('busy', 0):.0f}", basis),
-        stat("allocated, idle", f"{now.get('idle', 0):.0f}"),
+        stat("allocated, idle", f"{now.get('idle', 0):.0f}",
+             f"{now['util_unknown']:.0f} more with utilization unknown" if now.get("util_unknown") else None),
         stat("unallocated", f"{now.get('unallocated', 0):.0f}"),
         stat("burn rate now", money(fleet.burn_now) + "/h",
              ", ".join(filter(None, [f"the {fleet.reporting_now} reporting" if fleet.silent else None, unpriced]))),
