@@ -15,7 +15,9 @@ start varies several-fold with the machine's load, and would eat the evidence.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
+import functools
 import os
 import signal
 import shutil
@@ -62,6 +64,7 @@ NAMESPACE = "demo"
 POLL_S = 0.5
 PROGRESS_EVERY_S = 5.0
 STARTUP_LIMIT_S = 120.0
+PR_SET_PDEATHSIG = 1    # linux/prctl.h
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,12 +76,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", help="where the recording goes (default: a new temporary directory)")
 
 
+def _die_with(parent: int) -> None:
+    """In the child, before it runs: on Linux the kernel sends it SIGTERM when the demo
+    dies, by SIGKILL too, so that nothing the demo started outlives it."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:      # the demo died before the request took hold
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _spawn(stack: ExitStack, argv: list[str], log: str, env: dict | None = None) -> subprocess.Popen:
     out = open(log, "ab")
     stack.callback(out.close)
     # Own process group, so that stopping it stops the ranks the launcher started too.
     proc = subprocess.Popen([sys.executable, "-m", "burnrate", *argv], stdout=out, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
+                            env=env, start_new_session=True, preexec_fn=functools.partial(_die_with, os.getpid()))
     stack.callback(_stop, proc)
     return proc
 
@@ -155,6 +167,10 @@ def run(args: argparse.Namespace) -> int:
     from burnrate.analyzer.timeparse import format_time
     from burnrate.simulator.simulate import Spec, simulate
 
+    # kill, timeout, systemd and container runtimes send SIGTERM, a closed terminal SIGHUP:
+    # each stops the demo as Ctrl-C does, with everything it started.
+    for stop_signal in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop_signal, _interrupt)
     work = args.dir or tempfile.mkdtemp(prefix="burnrate-demo-")
     recording = os.path.join(work, "recording")
     sock = os.path.join(work, "telemetry.sock")
@@ -205,6 +221,10 @@ def run(args: argparse.Namespace) -> int:
     print(render_table(fleet))
     print(_replay(recording))
     return 0
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _replay(recording: str) -> str:

@@ -1,4 +1,5 @@
 """`burnrate demo` end to end: real agent, real 2-rank training with faults, the analyzer naming them."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -49,9 +50,12 @@ def test_demo_names_the_injected_faults_at_its_shortest_duration(tmp_path):
     assert {(f.kind, f"{f.namespace}/{f.training_job}") for f in shown} >= set(INJECTED.items())
 
 
-def test_ctrl_c_stops_everything_and_says_where_the_recording_is(tmp_path):
-    """Ctrl-C in a terminal signals the whole foreground process group: the demo stops its
-    agent, dashboard and trainers, and prints where the recording is and how to replay it."""
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigkill"])
+def test_stopping_the_demo_stops_everything_it_started(tmp_path, how):
+    """Ctrl-C in a terminal signals the whole foreground process group; kill, timeout,
+    systemd and container runtimes send SIGTERM to the demo alone; and the demo may die
+    outright (SIGKILL). Each way, its agent, dashboard, launchers and ranks end with it, and
+    where it could, it says where the recording is and how to replay it."""
     work = tmp_path / "demo"
     proc = subprocess.Popen([PYTHON, "-m", "burnrate", "demo", "--duration", "600", "--no-browser", "--dir", str(work),
                              "--port", str(free_port()), "--agent-port", str(free_port())],
@@ -64,15 +68,23 @@ def test_ctrl_c_stops_everything_and_says_where_the_recording_is(tmp_path):
             lines.append(proc.stdout.readline())
         time.sleep(5)                                       # the first trainer is running
         family = psutil.Process(proc.pid).children(recursive=True)
-        assert family, "the demo started no processes"
-        os.killpg(proc.pid, signal.SIGINT)
+        assert len(family) >= 5, "the demo's agent, dashboard, launcher and two ranks are not all running"
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
         rest, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 130, "".join(lines) + rest
-    assert f"recording: {work / 'recording'}" in rest
-    assert "dashboard --recording" in rest and "Traceback" not in rest
-    gone, alive = psutil.wait_procs(family, timeout=30)
-    assert alive == [], [p.cmdline() for p in alive]
+    if how != "sigkill":
+        assert proc.returncode == 130, "".join(lines) + rest
+        assert f"recording: {work / 'recording'}" in rest
+        assert "dashboard --recording" in rest and "Traceback" not in rest
+    gone, alive = psutil.wait_procs(family, timeout=45)
+    left = [p.cmdline() for p in alive]
+    for p in alive:         # a failure here must not leave them running either
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    assert left == []
