@@ -2,6 +2,9 @@
 they are tested without a server or a browser."""
 from __future__ import annotations
 
+import html
+from typing import Iterable
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -41,11 +44,18 @@ def empty_figure(message: str, height: int = 240) -> go.Figure:
     return fig
 
 
+def _plain(labels: Iterable) -> list[str]:
+    """Names from the cluster (jobs, namespaces, nodes) as Plotly text: Plotly renders
+    a subset of HTML in labels (`<a href>` among it), so their angle brackets and ampersands are
+    written as entities, which it shows as the characters they are."""
+    return [html.escape(str(label), quote=False) for label in labels]
+
+
 def utilization_heatmap(fleet: Fleet, simulated: bool) -> go.Figure:
     if not fleet.gpu_labels:
         return empty_figure("no GPU data in this window")
     fig = go.Figure(go.Heatmap(
-        z=np.round(fleet.util, 1), x=fleet.times, y=fleet.gpu_labels, zmin=0, zmax=100, colorscale="Viridis",
+        z=np.round(fleet.util, 1), x=fleet.times, y=_plain(fleet.gpu_labels), zmin=0, zmax=100, colorscale="Viridis",
         colorbar={"title": {"text": "util %"}}, hovertemplate="%{y}<br>%{x}<br>%{z:.0f}%<extra></extra>"))
     fig.update_yaxes(autorange="reversed", showticklabels=len(fleet.gpu_labels) <= 64, title="node/GPU")
     height = int(min(900, max(300, 14 * len(fleet.gpu_labels) + 120)))
@@ -85,7 +95,7 @@ def rank_breakdown(steps: RankSteps, simulated: bool) -> go.Figure:
         return empty_figure("no training telemetry for this job in this window")
     fig = go.Figure()
     for name, values in (("data wait", steps.data_wait), ("compute", steps.compute), ("other", steps.other)):
-        fig.add_trace(go.Bar(x=steps.ranks, y=np.round(values, 4), name=name, marker_color=PHASE_COLORS[name]))
+        fig.add_trace(go.Bar(x=_plain(steps.ranks), y=np.round(values, 4), name=name, marker_color=PHASE_COLORS[name]))
     fig.update_layout(barmode="stack", hovermode="x")
     fig.update_xaxes(title="rank", type="category")
     fig.update_yaxes(title="seconds per step")
@@ -105,7 +115,7 @@ def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
     palette = ["#0984e3", "#00b894", "#6c5ce7", "#e17055", "#fdcb6e", "#e84393", "#00cec9", "#2d3436"]
     for row, (_, key) in enumerate(panels, start=1):
         for i, label in enumerate(detail.gpu_labels):
-            fig.add_trace(go.Scatter(x=detail.times, y=np.round(detail.gpu_series[key][i], 2), name=label,
+            fig.add_trace(go.Scatter(x=detail.times, y=np.round(detail.gpu_series[key][i], 2), name=_plain([label])[0],
                                      legendgroup=label, showlegend=row == 1, mode="lines",
                                      line={"width": 1.2, "color": palette[i % len(palette)]}), row=row, col=1)
     row = len(panels) + 1
@@ -141,7 +151,7 @@ def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
     # A date axis over the job's own time on every row: a row without traces (no findings)
     # would otherwise make the shared axis linear and squeeze every panel into the edge.
     fig.update_xaxes(type="date", range=_job_extent(detail))
-    fig = _layout(fig, f"{detail.namespace}/{detail.training_job} over time", simulated, height=190 * rows)
+    fig = _layout(fig, _plain([f"{detail.namespace}/{detail.training_job} over time"])[0], simulated, height=190 * rows)
     fig.update_layout(legend={"orientation": "h", "y": -0.04}, hovermode="x")
     return fig
 
@@ -175,7 +185,7 @@ def cost_by_namespace(summary: CostSummary, simulated: bool) -> go.Figure:
         return empty_figure("no priced jobs in this window")
     fig = go.Figure()
     for capacity, part in summary.by_namespace.groupby("capacity_type", sort=True):
-        fig.add_trace(go.Bar(x=part["namespace"], y=part["cost_dollars"].round(2), name=str(capacity)))
+        fig.add_trace(go.Bar(x=_plain(part["namespace"]), y=part["cost_dollars"].round(2), name=_plain([capacity])[0]))
     fig.update_layout(barmode="stack", hovermode="x")
     fig.update_yaxes(title="$", tickprefix="$")
     return _layout(fig, "Cost by namespace and capacity type", simulated)
@@ -186,7 +196,7 @@ def cost_by_job(summary: CostSummary, simulated: bool, top: int = 15) -> go.Figu
     if jobs.empty:
         return empty_figure("no priced jobs in this window")
     jobs = jobs[::-1]     # the costliest on top
-    fig = go.Figure(go.Bar(x=jobs["cost_dollars"].round(2), y=jobs["job"], orientation="h", marker_color="#0984e3",
+    fig = go.Figure(go.Bar(x=jobs["cost_dollars"].round(2), y=_plain(jobs["job"]), orientation="h", marker_color="#0984e3",
                            name="cost", **_opens_job(jobs, "$%{x:,.2f}")))
     fig.update_xaxes(title="$", tickprefix="$")
     fig.update_layout(hovermode="y")
@@ -227,7 +237,7 @@ def cost_per_billion_tokens(summary: CostSummary, simulated: bool, top: int = 15
     jobs = jobs.tail(top)
     if jobs.empty:
         return empty_figure("no job reported tokens in this window")
-    fig = go.Figure(go.Bar(x=jobs["cost_per_billion_tokens"].round(2), y=jobs["job"], orientation="h",
+    fig = go.Figure(go.Bar(x=jobs["cost_per_billion_tokens"].round(2), y=_plain(jobs["job"]), orientation="h",
                            marker_color="#6c5ce7", **_opens_job(jobs, "$%{x:,.2f} per billion tokens")))
     fig.update_xaxes(title="$ per billion tokens", tickprefix="$")
     fig.update_layout(hovermode="y")

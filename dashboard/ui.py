@@ -3,6 +3,7 @@ links that keep the time range, and the one place a page's callback turns a URL
 into an analysis."""
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 from urllib.parse import quote
 
@@ -44,14 +45,24 @@ def range_search(search: str | None) -> str:
     return with_params("", **{k: params[k] for k in ("range", "start", "end") if k in params})
 
 
+_MARKDOWN_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
+
+
 def job_href(namespace: str, training_job: str, search: str | None) -> str:
     return f"/job/{quote(namespace, safe='')}/{quote(training_job, safe='')}{range_search(search)}"
 
 
 def job_link(namespace: str, training_job: str, search: str | None) -> str:
     """A job's name linking to its page, as markdown: what a table cell can hold.
-    assets/links.js makes such links navigate inside the app."""
-    return f"[{training_job}]({job_href(namespace, training_job, search)})"
+    assets/links.js makes such links navigate inside the app. The name is whatever a
+    pod's labels say: escaped, it can only ever be text, never a link or an image."""
+    return f"[{markdown_text(training_job)}]({job_href(namespace, training_job, search)})"
+
+
+def markdown_text(text: str) -> str:
+    """`text` as literal markdown: every ASCII punctuation mark backslash-escaped
+    (CommonMark allows it on each), so no bracket, bang or angle bracket means anything."""
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\g<0>", text)
 
 
 def render(search: str | None, build: Callable[[Analysis, str], Any],

@@ -37,14 +37,14 @@ def fixed_snapshot(gpus: int = 2):
     return snap.__class__(**{**snap.__dict__, "stats": stats})
 
 
-def record_live_node(root: str, start: float, seconds: int, every_s: float) -> None:
+def record_live_node(root: str, start: float, seconds: int, every_s: float, job: str = "live") -> None:
     """The agent's own path, as in the demo: its simulated GPUs, held by one job, sampled
     by the real Sampler every `every_s` and appended by the real Recorder."""
     now = [start]
     reader = SimulatedReader(2, seed=3, clock=lambda: now[0])
     node = NodeInfo("live-node", "p5.48xlarge", "on-demand", "us-east-1a")
     uuids = [g.identity.uuid for g in reader.read()]
-    holders = [Allocation(u, u, PodRef("demo", f"live-{i}", "trainer", "live")) for i, u in enumerate(uuids)]
+    holders = [Allocation(u, u, PodRef("demo", f"live-{i}", "trainer", job)) for i, u in enumerate(uuids)]
     sampler = Sampler(node_name="live-node", reader=reader, attribution=StaticAttributor(node, lambda: holders),
                       clock=lambda: now[0])
     recorder = Recorder(root)

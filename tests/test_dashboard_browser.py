@@ -314,3 +314,36 @@ def test_now_on_the_fleet_page_says_which_gpus_it_counts(browser, tmp_path):
             "[s.querySelector('.br-stat-value').textContent.trim(), s.querySelector('.br-stat-sub').textContent.trim()]]));")
     assert stats["GPUs busy now"] == ["2", f"of 2 GPUs reporting; 8 more stopped reporting at {format_time(end + 15)}"]
     assert stats["burn rate now"][1] == "the 2 reporting"
+
+
+HOSTILE_JOBS = ("x](https://evil.example/phish)[y", '<a href="https://evil.example/a">click</a>',
+                "![i](https://evil.example/i.png)")
+OFF_SITE = """
+return Array.from(document.querySelectorAll('a, img, image'))
+    .map(e => e.getAttribute('href') || e.getAttribute('xlink:href') || e.getAttribute('src') || '')
+    .filter(h => h.includes('evil.example') && !h.startsWith('/job/'));    // the app's own job links stay
+"""
+
+
+def test_names_from_the_cluster_are_text_never_links(browser, tmp_path):
+    """Job names come from pod labels anyone who can create a pod writes. As markdown
+    in a table or as Plotly text in a chart, they show as the characters they are: no
+    off-site link, no image fetched, on the Jobs page or the Cost page's charts."""
+    from burnrate.simulator.simulate import Spec, simulate
+    from tests.processes import dashboard
+    from tests.snapshots import record_live_node
+
+    end = 15 * 119_666_666.0
+    root = str(tmp_path / "hostile")
+    simulate(root, Spec(nodes=1, gpus_per_node=2, hours=0.5, seed=1, end=end, healthy_only=True))
+    for i, name in enumerate(HOSTILE_JOBS):
+        record_live_node(root, end + 60 * i, 60, 5.0, job=name)
+    with dashboard(tmp_path, root) as base:
+        _load(browser, base + "/jobs", "#jobs-table")
+        assert browser.execute_script(OFF_SITE) == []
+        assert set(HOSTILE_JOBS) <= set(_column(browser, "jobs-table", "job"))
+        _load(browser, base + "/cost", "#cost-jobs")
+        assert browser.execute_script(OFF_SITE) == []
+        ticks = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#cost-jobs .ytick text')).map(t => t.textContent);")
+        assert {f"demo/{name}" for name in HOSTILE_JOBS} <= set(ticks)     # the chart names namespace/job
