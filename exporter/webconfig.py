@@ -15,6 +15,7 @@ platform team reuses its existing certificates, hashes and habits:
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 import ssl
@@ -39,12 +40,32 @@ class WebConfigError(ValueError):
     """The web config file is unreadable or wrong; the message says where."""
 
 
+@functools.cache
+def _stand_in_hash(rounds: int) -> bytes:
+    """Checked in place of an unknown user's hash, at the cost of the configured ones, so
+    that a wrong user name costs what a wrong password does and timing does not tell
+    which names exist."""
+    return bcrypt.hashpw(b"burnrate: no such user", bcrypt.gensalt(rounds=rounds))
+
+
+# bcrypt checks at once: each burns a core for ~60 ms by design, so a flood of wrong
+# passwords waits its turn instead of taking every core from the exporter.
+_CHECKS_AT_ONCE = 1
+
+
+
+def _rounds(hashed: bytes) -> int:
+    """The cost of a `$2y$10$...` hash."""
+    return int(hashed.split(b"$")[2])
+
+
 @dataclass
 class WebConfig:
     tls: ssl.SSLContext | None = None
     users: Mapping[str, bytes] = field(default_factory=dict)
     _verified: set[bytes] = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _checking: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(_CHECKS_AT_ONCE), repr=False)
 
     def authorized(self, header: str | None) -> bool:
         """True when no users are configured, or the Basic credentials match a hash."""
@@ -56,16 +77,19 @@ class WebConfig:
             user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
-        hashed = self.users.get(user)
-        if hashed is None:
-            return False
+        known = user in self.users
+        hashed = self.users[user] if known else _stand_in_hash(max(_rounds(h) for h in self.users.values()))
         # bcrypt costs ~100 ms by design; remember credentials already verified so
         # that a scrape every few seconds stays fast (exporter-toolkit caches too).
         token = hashlib.sha256(user.encode() + b"\0" + password.encode() + b"\0" + hashed).digest()
         with self._lock:
             if token in self._verified:
                 return True
-        ok = bcrypt.checkpw(password.encode(), hashed)
+        with self._checking:
+            try:
+                ok = bcrypt.checkpw(password.encode(), hashed) and known
+            except ValueError:      # bcrypt refuses passwords over 72 bytes: never a match
+                ok = False
         if ok:
             with self._lock:
                 self._verified.add(token)
@@ -73,6 +97,8 @@ class WebConfig:
 
 
 def _tls_context(conf: dict, base: str) -> ssl.SSLContext:
+    if not isinstance(conf, dict):
+        raise WebConfigError("tls_server_config must be a mapping (cert_file, key_file, ...)")
     unknown = set(conf) - _TLS_KEYS
     if unknown:
         raise WebConfigError(f"unknown tls_server_config keys: {', '.join(sorted(unknown))}")
@@ -83,7 +109,10 @@ def _tls_context(conf: dict, base: str) -> ssl.SSLContext:
     if version not in _VERSIONS:
         raise WebConfigError(f"min_version must be one of {', '.join(_VERSIONS)}")
     ctx.minimum_version = _VERSIONS[version]
-    path = lambda p: os.path.join(base, p)  # noqa: E731 - relative to the config file, as exporter-toolkit does
+    path = lambda p: os.path.join(base, str(p))  # noqa: E731 - relative to the config file, as exporter-toolkit does
+    for key in ("cert_file", "key_file", "client_ca_file"):
+        if conf.get(key) and not os.path.isfile(path(conf[key])):
+            raise WebConfigError(f"tls_server_config {key}: no file at {path(conf[key])}")
     try:
         ctx.load_cert_chain(path(conf["cert_file"]), path(conf["key_file"]))
         auth = conf.get("client_auth_type", "NoClientCert")
@@ -115,4 +144,9 @@ def load(path: str) -> WebConfig:
     users = doc.get("basic_auth_users") or {}
     if not isinstance(users, dict) or not all(isinstance(h, str) and h.startswith("$2") for h in users.values()):
         raise WebConfigError("basic_auth_users must map user names to bcrypt hashes")
+    for user, hashed in users.items():
+        try:    # a malformed hash would fail every request; fail here, once, by name
+            bcrypt.checkpw(b"", hashed.encode())
+        except ValueError:
+            raise WebConfigError(f"basic_auth_users: the hash of {user!r} is not a valid bcrypt hash") from None
     return WebConfig(tls=tls, users={str(u): h.encode() for u, h in users.items()})

@@ -7,8 +7,10 @@ import socket
 import ssl
 import struct
 import subprocess
+import threading
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import bcrypt
 import pytest
@@ -114,6 +116,64 @@ def test_healthz_reports_staleness(exposition):
         server.stop()
 
 
+class CountingBcrypt:
+    """bcrypt.checkpw as it is, counting its calls and how many ran at once."""
+
+    def __init__(self, real):
+        self.real, self.calls, self.running, self.most = real, [], 0, 0
+        self.lock = threading.Lock()
+
+    def __call__(self, password, hashed):
+        with self.lock:
+            self.calls.append(hashed)
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            return self.real(password, hashed)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+@pytest.fixture
+def guarded(tmp_path, exposition, monkeypatch):
+    """An agent whose /metrics needs prometheus:s3cret, on a real socket."""
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode()
+    web = webconfig.load(write_config(tmp_path, f"basic_auth_users:\n  prometheus: '{hashed}'\n"))
+    counting = CountingBcrypt(bcrypt.checkpw)
+    monkeypatch.setattr(webconfig.bcrypt, "checkpw", counting)
+    server = serve(exposition, web)
+    yield f"http://127.0.0.1:{server.port}/metrics", counting
+    server.stop()
+
+
+def _basic(user: bytes, password: bytes) -> dict:
+    return {"Authorization": "Basic " + base64.b64encode(user + b":" + password).decode()}
+
+
+def test_an_unknown_user_costs_what_a_wrong_password_does(guarded):
+    """Each runs one full bcrypt check (an unknown user against a stand-in hash), so the
+    time of a refusal does not tell which user names exist."""
+    url, counting = guarded
+    assert get(url, _basic(b"prometheus", b"wrong"))[0] == 401
+    assert get(url, _basic(b"nobody", b"wrong"))[0] == 401
+    assert len(counting.calls) == 2 and all(h.startswith(b"$2") and len(h) == 60 for h in counting.calls)
+    assert counting.calls[1] != counting.calls[0] and counting.calls[1][:7] == counting.calls[0][:7]   # same cost
+
+
+def test_a_password_longer_than_bcrypt_takes_is_refused_not_a_crash(guarded):
+    url, _ = guarded
+    assert get(url, _basic(b"prometheus", b"x" * 73))[0] == 401
+    assert get(url, _basic(b"prometheus", b"s3cret"))[0] == 200
+
+
+def test_a_flood_of_wrong_passwords_checks_one_at_a_time(guarded):
+    url, counting = guarded
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda i: get(url, _basic(b"prometheus", b"guess%d" % i))[0], range(16)))
+    assert codes == [401] * 16 and len(counting.calls) == 16 and counting.most == 1
+
+
 def write_config(tmp_path, text):
     path = tmp_path / "web.yml"
     path.write_text(text)
@@ -157,13 +217,15 @@ def test_tls(tmp_path, exposition):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("tls_server_config:\n  cert_file: nope.pem\n  key_file: nope.pem\n", "cannot load TLS files"),
+    ("tls_server_config:\n  cert_file: nope.pem\n  key_file: nope.pem\n", "cert_file: no file at .*nope.pem"),
+    ("tls_server_config: 5\n", "tls_server_config must be a mapping"),
+    ("basic_auth_users:\n  alice: '$2y$10$not-a-hash'\n", "the hash of 'alice' is not a valid bcrypt hash"),
     ("tls_server_config:\n  cert_file: a\n", "needs cert_file and key_file"),
     ("basic_auth_users:\n  alice: plaintext\n", "bcrypt hashes"),
     ("surprise: 1\n", "unknown web config keys: surprise"),
     ("- a list\n", "must be a mapping"),
 ])
-def test_bad_web_config_is_a_clear_error(tmp_path, text, message):
+def test_bad_web_config_is_a_clear_error(tmp_path, text, message):  # one line, at startup
     with pytest.raises(webconfig.WebConfigError, match=message):
         webconfig.load(write_config(tmp_path, text))
 
