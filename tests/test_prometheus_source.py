@@ -16,6 +16,7 @@ from burnrate.analyzer.frames import Window
 from burnrate.analyzer.openmetrics import write_openmetrics
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import PrometheusError, PrometheusSource, RecordingSource
+from burnrate.analyzer.sources.promhttp import PrometheusHTTP
 from burnrate.analyzer.sources.prometheus import job_from_pod, selector
 from tests.conftest import free_port, require
 from tests.processes import prometheus
@@ -220,6 +221,8 @@ def answering(status: int, body: bytes, delay: float = 0.0):
     (503, b"Service Unavailable\n", "answered HTTP 503: Service Unavailable"),
     (200, b"<html>proxy login</html>", "not JSON"),
     (200, b'{"status":"error","errorType":"execution","error":"query timed out"}', "execution: query timed out"),
+    (200, b"[" * 100_000 + b"]" * 100_000, "not JSON"),        # past the decoder's nesting: RecursionError
+    (200, b'{"status":"success"}', "success without data: not a Prometheus API"),
 ])
 def test_prometheus_errors_are_one_line(status, body, message):
     with answering(status, body) as url:
@@ -232,6 +235,70 @@ def test_a_slow_prometheus_times_out():
     with answering(200, b"{}", delay=3.0) as url:
         with pytest.raises(PrometheusError, match="did not answer within 0.5 s"):
             PrometheusSource(url, timeout_s=0.5, workers=1).frames(Window(time.time() - 60, time.time()))
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """Answers as a hostile or broken server would; `seen` keeps every request's headers."""
+    mode, target, seen = "", "", []
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        type(self).seen.append(dict(self.headers))
+        if self.mode == "redirect":
+            self.send_response(302)
+            self.send_header("Location", self.target + self.path)
+            self.end_headers()
+        elif self.mode == "drip":
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            for _ in range(100):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.3)
+        elif self.mode == "flood":
+            self.send_response(200)
+            self.end_headers()          # no length: the answer ends when the connection does
+            self.wfile.write(b'{"status":"success","data":{"result":"' + b"x" * (2 << 20) + b'"}}')
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def hostile(mode: str, target: str = ""):
+    handler = type("Handler", (_Hostile,), {"mode": mode, "target": target, "seen": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_credentials_never_follow_a_redirect():
+    """A redirect to another port was followed 17 times with the bearer token, then gave an
+    empty report. Now nothing is sent on, and the user is told the URL to give."""
+    with hostile("") as (elsewhere, other), hostile("redirect", elsewhere) as (url, first):
+        with pytest.raises(PrometheusError, match=f"redirected \\(HTTP 302\\) to {elsewhere}/api/v1/"):
+            PrometheusSource(url, bearer_token="s3cret", workers=1).frames(Window(time.time() - 60, time.time()))
+    assert first.seen and all(h["Authorization"] == "Bearer s3cret" for h in first.seen)
+    assert other.seen == []
+
+
+def test_a_dripping_answer_meets_the_deadline():
+    """One byte every 0.3 s never trips a per-read timeout; the deadline is for the answer."""
+    with hostile("drip") as (url, _):
+        with pytest.raises(PrometheusError, match="did not answer within 1 s"):
+            PrometheusSource(url, timeout_s=1.0, workers=1).frames(Window(time.time() - 60, time.time()))
+
+
+def test_an_answer_over_the_limit_is_refused_as_it_streams():
+    with hostile("flood") as (url, _):
+        with pytest.raises(PrometheusError, match="answered more than 1 MiB"):
+            PrometheusHTTP(url, {}, timeout_s=10.0, max_bytes=1 << 20).data("/api/v1/query", {"query": "up"})
 
 
 def test_real_prometheus_rejecting_a_query_is_one_line(fleet):

@@ -17,16 +17,11 @@ training job from the pod's name, and `Frames.missing` names what is absent.
 from __future__ import annotations
 
 import base64
-import json
 import math
 import re
-import socket
 import ssl
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -46,13 +41,10 @@ from ..resample import MAX_POINTS, reduction, step_for
 from ..timeparse import parse_duration
 from .common import DEFAULT_STEP_S, Progress, column_order, is_simulated, missing_signals, within
 from .allocation import best_allocation, empty_alloc
+from .promhttp import PrometheusError, PrometheusHTTP
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _POD_SUFFIX = re.compile(r"-(?:worker|master|launcher)-\d+$")
-
-
-class PrometheusError(RuntimeError):
-    """Prometheus unreachable, too slow, or answering an error: one line for the user."""
 
 
 def escape(value: str) -> str:
@@ -169,52 +161,20 @@ class PrometheusSource:
         elif basic_auth:
             token = base64.b64encode(f"{basic_auth[0]}:{basic_auth[1]}".encode()).decode()
             self._headers["Authorization"] = f"Basic {token}"
-        self._ssl = None
+        context = None
         if self.url.startswith("https:"):
-            self._ssl = ssl.create_default_context(cafile=ca_file)
+            context = ssl.create_default_context(cafile=ca_file)
             if insecure:
-                self._ssl.check_hostname = False
-                self._ssl.verify_mode = ssl.CERT_NONE
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+        self._http = PrometheusHTTP(self.url, self._headers, timeout_s, context)
 
     # --- HTTP --------------------------------------------------------------------
     def _post(self, path: str, params: Mapping[str, str]) -> dict:
-        body = urllib.parse.urlencode(params).encode()
-        request = urllib.request.Request(self.url + path, data=body, headers={
-            **self._headers, "Content-Type": "application/x-www-form-urlencoded"})
-        where = f"Prometheus at {self.url}"
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._ssl) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = _api_error(exc.read()) or exc.reason
-            raise PrometheusError(f"{where} answered HTTP {exc.code}: {detail}") from None
-        except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, (socket.timeout, TimeoutError)):
-                raise PrometheusError(f"{where} did not answer within {self.timeout_s:g} s") from None
-            raise PrometheusError(f"cannot reach {where}: {getattr(reason, 'strerror', None) or reason}") from None
-        except (socket.timeout, TimeoutError):
-            raise PrometheusError(f"{where} did not answer within {self.timeout_s:g} s") from None
-        except OSError as exc:
-            raise PrometheusError(f"cannot reach {where}: {exc.strerror or exc}") from None
-        try:
-            answer = json.loads(raw)
-        except ValueError:
-            raise PrometheusError(f"{where} answered something that is not JSON") from None
-        if not isinstance(answer, dict) or answer.get("status") != "success":
-            raise PrometheusError(f"{where} answered an error: {_api_error(raw) or 'no status'}")
-        return answer["data"]
+        return self._http.data(path, params)
 
     def _get(self, path: str, params: Mapping[str, str]) -> dict:
-        request = urllib.request.Request(f"{self.url}{path}?{urllib.parse.urlencode(params)}", headers=self._headers)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._ssl) as resp:
-                answer = json.loads(resp.read())
-        except (OSError, ValueError) as exc:
-            raise PrometheusError(f"Prometheus at {self.url}: {path}: {exc}") from None
-        if not isinstance(answer, dict) or answer.get("status") != "success":
-            raise PrometheusError(f"Prometheus at {self.url}: {path} answered an error")
-        return answer["data"]
+        return self._http.data(path, params, post=False)
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict]:
         data = self._post("/api/v1/query_range", {"query": promql, "start": _num(start), "end": _num(end),
@@ -365,17 +325,6 @@ def _scaled(answer: list[dict], scale: float) -> list[dict]:
 
 def _num(value: float) -> str:
     return repr(float(value))
-
-
-def _api_error(raw: bytes) -> str:
-    try:
-        answer = json.loads(raw)
-    except ValueError:
-        text = raw.decode("utf-8", "replace").strip().splitlines()
-        return text[0][:200] if text else ""
-    if isinstance(answer, dict) and answer.get("error"):
-        return f"{answer.get('errorType', 'error')}: {answer['error']}".splitlines()[0]
-    return ""
 
 
 # --- assembly ----------------------------------------------------------------------------
