@@ -137,8 +137,10 @@ class DataService:
             whole = self.source.frames(None)
             if r.is_all:
                 return whole
+            # No earlier than the recording: a range of centuries is the whole of it, at its own
+            # resolution, not a grid of points reaching back to before it began.
             end = whole.window.end
-            return cut(whole, Window(end - r.last, end))
+            return cut(whole, Window(max(end - r.last, whole.window.start), end))
         now = self.clock()
         if r.start is not None:
             return self.source.frames(Window(r.start, r.end if r.end is not None else now))

@@ -366,3 +366,17 @@ def test_a_jobs_gpu_panels_show_only_the_time_it_held_them():
         (shown,) = detail.gpu_series["util"]
         assert np.isfinite(shown).tolist() == mine.tolist()
         assert set(shown[mine]) == {util}
+
+
+def test_a_range_of_centuries_is_read_at_the_datas_own_span(app):
+    """`/?range=99999d` once grew the dashboard to 24 GB: the window is cut to where the
+    recording has data, so its resolution, and the figures', stay bounded."""
+    from burnrate.analyzer.resample import MAX_POINTS
+
+    with app.server.app_context():
+        service = current_service()
+        wide = service.analysis(from_query("?range=99999d", service.default_range))
+        whole = service.analysis(from_query("?range=all", service.default_range))
+    assert wide.views.n == whole.views.n <= MAX_POINTS + 1
+    assert len(wide.fleet.times) <= aggregate.MAX_BUCKETS
+    assert wide.report.accounting.observed_gpu_hours == pytest.approx(whole.report.accounting.observed_gpu_hours)
