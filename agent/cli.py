@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
 
         try:
-            server = MetricsServer(host, port, exposition, _health(sampler, args.interval), web)
+            server = MetricsServer(host, port, exposition, _health(sampler, args.interval, telemetry), web)
         except OSError as exc:
             raise UserError(f"cannot listen on {args.listen}: {exc.strerror or exc} "
                             "(choose another with --listen HOST:PORT)") from exc
@@ -170,11 +170,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _health(sampler: Sampler, interval: float):
+def _health(sampler: Sampler, interval: float, telemetry=None):
     def health() -> tuple[bool, str]:
         snap = sampler.latest
         if snap is None:
             return False, "no snapshot yet"
+        if telemetry is not None:
+            ok, why = telemetry.alive()
+            if not ok:
+                return False, why
         age = time.time() - snap.time
         if age > max(3 * interval, 10.0):
             return False, f"last snapshot is {age:.0f}s old"

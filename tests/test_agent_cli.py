@@ -1,7 +1,10 @@
 """`burnrate agent` as a user runs it: --once, clear one-line errors, clean shutdown."""
+import os
 import signal
 import socket
 import subprocess
+import urllib.error
+import urllib.request
 
 from tests.conftest import PYTHON, ROOT
 from tests.processes import agent
@@ -84,3 +87,26 @@ def test_version_is_the_installed_distributions():
     from importlib.metadata import version
     done = burnrate("--version")
     assert done.returncode == 0 and done.stdout == f"burnrate {version('burnrate')}\n"
+
+
+def _health(base: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(base + "/healthz", timeout=5) as resp:
+            return resp.status, resp.read().decode().strip()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode().strip()
+
+
+def test_a_second_agent_on_the_same_socket_is_refused(tmp_path):
+    """It used to take the socket over and delete it on exit, leaving the first agent
+    answering /healthz 200 while it received nothing."""
+    with agent(tmp_path) as (base, sock, _):
+        second = burnrate("agent", "--backend", "simulated", "--gpus", "1", "--listen", "127.0.0.1:0",
+                          "--telemetry-socket", sock, "--once")
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert second.stderr.strip().splitlines() == [
+            f"burnrate agent: error: cannot open the telemetry socket {sock}: another agent is receiving on it "
+            f"(it holds {sock}.lock) (pick another with --telemetry-socket PATH, or '' to disable)"]
+        assert os.path.exists(sock) and _health(base) == (200, "ok")
+        os.unlink(sock)         # removed under it, as the second agent used to on its way out
+        assert _health(base) == (503, f"the telemetry socket {sock} was removed or replaced")

@@ -21,6 +21,7 @@ import pytest
 
 from burnrate.agent.telemetry import (CARDINALITY, INTERNAL, MAX_MESSAGE_BYTES, REASONS, Record, Rejection,
                                       TelemetryInbox, validate)
+from burnrate.agent.telemetry.inbox import InboxInUse
 from burnrate.exporter.catalog import RANK_FIELDS
 from burnrate.exporter.snapshot import RankKey
 from burnrate.exporter.telemetry import FIELDS, INFORMATIONAL, TelemetrySink, socket_path
@@ -477,16 +478,31 @@ def test_a_path_that_is_not_a_socket_is_refused(sock_dir: Path, make: Any) -> No
     assert path.exists() or path.is_symlink()
 
 
-def test_close_leaves_a_socket_another_agent_bound(sock_dir: Path) -> None:
+def test_a_second_inbox_on_a_live_socket_is_refused(sock_dir: Path) -> None:
+    """One agent per socket: a second would take the socket over and delete it on exit."""
     path = sock_dir / "t.sock"
     first = TelemetryInbox(path)
-    second = TelemetryInbox(path)
+    with pytest.raises(InboxInUse, match=f"another agent is receiving on it \\(it holds {path}.lock\\)"):
+        TelemetryInbox(path)
+    assert first.alive() == (True, "ok") and send_datagram(path, message())
+    assert first.wait_idle(timeout=10) and first.received == 1
     first.close()
-    assert path.exists()
-    assert send_datagram(path, message())
-    assert second.wait_idle(timeout=10) and second.received == 1
-    second.close()
-    assert not path.exists()
+    with TelemetryInbox(path) as after:         # the lock goes with its holder
+        assert after.alive() == (True, "ok")
+
+
+def test_close_leaves_a_socket_someone_else_bound(sock_dir: Path) -> None:
+    path = sock_dir / "t.sock"
+    inbox = TelemetryInbox(path)
+    path.unlink()
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        other.bind(str(path))
+        assert inbox.alive() == (False, f"the telemetry socket {path} was removed or replaced")
+        inbox.close()
+        assert path.exists() and send_datagram(path, message())
+    finally:
+        other.close()
 
 
 @pytest.mark.parametrize("limits", [{"max_ranks": 0}, {"max_jobs": 0}, {"max_ranks_per_job": -1},

@@ -13,6 +13,7 @@ signal (wait_idle polls).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -52,7 +53,12 @@ class TelemetryInbox:
         self._busy = False
         self._last_done = time.monotonic()
         self._closing = threading.Event()
-        self._sock, self._inode = _bind(self._path)
+        self._lock_fd = _claim(self._path)
+        try:
+            self._sock, self._inode = _bind(self._path)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
         self._reader = threading.Thread(target=self._read_loop, name="burnrate-telemetry", daemon=True)
         self._reader.start()
 
@@ -95,6 +101,17 @@ class TelemetryInbox:
                 return False
             time.sleep(min(deadline - now, max(quiet_s - idle_for, 0.001)))
 
+    def alive(self) -> tuple[bool, str]:
+        """Whether trainers can still reach this inbox: its reader runs and the socket file
+        on disk is still the one it reads (not removed, not replaced)."""
+        if not self._reader.is_alive():
+            return False, f"the telemetry reader on {self._path} has stopped"
+        try:
+            ours = os.lstat(self._path).st_ino == self._inode
+        except FileNotFoundError:
+            ours = False
+        return (True, "ok") if ours else (False, f"the telemetry socket {self._path} was removed or replaced")
+
     def close(self) -> None:
         """Stop the reader and remove the socket file, unless another process has replaced it."""
         if self._closing.is_set():
@@ -111,6 +128,7 @@ class TelemetryInbox:
                 os.unlink(self._path)
         except FileNotFoundError:
             pass
+        os.close(self._lock_fd)
 
     def __enter__(self) -> TelemetryInbox:
         return self
@@ -165,6 +183,25 @@ class TelemetryInbox:
         except OSError:  # closed: nothing more will be read
             return False
         return struct.unpack("i", answer)[0] > 0
+
+
+class InboxInUse(OSError):
+    """Another live process receives on this socket."""
+
+
+def _claim(path: Path) -> int:
+    """Hold `<socket>.lock` for as long as the inbox lives: a second agent on the same
+    socket would take it over and delete it on exit, leaving the first deaf. The kernel
+    drops the lock when its holder dies, so a crashed agent does not block the next."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise InboxInUse(errno.EBUSY, f"another agent is receiving on it (it holds {lock})") from None
+    return fd
 
 
 def _bind(path: Path) -> tuple[socket.socket, int]:
