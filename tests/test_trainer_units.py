@@ -19,7 +19,7 @@ import torch
 from burnrate.agent.telemetry.inbox import TelemetryInbox
 from burnrate.exporter.telemetry import TelemetrySink
 from burnrate.trainer import config
-from burnrate.trainer.checkpoint import Checkpointer, young_interval
+from burnrate.trainer.checkpoint import CheckpointDirInUse, Checkpointer, young_interval
 from burnrate.trainer.data import SyntheticTokens, TokenFile, batches
 from burnrate.trainer.faults import Faults, InjectedCrash, parse_fault
 from burnrate.trainer.flops import model_flops_per_token, peak_flops
@@ -68,6 +68,19 @@ def test_cli_rejects_a_bad_fault_in_one_line():
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["burnrate train: error: bad fault 'straggler:rank=1': missing factor"]
+
+
+@pytest.mark.parametrize("command", [["-m", "burnrate", "train"], ["-m", "burnrate.trainer"]],
+                         ids=["launcher", "rank"])
+def test_a_fresh_run_into_another_runs_checkpoints_is_one_line(tmp_path, command):
+    Checkpointer(tmp_path).save(9, _state(9))
+    r = subprocess.run([PYTHON, *command, "--checkpoint-dir", str(tmp_path), "--steps", "2"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    prog = "burnrate train" if command[1] == "burnrate" else "python -m burnrate.trainer"
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"{prog}: error: {tmp_path} holds another run's checkpoints (up to step 9): --resume continues that run, "
+        "or give this one a new --checkpoint-dir"]
+    assert [i.step for i in Checkpointer(tmp_path).manifests()] == [9]
 
 
 def test_config_round_trips_through_flags():
@@ -143,6 +156,38 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path):
     info.path.write_bytes(bytes(data))
     state, loaded = Checkpointer(tmp_path).load()
     assert loaded.step == 1 and state["step"] == 1
+
+
+def test_a_fresh_run_is_refused_where_another_runs_checkpoints_are(tmp_path):
+    Checkpointer(tmp_path).save(500, _state(500))
+    with pytest.raises(CheckpointDirInUse, match="holds another run's checkpoints \\(up to step 500\\): --resume"):
+        Checkpointer(tmp_path).claim_fresh()
+    Checkpointer(tmp_path / "new").claim_fresh()        # an empty or new directory is free
+
+
+def test_a_resumed_run_loads_prunes_and_falls_back_only_within_itself(tmp_path):
+    """Two runs' files in one directory (copied there, or from before runs were named):
+    pruning once kept the highest steps whatever run they were, deleting the file
+    `latest` named; a resume could load the other run's weights."""
+    other = Checkpointer(tmp_path, keep=5)
+    for step in (700, 800):
+        other.save(step, _state(step))
+    mine = Checkpointer(tmp_path, keep=2)
+    for step in (10, 20):
+        mine.save(step, _state(step))
+    resumed = Checkpointer(tmp_path, keep=2)
+    state, info = resumed.load()
+    assert info.step == 20 and resumed.run == mine.run != other.run
+    for step in (21, 22):
+        resumed.save(step, _state(step))
+    runs = {(i.step, i.run) for i in resumed.manifests()}
+    assert runs == {(22, mine.run), (21, mine.run), (800, other.run), (700, other.run)}
+    assert (tmp_path / ((tmp_path / "latest").read_text() + ".pt")).exists()
+    newest = resumed.manifests()[2]          # step 22: damage it
+    assert newest.step == 22
+    newest.path.write_bytes(b"torn")
+    state, info = Checkpointer(tmp_path).load()
+    assert (info.step, info.run) == (21, mine.run)     # its own older one, not the other run's step 800
 
 
 def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path):

@@ -9,6 +9,7 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from .checkpoint import CheckpointDirInUse
 from .config import ConfigError, add_arguments, from_args
 from .train import train
 
@@ -22,7 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = from_args(args)
     except ConfigError as exc:
         parser.error(str(exc))
-    return train(cfg)
+    try:
+        return train(cfg)
+    except CheckpointDirInUse as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 
 def leave(code: int) -> None:

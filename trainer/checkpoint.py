@@ -10,6 +10,11 @@ always names a complete checkpoint.
 
 Loading verifies the checksum and falls back to the next newest good checkpoint when
 the newest is damaged (a bad disk block, a copy cut short).
+
+Every manifest names its run. A directory holds one run's checkpoints: a fresh run is
+refused where another run's are (`--resume` continues that run), a resumed run carries
+on as the run it resumed, falls back only to that run's older checkpoints, and pruning
+touches only its own run's files, so `latest` never names a deleted one.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import math
 import os
 import re
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +48,7 @@ class CheckpointInfo:
     time: float
     reason: str
     save_s: float
+    run: str = ""       # written by every save; "" in manifests from before runs were named
 
 
 def young_interval(save_s: float, mtbf_s: float) -> float:
@@ -68,12 +75,17 @@ def atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+class CheckpointDirInUse(ValueError):
+    """A fresh run pointed at a directory that holds another run's checkpoints."""
+
+
 class Checkpointer:
     """Saves and loads checkpoints in one directory; only rank 0 should call `save`."""
 
     def __init__(self, directory: str | Path, keep: int = 3) -> None:
         self.dir = Path(directory)
         self.keep = keep
+        self.run = uuid.uuid4().hex[:12]     # a fresh run's; load() adopts the resumed run's
         self.dir.mkdir(parents=True, exist_ok=True)
         # Temporaries left by a process killed mid-write are never valid checkpoints.
         for stale in self.dir.glob(".*.tmp-*"):
@@ -88,7 +100,8 @@ class Checkpointer:
         stem = f"step-{step:08d}"
         path = self.dir / f"{stem}.pt"
         atomic_write(path, payload)
-        info = CheckpointInfo(step, path, digest, len(payload), time.time(), reason, time.perf_counter() - t0)
+        info = CheckpointInfo(step, path, digest, len(payload), time.time(), reason, time.perf_counter() - t0,
+                              self.run)
         manifest = {k: v for k, v in asdict(info).items() if k != "path"}
         atomic_write(self.dir / f"{stem}.json", json.dumps(manifest).encode())
         atomic_write(self.dir / POINTER, stem.encode())
@@ -107,15 +120,28 @@ class Checkpointer:
                     log.warning("ignoring unreadable manifest %s: %s", path, exc)
         return sorted(found, key=lambda i: i.step, reverse=True)
 
+    def claim_fresh(self) -> None:
+        """Refuse to start a new run here if another run's checkpoints are: its pruning
+        and its `latest` would be mixed up with theirs."""
+        found = self.manifests()
+        if found:
+            raise CheckpointDirInUse(
+                f"{self.dir} holds another run's checkpoints (up to step {found[0].step}): "
+                "--resume continues that run, or give this one a new --checkpoint-dir")
+
     def load(self) -> tuple[dict[str, Any], CheckpointInfo] | None:
-        """The newest checkpoint whose checksum matches, or None when there is none.
-        The `latest` pointer is tried first; every other manifest after it."""
+        """The newest checkpoint whose checksum matches, or None when there is none, of
+        the run `latest` names (else of the newest checkpoint's run): never another run's.
+        The pointed checkpoint is tried first; that run's older ones after it."""
         candidates = self.manifests()
         try:
             pointed = (self.dir / POINTER).read_text().strip()
             candidates.sort(key=lambda i: i.path.stem != pointed)   # stable: the rest stay newest first
         except OSError:
             pass
+        if candidates:
+            run = candidates[0].run
+            candidates = [c for c in candidates if c.run == run]
         for info in candidates:
             try:
                 payload = info.path.read_bytes()
@@ -125,11 +151,12 @@ class Checkpointer:
             if len(payload) != info.size or hashlib.sha256(payload).hexdigest() != info.sha256:
                 log.warning("checkpoint %s fails its checksum; trying an older one", info.path.name)
                 continue
+            self.run = info.run
             return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True), info
         return None
 
     def _prune(self) -> None:
-        for old in self.manifests()[self.keep:]:
+        for old in [m for m in self.manifests() if m.run == self.run][self.keep:]:
             # Manifest first: a checkpoint without one is never offered for loading.
             old.path.with_suffix(".json").unlink(missing_ok=True)
             old.path.unlink(missing_ok=True)

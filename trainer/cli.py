@@ -12,7 +12,7 @@ from pathlib import Path
 from burnrate.exporter.errors import UserError
 
 from . import config
-from .checkpoint import Checkpointer
+from .checkpoint import CheckpointDirInUse, Checkpointer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +39,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--device cuda, but no GPU is visible")
     if cfg.data.data_path and not Path(cfg.data.data_path).is_file():
         raise UserError(f"--data-path {cfg.data.data_path}: no such file")
+    if cfg.checkpoint.checkpoint_dir and not cfg.checkpoint.resume:
+        try:    # said once, here, rather than by every rank
+            Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep).claim_fresh()
+        except CheckpointDirInUse as exc:
+            raise UserError(str(exc)) from None
 
     launch = LaunchConfig(
         min_nodes=1,
