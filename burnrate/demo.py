@@ -15,7 +15,6 @@ start varies several-fold with the machine's load, and would eat the evidence.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import functools
 import os
@@ -30,6 +29,7 @@ import webbrowser
 from contextlib import ExitStack
 
 from burnrate.exporter.errors import UserError
+from burnrate.exporter.lifetime import end_with_parent
 from burnrate.exporter.listen import ensure_free
 
 
@@ -64,7 +64,6 @@ NAMESPACE = "demo"
 POLL_S = 0.5
 PROGRESS_EVERY_S = 5.0
 STARTUP_LIMIT_S = 120.0
-PR_SET_PDEATHSIG = 1    # linux/prctl.h
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,21 +75,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", help="where the recording goes (default: a new temporary directory)")
 
 
-def _die_with(parent: int) -> None:
-    """In the child, before it runs: on Linux the kernel sends it SIGTERM when the demo
-    dies, by SIGKILL too, so that nothing the demo started outlives it."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:      # the demo died before the request took hold
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _spawn(stack: ExitStack, argv: list[str], log: str, env: dict | None = None) -> subprocess.Popen:
     out = open(log, "ab")
     stack.callback(out.close)
-    # Own process group, so that stopping it stops the ranks the launcher started too.
+    # Own process group, so that stopping it stops the ranks the launcher started too; and
+    # a parent-death signal, so that nothing outlives a demo killed outright.
     proc = subprocess.Popen([sys.executable, "-m", "burnrate", *argv], stdout=out, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True, preexec_fn=functools.partial(_die_with, os.getpid()))
+                            env=env, start_new_session=True, preexec_fn=functools.partial(end_with_parent, os.getpid()))
     stack.callback(_stop, proc)
     return proc
 

@@ -178,6 +178,36 @@ def test_a_stalled_run_still_stops_on_sigterm_with_a_checkpoint(tmp_path):
     assert (manifest["reason"], manifest["step"]) == ("sigterm", 4)
 
 
+def test_ranks_end_with_a_killed_launcher_and_one_writer_holds_the_directory(tmp_path):
+    """SIGKILL of `burnrate train` used to orphan its ranks, which trained on and kept
+    writing checkpoints while a `--resume` trained beside them in the same directory.
+    Now a second writer is refused while they live, and they end with their launcher,
+    saving as on SIGTERM; then the resume goes ahead."""
+    ck = tmp_path / "ck"
+    proc = _start(tmp_path, "--steps", "100000", "--checkpoint-dir", str(ck))
+    ranks: list[psutil.Process] = []
+    try:
+        _wait_for(lambda: any(r["step"] >= 3 for r in _records(tmp_path)))
+        ranks = psutil.Process(proc.pid).children(recursive=True)
+        beside = _train(tmp_path, "--steps", "100000", "--checkpoint-dir", str(ck), "--resume", ok=False)
+        assert beside.returncode == 2 and beside.stderr.strip().splitlines() == [
+            f"burnrate train: error: another process is writing checkpoints to {ck}: stop it (or wait for it "
+            "to end) first"]
+        proc.send_signal(signal.SIGKILL)       # the launcher alone, as an OOM kill or a node agent would
+        proc.wait()
+        gone, alive = psutil.wait_procs(ranks, timeout=60)
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:
+        _kill(proc)
+        for rank in ranks:      # re-parented once the launcher died: not in its tree any more
+            with contextlib.suppress(psutil.NoSuchProcess):
+                rank.kill()
+    manifest = json.loads((ck / ((ck / "latest").read_text() + ".json")).read_text())
+    assert manifest["reason"] == "sigterm" and manifest["step"] >= 3
+    resumed = _train(tmp_path, "--steps", str(manifest["step"] + 2), "--checkpoint-dir", str(ck), "--resume")
+    assert f"resumed from step-{manifest['step']:08d}.pt (step {manifest['step']})" in resumed.stdout
+
+
 def test_straggler_has_the_longest_compute(tmp_path):
     _train(tmp_path, "--steps", "25", "--fault", "straggler:rank=1,factor=2")
     records = _records(tmp_path)

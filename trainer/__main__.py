@@ -9,6 +9,8 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from burnrate.exporter.lifetime import end_with_parent
+
 from .checkpoint import CheckpointDirInUse
 from .config import ConfigError, add_arguments, from_args
 from .train import train
@@ -19,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m burnrate.trainer", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
+    end_with_parent()   # a rank ends with its launcher (torchrun, burnrate train), even one killed outright
     try:
         cfg = from_args(args)
     except ConfigError as exc:

@@ -18,6 +18,7 @@ touches only its own run's files, so `latest` never names a deleted one.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -36,6 +37,7 @@ import torch
 log = logging.getLogger(__name__)
 
 POINTER = "latest"
+WRITER_LOCK = ".writer.lock"
 _NAME = re.compile(r"^step-(\d{8})\.json$")
 
 
@@ -86,6 +88,7 @@ class Checkpointer:
         self.dir = Path(directory)
         self.keep = keep
         self.run = uuid.uuid4().hex[:12]     # a fresh run's; load() adopts the resumed run's
+        self._writer_fd: int | None = None
         self.dir.mkdir(parents=True, exist_ok=True)
         # Temporaries left by a process killed mid-write are never valid checkpoints.
         for stale in self.dir.glob(".*.tmp-*"):
@@ -119,6 +122,23 @@ class Checkpointer:
                 except (OSError, ValueError, TypeError) as exc:
                     log.warning("ignoring unreadable manifest %s: %s", path, exc)
         return sorted(found, key=lambda i: i.step, reverse=True)
+
+    def hold_for_writing(self) -> None:
+        """Be this directory's one writer until the process ends: a resumed run started
+        beside ranks that still train would interleave their checkpoints with its own."""
+        fd = os.open(self.dir / WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CheckpointDirInUse(f"another process is writing checkpoints to {self.dir}: stop it "
+                                     "(or wait for it to end) first") from None
+        self._writer_fd = fd
+
+    def release(self) -> None:
+        if self._writer_fd is not None:
+            os.close(self._writer_fd)
+            self._writer_fd = None
 
     def claim_fresh(self) -> None:
         """Refuse to start a new run here if another run's checkpoints are: its pruning

@@ -39,9 +39,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--device cuda, but no GPU is visible")
     if cfg.data.data_path and not Path(cfg.data.data_path).is_file():
         raise UserError(f"--data-path {cfg.data.data_path}: no such file")
-    if cfg.checkpoint.checkpoint_dir and not cfg.checkpoint.resume:
+    if cfg.checkpoint.checkpoint_dir:
+        ckpt = Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep)
         try:    # said once, here, rather than by every rank
-            Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep).claim_fresh()
+            ckpt.hold_for_writing()
+            ckpt.release()
+            if not cfg.checkpoint.resume:
+                ckpt.claim_fresh()
         except CheckpointDirInUse as exc:
             raise UserError(str(exc)) from None
 

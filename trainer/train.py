@@ -148,6 +148,8 @@ def _train(cfg: TrainConfig, ranks: Ranks, device: torch.device, stop: _StopRequ
 
     ckpt = Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep) if cfg.checkpoint.checkpoint_dir else None
     start = 0
+    if ckpt and is_main:
+        ckpt.hold_for_writing()
     if ckpt and not cfg.checkpoint.resume:
         ckpt.claim_fresh()
     if ckpt and cfg.checkpoint.resume:
