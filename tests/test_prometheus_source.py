@@ -192,6 +192,9 @@ class _Answer(http.server.BaseHTTPRequestHandler):
     status, body, delay = 200, b"", 0.0
 
     def do_POST(self):  # noqa: N802 - http.server's naming
+        # Read the query first, as a server does: closing on an unread request resets the
+        # connection under an answer the client is still reading.
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
         time.sleep(self.delay)
         self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
@@ -243,6 +246,7 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802 - http.server's naming
         type(self).seen.append(dict(self.headers))
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.mode == "redirect":
             self.send_response(302)
             self.send_header("Location", self.target + self.path)
