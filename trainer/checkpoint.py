@@ -30,7 +30,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -88,13 +88,11 @@ class Checkpointer:
         self.dir = Path(directory)
         self.keep = keep
         self.run = uuid.uuid4().hex[:12]     # a fresh run's; load() adopts the resumed run's
-        self._writer_fd: int | None = None
+        self._writer: BinaryIO | None = None
         self.dir.mkdir(parents=True, exist_ok=True)
-        # Temporaries left by a process killed mid-write are never valid checkpoints.
-        for stale in self.dir.glob(".*.tmp-*"):
-            stale.unlink(missing_ok=True)
 
     def save(self, step: int, state: dict[str, Any], reason: str = "interval") -> CheckpointInfo:
+        self.hold_for_writing()
         t0 = time.perf_counter()
         buf = io.BytesIO()
         torch.save(state, buf)
@@ -124,21 +122,30 @@ class Checkpointer:
         return sorted(found, key=lambda i: i.step, reverse=True)
 
     def hold_for_writing(self) -> None:
-        """Be this directory's one writer until the process ends: a resumed run started
-        beside ranks that still train would interleave their checkpoints with its own."""
-        fd = os.open(self.dir / WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        """Be this directory's one writer until the process ends (`save` makes sure of it):
+        a resumed run started beside ranks that still train would interleave their
+        checkpoints with its own, or delete the temporary a live save is writing."""
+        if self._writer is not None:
+            return
+        # A file object, not a bare descriptor: a Checkpointer dropped without release()
+        # closes it, and the lock goes with it.
+        lock = open(self.dir / WRITER_LOCK, "ab")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
+            lock.close()
             raise CheckpointDirInUse(f"another process is writing checkpoints to {self.dir}: stop it "
                                      "(or wait for it to end) first") from None
-        self._writer_fd = fd
+        self._writer = lock
+        # Temporaries left by a writer killed mid-write are never valid checkpoints; with
+        # the lock held, none is being written now.
+        for stale in self.dir.glob(".*.tmp-*"):
+            stale.unlink(missing_ok=True)
 
     def release(self) -> None:
-        if self._writer_fd is not None:
-            os.close(self._writer_fd)
-            self._writer_fd = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     def claim_fresh(self) -> None:
         """Refuse to start a new run here if another run's checkpoints are: its pruning

@@ -12,7 +12,7 @@ from burnrate.exporter.recording import TABLES
 
 from ..frames import Frames, Window
 from ..recording import Span, check, complete_rows, damage, empty_table, load_table, segments
-from ..holding import hold
+from ..holding import STALENESS_S, hold, series_intervals
 from .allocation import SHARE_RATIO
 from .common import DEFAULT_STEP_S, Progress, is_simulated, missing_signals, within
 from ..resample import grid_points, step_for
@@ -45,17 +45,11 @@ def _finest_series_interval(segment: str, window: Window) -> float | None:
     hi = min(int(np.searchsorted(t, window.end, "right")), lo + STEP_SAMPLE_ROWS)
     keys = np.fromfile(os.path.join(segment, "key.u4"), dtype="<u4", count=hi - lo, offset=lo * 4)
     times = np.array(t[lo:hi])
-    order = np.lexsort((times, keys))
-    keys, times = keys[order], times[order]
-    gap = np.diff(times)
-    same = (keys[1:] == keys[:-1]) & (gap > 0)
-    if not same.any():
-        return None
-    gap_key = keys[1:][same]
-    gap = gap[same]
-    # Rows are sorted by key, so each key's gaps are one stretch: its median, then the least.
-    bounds = np.flatnonzero(np.diff(gap_key)) + 1
-    return float(min(np.median(part) for part in np.split(gap, bounds)))
+    codes = np.unique(keys, return_inverse=True)[1]
+    order = np.lexsort((times, codes))
+    # Each series' own interval, as holding measures it (missed samples and outages aside).
+    intervals = series_intervals(times[order], codes[order], np.ones(len(order)), STALENESS_S)
+    return float(np.nanmin(intervals)) if np.isfinite(intervals).any() else None
 
 
 def time_range(root: str) -> Window:
