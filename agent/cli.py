@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import grp
 import logging
 import os
 import signal
@@ -44,6 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--telemetry-socket", default=socket_path(),
                    metavar="PATH", help=f"Unix datagram socket trainers send to (default {DEFAULT_SOCKET_PATH}; "
                    "'' disables)")
+    p.add_argument("--telemetry-socket-mode", default="0666", metavar="OCTAL",
+                   help="permissions of the telemetry socket (default 0666: any user on the node may send; "
+                   "in Kubernetes each datagram is checked against its sending pod anyway)")
+    p.add_argument("--telemetry-socket-group", metavar="GROUP",
+                   help="group owning the telemetry socket, for a mode such as 0660 outside Kubernetes")
     p.add_argument("--forget-after", type=float, default=300.0, metavar="S",
                    help="forget a rank silent this long (default 300 s)")
     p.add_argument("--node", default=os.environ.get("NODE_NAME") or socket.gethostname(),
@@ -57,6 +63,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--web-config", metavar="FILE", help="TLS and basic auth, exporter-toolkit format")
     p.add_argument("--once", action="store_true",
                    help="take one sample (after draining pending telemetry), print the exposition, exit")
+
+
+def _socket_access(args: argparse.Namespace) -> dict[str, int | None]:
+    try:
+        mode = int(args.telemetry_socket_mode, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777:
+        raise UserError(f"--telemetry-socket-mode {args.telemetry_socket_mode!r} is not a mode such as 0660")
+    group = args.telemetry_socket_group
+    if group is None:
+        return {"mode": mode, "group": None}
+    try:
+        gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise UserError(f"--telemetry-socket-group: no group {group!r} on this machine") from None
+    return {"mode": mode, "group": gid}
 
 
 def _reader(args: argparse.Namespace, telemetry) -> GpuReader:
@@ -119,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
         telemetry = None
         if args.telemetry_socket:
             try:
-                telemetry = TelemetryInbox(args.telemetry_socket, forget_after_s=args.forget_after)
+                telemetry = TelemetryInbox(args.telemetry_socket, forget_after_s=args.forget_after,
+                                           **_socket_access(args))
             except OSError as exc:
                 raise UserError(f"cannot open the telemetry socket {args.telemetry_socket}: {exc.strerror or exc}"
                                 " (pick another with --telemetry-socket PATH, or '' to disable)") from exc
@@ -128,6 +152,9 @@ def run(args: argparse.Namespace) -> int:
         stack.callback(reader.close)
         sampler_ref: list[Sampler] = []
         attribution = _attribution(args, reader, telemetry, sampler_ref)
+        if telemetry and isinstance(attribution, Attributor):
+            # Datagrams are checked against the pod that sent them (docs/security.md).
+            telemetry.senders.pods = attribution.pods
         registry = CollectorRegistry()
         registry.register(SnapshotCollector(lambda: sampler_ref[0].latest))
         ProcessCollector(registry=registry)

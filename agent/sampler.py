@@ -28,6 +28,7 @@ class AttributionSource(Protocol):
 class TelemetrySource(Protocol):
     received: int
     rejected: dict[str, int]
+    relabelled: int
 
     def ranks(self) -> tuple[RankState, ...]: ...
 
@@ -87,6 +88,7 @@ class Sampler:
         stats = AgentStats(
             telemetry_received=self._telemetry.received if self._telemetry else 0,
             telemetry_rejected=frozen(self._telemetry.rejected if self._telemetry else {}),
+            telemetry_relabelled=self._telemetry.relabelled if self._telemetry else 0,
             telemetry_ranks=len(ranks),
             collection_errors=frozen(errors),
             collection_seconds=frozen(self._seconds),

@@ -8,6 +8,10 @@ from burnrate.exporter.errors import UserError
 from burnrate.exporter.listen import ensure_free, listen_address
 
 DEFAULT_LISTEN = "127.0.0.1:8050"
+# Callbacks that wait on Prometheus hold a thread each; a page fires several at once.
+_THREADS = 8
+# A callback's request names a page's filters: kilobytes. Waitress' default is 1 GiB.
+_MAX_REQUEST_BYTES = 1 << 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from burnrate.analyzer.pricing import PricingError, load_catalog
     from burnrate.analyzer.recording import RecordingError
     from burnrate.analyzer.sources import PrometheusSource, RecordingSource
+
+    import waitress
 
     from . import auth
     from .app import create_app
@@ -65,7 +71,12 @@ def run(args: argparse.Namespace) -> int:
     app.server.extensions[SERVICE_KEY].warm_up()
     print(f"burnrate dashboard: http://{args.listen}/ ({where})", file=sys.stderr, flush=True)
     try:
-        app.run(host=host, port=port, debug=False)
+        server = waitress.create_server(app.server, host=host, port=port, threads=_THREADS, ident="burnrate",
+                                        max_request_body_size=_MAX_REQUEST_BYTES)
     except OSError as exc:
         raise UserError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+    try:
+        server.run()
+    finally:
+        server.close()
     return 0

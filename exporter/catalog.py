@@ -141,6 +141,9 @@ CATALOG: tuple[MetricSpec, ...] = (
                "Telemetry datagrams received.", (L.HOSTNAME,), AGENT, "telemetry_received"),
     MetricSpec("burnrate_agent_telemetry_rejected_total", COUNTER, "messages",
                "Telemetry datagrams dropped, by reason.", (L.HOSTNAME, "reason"), AGENT, "telemetry_rejected"),
+    MetricSpec("burnrate_agent_telemetry_relabelled_total", COUNTER, "messages",
+               "Telemetry datagrams kept under the namespace and pod of the pod that sent them, "
+               "not the ones they named.", (L.HOSTNAME,), AGENT, "telemetry_relabelled"),
     MetricSpec("burnrate_agent_telemetry_ranks", GAUGE, "ranks",
                "Ranks whose telemetry the agent holds now.", (L.HOSTNAME,), AGENT, "telemetry_ranks"),
     MetricSpec("burnrate_agent_collection_errors_total", COUNTER, "errors",

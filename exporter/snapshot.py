@@ -100,6 +100,7 @@ class HostReading:
 class AgentStats:
     telemetry_received: int = 0
     telemetry_rejected: Mapping[str, int] = field(default_factory=_empty)
+    telemetry_relabelled: int = 0
     telemetry_ranks: int = 0
     collection_errors: Mapping[str, int] = field(default_factory=_empty)
     collection_seconds: Mapping[str, float] = field(default_factory=_empty)

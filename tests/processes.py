@@ -5,21 +5,27 @@ import contextlib
 import json
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
 from tests.conftest import PYTHON, ROOT, free_port, require
 
 
-def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None,
+              statuses: tuple[int, ...] = (200,)) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
+                if resp.status in statuses:
                     return
+        except urllib.error.HTTPError as answer:
+            if answer.code in statuses:
+                return
+            time.sleep(0.1)
         except OSError:
             time.sleep(0.1)
     raise TimeoutError(f"{url} did not answer within {timeout}s")
@@ -45,14 +51,15 @@ def agent(tmp_path, *extra: str):
 
 
 @contextlib.contextmanager
-def dashboard(tmp_path, recording: str):
+def dashboard(tmp_path, recording: str, *extra: str):
     """`burnrate dashboard --recording` as a user runs it; yields its base URL."""
     port = free_port()
     log = open(tmp_path / "dashboard.log", "wb")
     proc = subprocess.Popen([PYTHON, "-m", "burnrate", "dashboard", "--recording", recording,
-                             "--listen", f"127.0.0.1:{port}"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                             "--listen", f"127.0.0.1:{port}", *extra], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_http(f"http://127.0.0.1:{port}/", timeout=60, proc=proc)
+        # A 401 says it serves too, where it asks for a password.
+        wait_http(f"http://127.0.0.1:{port}/", timeout=60, proc=proc, statuses=(200, 401))
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()

@@ -13,6 +13,7 @@ from burnrate.exporter.catalog import RANK_FIELDS
 class FixedTelemetry:
     received = 12
     rejected = {"malformed": 2}
+    relabelled = 1
 
     def ranks(self):
         values = dict(zip(RANK_FIELDS, (120, 60.0, 3.0, 55.5, 960, 983040, 7.2e14, 0.41, 2.75,

@@ -4,6 +4,7 @@ line, empty and error states, basic auth and the command line."""
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import socket
@@ -380,3 +381,42 @@ def test_a_range_of_centuries_is_read_at_the_datas_own_span(app):
     assert wide.views.n == whole.views.n <= MAX_POINTS + 1
     assert len(wide.fleet.times) <= aggregate.MAX_BUCKETS
     assert wide.report.accounting.observed_gpu_hours == pytest.approx(whole.report.accounting.observed_gpu_hours)
+
+
+def test_the_command_serves_with_a_production_server_that_holds_under_bad_clients(tmp_path, recording):
+    """`burnrate dashboard` as deployed: waitress, not Flask's development server. A client
+    that never finishes its request does not hold up others, an oversized callback body is
+    refused before it is read, and every route asks for the password."""
+    from tests.processes import dashboard
+    secret = tmp_path / "auth"
+    secret.write_text("team:s3cret\n")
+    token = base64.b64encode(b"team:s3cret").decode()
+    with dashboard(tmp_path, recording[0], "--basic-auth", str(secret)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        stalled = []
+        for _ in range(16):   # more than the server's threads
+            s = socket.create_connection((host, int(port)), timeout=5)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")   # and never the blank line
+            stalled.append(s)
+        try:
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            started = time.monotonic()
+            conn.request("GET", "/jobs", headers={"Authorization": f"Basic {token}"})
+            answer = conn.getresponse()
+            page = answer.read()
+            assert answer.status == 200 and b"<title>" in page
+            assert answer.getheader("Server") == "burnrate"
+            assert time.monotonic() - started < 5
+            conn.request("GET", "/cost")
+            refused = conn.getresponse()
+            refused.read()
+            assert refused.status == 401 and refused.getheader("WWW-Authenticate", "").startswith("Basic")
+            conn.request("POST", "/_dash-update-component", body=b"{" + b" " * (2 << 20) + b"}",
+                         headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"})
+            too_big = conn.getresponse()
+            too_big.read()
+            assert too_big.status == 413
+            conn.close()
+        finally:
+            for s in stalled:
+                s.close()

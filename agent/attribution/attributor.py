@@ -88,6 +88,11 @@ class Attributor:
     def current(self) -> Attribution:
         return self._current
 
+    def pods(self) -> Mapping[tuple[str, str], PodInfo] | None:
+        """The node's pods from the last good API list, keyed (namespace, name); None before one.
+        Each refresh swaps in a new mapping, so holders can tell when it changed."""
+        return self._pods
+
     def refresh(self) -> Attribution:
         """One round: the kubelet's allocations first, so that every pod it names is
         already in the API's pod list that follows."""

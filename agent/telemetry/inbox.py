@@ -29,24 +29,33 @@ from typing import Callable, Mapping
 
 from burnrate.exporter.snapshot import RankState
 from .schema import MAX_MESSAGE_BYTES, Rejection, validate
+from .senders import Senders
 from .state import RankTable
 
-CARDINALITY = "cardinality"   # a new rank beyond max_ranks, max_jobs or max_ranks_per_job
+CARDINALITY = "cardinality"   # a new rank beyond the node's, the job's or the sender's limits
 INTERNAL = "internal"         # handling the datagram raised; the reader goes on
 
 _RETRY_S = 0.2                # pause after a failed read, so a persistent socket error cannot spin a core
+_CREDENTIALS = struct.Struct("iII")  # struct ucred: pid, uid, gid
+_ANCILLARY_BYTES = socket.CMSG_SPACE(_CREDENTIALS.size)
 _log = logging.getLogger(__name__)
 
 
 class TelemetryInbox:
-    """Binds the socket at `path` and accumulates what trainers send until close()."""
+    """Binds the socket at `path` and accumulates what trainers send until close().
+
+    `mode` and `group` set who may send at all (outside Kubernetes they are the only
+    guard); `senders` checks each datagram against the process the kernel says sent it."""
 
     def __init__(self, path: str | os.PathLike[str], *, max_ranks: int = 4096,
-                 max_ranks_per_job: int = 1024, max_jobs: int = 256,
-                 forget_after_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+                 max_ranks_per_job: int = 1024, max_ranks_per_sender: int = 256, max_jobs_per_sender: int = 32,
+                 forget_after_s: float = 300.0, clock: Callable[[], float] = time.time,
+                 senders: Senders | None = None, mode: int = 0o666, group: int | None = None) -> None:
         self._path = Path(path)
         self._clock = clock
-        self._table = RankTable(max_ranks, max_ranks_per_job, max_jobs, forget_after_s)
+        self._table = RankTable(max_ranks, max_ranks_per_job, forget_after_s, max_ranks_per_sender,
+                                max_jobs_per_sender)
+        self.senders = senders or Senders()
         self._lock = threading.Lock()
         self._received = 0
         self._rejected: dict[str, int] = {}
@@ -55,7 +64,7 @@ class TelemetryInbox:
         self._closing = threading.Event()
         self._lock_fd = _claim(self._path)
         try:
-            self._sock, self._inode = _bind(self._path)
+            self._sock, self._inode = _bind(self._path, mode, group)
         except BaseException:
             os.close(self._lock_fd)
             raise
@@ -71,6 +80,12 @@ class TelemetryInbox:
         """Datagrams read from the socket, valid or not."""
         with self._lock:
             return self._received
+
+    @property
+    def relabelled(self) -> int:
+        """Datagrams kept under their sender's true namespace and pod rather than the claimed ones."""
+        with self._lock:
+            return self.senders.relabelled
 
     @property
     def rejected(self) -> Mapping[str, int]:
@@ -137,11 +152,11 @@ class TelemetryInbox:
         self.close()
 
     def _read_loop(self) -> None:
-        receive = self._sock.recv
+        receive = self._sock.recvmsg
         while True:
             try:
                 # One byte over the limit is enough to tell an oversized datagram; the kernel drops the rest.
-                payload = receive(MAX_MESSAGE_BYTES + 1)
+                payload, ancillary, _, _ = receive(MAX_MESSAGE_BYTES + 1, _ANCILLARY_BYTES)
             except OSError:
                 if self._closing.is_set():
                     return
@@ -153,20 +168,27 @@ class TelemetryInbox:
             if not payload and self._closing.is_set():
                 return
             self._busy = True  # off the queue but not yet counted: wait_idle must wait for it
-            self._take(payload)
+            self._take(payload, ancillary)
 
-    def _take(self, payload: bytes) -> None:
+    def _take(self, payload: bytes, ancillary: list) -> None:
         try:
             result = validate(payload)
         except Exception:
             _log.debug("telemetry datagram could not be validated", exc_info=True)
             result = Rejection(INTERNAL)
         with self._lock:
+            if not isinstance(result, Rejection):
+                try:
+                    result = self.senders.check(result, *_sender(ancillary))
+                except Exception:
+                    _log.debug("telemetry sender could not be checked", exc_info=True)
+                    result = Rejection(INTERNAL)
             if isinstance(result, Rejection):
                 reason = result.reason
             else:
+                record, sender = result
                 try:
-                    reason = "" if self._table.add(result, self._clock()) else CARDINALITY
+                    reason = "" if self._table.add(record, self._clock(), sender) else CARDINALITY
                 except Exception:
                     _log.debug("telemetry record could not be folded in", exc_info=True)
                     reason = INTERNAL
@@ -183,6 +205,15 @@ class TelemetryInbox:
         except OSError:  # closed: nothing more will be read
             return False
         return struct.unpack("i", answer)[0] > 0
+
+
+def _sender(ancillary: list) -> tuple[int, int]:
+    """(pid, uid) from the kernel's SCM_CREDENTIALS; (0, -1) if it sent none."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _CREDENTIALS.size:
+            pid, uid, _ = _CREDENTIALS.unpack_from(data)
+            return pid, uid
+    return 0, -1
 
 
 class InboxInUse(OSError):
@@ -204,7 +235,7 @@ def _claim(path: Path) -> int:
     return fd
 
 
-def _bind(path: Path) -> tuple[socket.socket, int]:
+def _bind(path: Path, mode: int, group: int | None) -> tuple[socket.socket, int]:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = os.lstat(path).st_mode
@@ -216,9 +247,13 @@ def _bind(path: Path) -> tuple[socket.socket, int]:
         os.unlink(path)  # left behind by an agent that did not shut down cleanly
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
+        # The kernel then attaches the sender's pid and uid to every datagram, whatever it claims.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         sock.bind(str(path))
-        # Training pods run as other, often non-root, users.
-        os.chmod(path, 0o666)
+        if group is not None:
+            os.chown(path, -1, group)
+        # By default 0666: training pods run as other, often non-root, users.
+        os.chmod(path, mode)
         return sock, os.lstat(path).st_ino
     except BaseException:
         sock.close()

@@ -30,6 +30,7 @@ class _Rank:
     key: RankKey
     counters: list[float]              # in COUNTER_FIELDS order
     gauges: dict[str, float] = field(default_factory=dict)
+    sender: str = ""
     local_rank: int | None = None
     last_seen: float = 0.0
     # The agent reads the table several times per interval (sampler, simulated GPUs, local
@@ -48,27 +49,34 @@ class RankTable:
     """Not thread-safe: the inbox holds its lock around every call. Silent ranks are
     forgotten when a new rank needs room and before every read (the inbox's ranks())."""
 
-    max_ranks: int
+    max_ranks: int                # on the node
     max_ranks_per_job: int
-    max_jobs: int
     forget_after_s: float
+    # What one sender (a pod, or a user outside pods) may start, so that a flood of made-up
+    # names costs only its sender: a real pod runs about one rank per GPU, for one job.
+    max_ranks_per_sender: int = 256
+    max_jobs_per_sender: int = 32
     # Least recently updated first, so forgetting silent ranks only looks at the front.
     _ranks: OrderedDict[_Identity, _Rank] = field(default_factory=OrderedDict, init=False)
     _job_ranks: dict[tuple[str, str], int] = field(default_factory=dict, init=False)
+    _sender_ranks: dict[str, int] = field(default_factory=dict, init=False)
+    _sender_jobs: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
-        if min(self.max_ranks, self.max_ranks_per_job, self.max_jobs) < 1 or self.forget_after_s <= 0:
+        limits = (self.max_ranks, self.max_ranks_per_job, self.max_ranks_per_sender, self.max_jobs_per_sender)
+        if min(limits) < 1 or self.forget_after_s <= 0:
             raise ValueError("telemetry limits must be positive")
 
-    def add(self, record: Record, now: float) -> bool:
-        """Fold one message in. False when it would start a rank beyond the limits."""
+    def add(self, record: Record, now: float, sender: str = "") -> bool:
+        """Fold one message in. False when it would start a rank beyond the limits; `sender`
+        is the budget key of whoever sent it."""
         identity = (record.namespace, record.pod, record.training_job, record.rank)
         rank = self._ranks.get(identity)
         if rank is None or rank.last_seen <= now - self.forget_after_s:
             # Forgetting silent ranks makes room for a new one, and a rank silent that long
             # starts afresh. Updating a live rank, the usual case, needs neither.
             self.forget_silent(now)
-            rank = self._ranks.get(identity) or self._start(identity)
+            rank = self._ranks.get(identity) or self._start(identity, sender)
             if rank is None:
                 return False
         self._ranks.move_to_end(identity)
@@ -77,16 +85,21 @@ class RankTable:
         rank.state = None
         return True
 
-    def _start(self, identity: _Identity) -> _Rank | None:
+    def _start(self, identity: _Identity, sender: str) -> _Rank | None:
         namespace, _, training_job, _ = identity
         job = (namespace, training_job)
-        held = self._job_ranks.get(job)
-        if len(self._ranks) >= self.max_ranks or (
-                held is None and len(self._job_ranks) >= self.max_jobs) or (
-                held is not None and held >= self.max_ranks_per_job):
+        held = self._job_ranks.get(job, 0)
+        jobs = self._sender_jobs.setdefault(sender, {})
+        if len(self._ranks) >= self.max_ranks or held >= self.max_ranks_per_job or (
+                self._sender_ranks.get(sender, 0) >= self.max_ranks_per_sender) or (
+                job not in jobs and len(jobs) >= self.max_jobs_per_sender):
+            if not jobs:
+                del self._sender_jobs[sender]
             return None
-        self._job_ranks[job] = (held or 0) + 1
-        rank = self._ranks[identity] = _Rank(RankKey(*identity), [0.0] * len(COUNTER_FIELDS))
+        self._job_ranks[job] = held + 1
+        self._sender_ranks[sender] = self._sender_ranks.get(sender, 0) + 1
+        jobs[job] = jobs.get(job, 0) + 1
+        rank = self._ranks[identity] = _Rank(RankKey(*identity), [0.0] * len(COUNTER_FIELDS), sender=sender)
         return rank
 
     def forget_silent(self, now: float) -> None:
@@ -99,12 +112,21 @@ class RankTable:
                 return
             del self._ranks[identity]
             job = (rank.key.namespace, rank.key.training_job)
-            self._job_ranks[job] -= 1
-            if not self._job_ranks[job]:
-                del self._job_ranks[job]
+            _release(self._job_ranks, job)
+            _release(self._sender_ranks, rank.sender)
+            jobs = self._sender_jobs[rank.sender]
+            _release(jobs, job)
+            if not jobs:
+                del self._sender_jobs[rank.sender]
 
     def states(self) -> tuple[RankState, ...]:
         return tuple(rank.snapshot() for rank in sorted(self._ranks.values(), key=_by_job_then_rank))
+
+
+def _release(counts: dict, key: object) -> None:
+    counts[key] -= 1
+    if not counts[key]:
+        del counts[key]
 
 
 def _by_job_then_rank(rank: _Rank) -> tuple[str, str, int, str]:
