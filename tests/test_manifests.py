@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from burnrate.agent.cli import DEFAULT_KUBELET_SOCKET
+from burnrate.agent.telemetry import TelemetryInbox
 from burnrate.exporter.telemetry import DEFAULT_SOCKET_PATH as DEFAULT_SOCKET
 from burnrate.cli import COMMANDS
 from tests.conftest import ROOT, require
@@ -24,7 +25,8 @@ from tests.conftest import ROOT, require
 MANIFESTS = os.path.join(ROOT, "manifests")
 SCHEMAS = os.path.join(ROOT, "tests", "schemas")
 KUBERNETES_VERSION = "1.30.0"
-NAMESPACE = "burnrate"
+# Pod Security level of each namespace: only the agent's is privileged.
+NAMESPACES = {"burnrate-node": "privileged", "burnrate": "restricted", "burnrate-train": "privileged"}
 # Prometheus' own files, not Kubernetes objects: they are for a Prometheus run without
 # the operator, and checked by promtool (here and in test_alert_rules.py).
 PROMETHEUS_FILES = {"alerts/burnrate-rules.yaml", "prometheus/scrape-configs.yaml"}
@@ -44,19 +46,17 @@ def kustomization() -> dict:
 
 
 def render() -> list[dict]:
-    """What `kubectl apply -k manifests/` creates, without kustomize: the listed files with
-    the namespace set, plus the generated ConfigMaps (under their base names)."""
+    """What `kubectl apply -k manifests/` creates, without kustomize: the listed files (each
+    object names its namespace), plus the generated ConfigMaps (under their base names)."""
     k = kustomization()
+    assert "namespace" not in k, "one namespace for all would put the agent's privileges on every part"
     objects = []
     for resource in k["resources"]:
-        for obj in load_yaml(os.path.join(MANIFESTS, resource)):
-            if obj["kind"] not in CLUSTER_SCOPED:
-                obj["metadata"]["namespace"] = k["namespace"]
-            objects.append(obj)
+        objects.extend(load_yaml(os.path.join(MANIFESTS, resource)))
     for generator in k.get("configMapGenerator", []):
         data = dict(literal.split("=", 1) for literal in generator.get("literals", []))
         objects.append({"apiVersion": "v1", "kind": "ConfigMap",
-                        "metadata": {"name": generator["name"], "namespace": k["namespace"]}, "data": data})
+                        "metadata": {"name": generator["name"], "namespace": generator["namespace"]}, "data": data})
     return objects
 
 
@@ -72,8 +72,8 @@ def find(kind: str, name: str | None = None) -> list[dict]:
     return [o for o in OBJECTS if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
 
 
-def one(kind: str, name: str) -> dict:
-    found = find(kind, name)
+def one(kind: str, name: str, namespace: str | None = None) -> dict:
+    found = [o for o in find(kind, name) if namespace is None or o["metadata"].get("namespace") == namespace]
     assert len(found) == 1, f"{kind}/{name}: {len(found)} objects"
     return found[0]
 
@@ -125,9 +125,30 @@ def test_the_kustomization_lists_every_manifest_and_nothing_else():
 def test_objects_render_together_with_unique_identities():
     idents = [ident(o) for o in OBJECTS]
     assert len(idents) == len(set(idents)), sorted(i for i in idents if idents.count(i) > 1)
-    namespace = one("Namespace", NAMESPACE)
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
-    assert {o["metadata"].get("namespace") for o in OBJECTS if o["kind"] not in CLUSTER_SCOPED} == {NAMESPACE}
+    levels = {n["metadata"]["name"]: n["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+              for n in find("Namespace")}
+    assert levels == NAMESPACES
+    for obj in OBJECTS:
+        assert (obj["metadata"].get("namespace") is None) == (obj["kind"] in CLUSTER_SCOPED), ident(obj)
+    privileged = {o["metadata"]["namespace"] for o in find("DaemonSet")}
+    assert privileged == {"burnrate-node"}
+    assert {o["metadata"]["namespace"] for o in find("Deployment")} == {"burnrate"}
+    assert {o["metadata"]["namespace"] for o in find("PyTorchJob")} == {"burnrate-train"}
+
+
+@pytest.mark.parametrize("owner,template", [(o, t) for o, t in pod_templates() if "Deployment/" in o],
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_pods_in_the_restricted_namespace_meet_the_restricted_level(owner, template):
+    """What Pod Security's restricted level checks, for the pods placed under it."""
+    spec = template["spec"]
+    assert not (spec.get("hostPID") or spec.get("hostNetwork") or spec.get("hostIPC")), owner
+    assert all("hostPath" not in v for v in spec.get("volumes", [])), owner
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    for container in spec["containers"]:
+        ctx = container["securityContext"]
+        assert ctx["allowPrivilegeEscalation"] is False and ctx["capabilities"]["drop"] == ["ALL"]
+        assert not ctx.get("privileged") and not any(p.get("hostPort") for p in container.get("ports", []))
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
 def test_kustomize_renders_the_same_objects():
@@ -218,7 +239,27 @@ def test_service_monitors_select_services_by_port_name():
             assert endpoint["honorLabels"] is True
 
 
-def test_network_policies_open_only_the_metrics_port_to_prometheus():
+def test_the_agents_scrape_limits_sit_above_what_the_agent_can_expose():
+    """A flood on the telemetry socket is bounded by the agent; past sampleLimit Prometheus
+    drops the whole scrape, so the limit must be above the agent's own bound or one noisy
+    pod would blind the node's GPU series."""
+    import inspect
+
+    from burnrate.agent.telemetry.schema import MAX_LABEL_CHARS
+    from burnrate.exporter.catalog import CATALOG
+    from burnrate.exporter.labels import RANK
+    max_ranks = inspect.signature(TelemetryInbox).parameters["max_ranks"].default
+    per_rank = sum(1 for spec in CATALOG if RANK in spec.labels)
+    # Everything else: 64 devices (8 GPUs x 7 MIG instances, and more) at every device series.
+    per_device = sum(1 for spec in CATALOG if RANK not in spec.labels)
+    bound = max_ranks * per_rank + 64 * per_device
+    spec = one("ServiceMonitor", "burnrate-agent")["spec"]
+    assert bound <= spec["sampleLimit"] <= 2 * bound
+    assert spec["labelLimit"] >= max(len(s.labels) for s in CATALOG) + 4  # + the target's own labels
+    assert spec["labelValueLengthLimit"] >= MAX_LABEL_CHARS
+
+
+def test_network_policies_open_only_the_served_port_to_one_peer():
     for policy in find("NetworkPolicy"):
         matched = [t for _, t in pod_templates() if selects(policy["spec"]["podSelector"], t["metadata"]["labels"])]
         assert len(matched) == 1, ident(policy)
@@ -233,15 +274,16 @@ def test_network_policies_open_only_the_metrics_port_to_prometheus():
 def test_references_resolve():
     for owner, container, template in containers():
         spec = template["spec"]
+        namespace = owner.split("/")[1]
         if "serviceAccountName" in spec:
-            one("ServiceAccount", spec["serviceAccountName"])
+            one("ServiceAccount", spec["serviceAccountName"], namespace)
         for env in container.get("env", []):
             ref = env.get("valueFrom", {}).get("configMapKeyRef")
             if ref:
-                assert ref["key"] in one("ConfigMap", ref["name"])["data"], owner
+                assert ref["key"] in one("ConfigMap", ref["name"], namespace)["data"], owner
         for volume in spec.get("volumes", []):
             if "persistentVolumeClaim" in volume:
-                one("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+                one("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"], namespace)
         mounts = {m["name"] for m in container.get("volumeMounts", [])}
         assert mounts <= {v["name"] for v in spec.get("volumes", [])}, owner
         ports = {p["name"] for p in container.get("ports", [])}
@@ -251,8 +293,7 @@ def test_references_resolve():
     for binding in find("ClusterRoleBinding"):
         one("ClusterRole", binding["roleRef"]["name"])
         for subject in binding["subjects"]:
-            assert subject["namespace"] == NAMESPACE
-            one("ServiceAccount", subject["name"])
+            one("ServiceAccount", subject["name"], subject["namespace"])
 
 
 # --- how the pods are set up -------------------------------------------------------------------
@@ -288,6 +329,8 @@ def test_the_agent_daemonset():
     spec = template["spec"]
     [container] = spec["containers"]
     assert spec["priorityClassName"] == "system-node-critical"
+    # Without the host's PID namespace the kernel names no telemetry sender (pid 0).
+    assert spec["hostPID"] is True
     assert spec["runtimeClassName"] == "nvidia"
     assert {"key": "nvidia.com/gpu", "operator": "Exists"} in spec["tolerations"]
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -396,8 +439,10 @@ def test_plain_prometheus_configuration_loads(tmp_path):
     the discovery section is checked here."""
     scrape = load_yaml(os.path.join(MANIFESTS, "prometheus", "scrape-configs.yaml"))[0]
     jobs = copy.deepcopy(scrape["scrape_configs"])
+    service_namespace = {s["metadata"]["name"]: s["metadata"]["namespace"] for s in find("Service")}
     for job in jobs:
-        assert job.pop("kubernetes_sd_configs") == [{"role": "endpoints", "namespaces": {"names": [NAMESPACE]}}]
+        namespace = service_namespace[job["relabel_configs"][0]["regex"].split(";")[0]]
+        assert job.pop("kubernetes_sd_configs") == [{"role": "endpoints", "namespaces": {"names": [namespace]}}]
         job["static_configs"] = [{"targets": ["127.0.0.1:9400"]}]
         # Series carry their training pod's namespace/pod/container labels.
         assert job["honor_labels"] is True
