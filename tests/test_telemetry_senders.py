@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -238,6 +239,15 @@ def test_the_socket_mode_and_group_decide_who_may_send_outside_kubernetes(node, 
         assert member.send(encode(message(pod="member"))) == ["sent"]
         assert inbox.wait_idle(timeout=10)
         assert [r.key.pod for r in inbox.ranks()] == ["member"]
+        assert oct(os.stat(path).st_mode & 0o777) == "0o660"
+
+
+def test_the_mode_is_set_over_a_socket_a_crashed_agent_left_behind(node) -> None:
+    path, proc = node
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stale:
+        stale.bind(str(path))
+    os.chmod(path, 0o666)
+    with TelemetryInbox(path, clock=Clock(), senders=Senders(proc), mode=0o660):
         assert oct(os.stat(path).st_mode & 0o777) == "0o660"
 
 

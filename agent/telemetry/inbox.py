@@ -238,11 +238,11 @@ def _claim(path: Path) -> int:
 def _bind(path: Path, mode: int, group: int | None) -> tuple[socket.socket, int]:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        mode = os.lstat(path).st_mode
+        found = os.lstat(path).st_mode
     except FileNotFoundError:
         pass
     else:
-        if not stat.S_ISSOCK(mode):
+        if not stat.S_ISSOCK(found):
             raise FileExistsError(f"{path} exists and is not a socket; refusing to remove it")
         os.unlink(path)  # left behind by an agent that did not shut down cleanly
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

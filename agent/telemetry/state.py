@@ -89,15 +89,14 @@ class RankTable:
         namespace, _, training_job, _ = identity
         job = (namespace, training_job)
         held = self._job_ranks.get(job, 0)
-        jobs = self._sender_jobs.setdefault(sender, {})
+        jobs = self._sender_jobs.get(sender, {})
         if len(self._ranks) >= self.max_ranks or held >= self.max_ranks_per_job or (
                 self._sender_ranks.get(sender, 0) >= self.max_ranks_per_sender) or (
                 job not in jobs and len(jobs) >= self.max_jobs_per_sender):
-            if not jobs:
-                del self._sender_jobs[sender]
             return None
         self._job_ranks[job] = held + 1
         self._sender_ranks[sender] = self._sender_ranks.get(sender, 0) + 1
+        self._sender_jobs[sender] = jobs
         jobs[job] = jobs.get(job, 0) + 1
         rank = self._ranks[identity] = _Rank(RankKey(*identity), [0.0] * len(COUNTER_FIELDS), sender=sender)
         return rank
