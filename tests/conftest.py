@@ -20,6 +20,14 @@ if "BURNRATE_TEST_HYPOTHESIS_HOME" not in os.environ:
 os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = os.environ["BURNRATE_TEST_HYPOTHESIS_HOME"]
 
 
+def pytest_configure(config):
+    """tmp_path directories under one of this run's own, removed when it exits, rather than
+    pytest's /tmp/pytest-of-USER, which outlives the run."""
+    if config.option.basetemp is None:
+        config.option.basetemp = tempfile.mkdtemp(prefix="burnrate-pytest-")
+        atexit.register(shutil.rmtree, config.option.basetemp, ignore_errors=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,7 +8,6 @@ import importlib
 import json
 import os
 import posixpath
-import shutil
 import subprocess
 
 import jsonschema
@@ -20,6 +19,7 @@ from burnrate.agent.cli import DEFAULT_KUBELET_SOCKET
 from burnrate.agent.telemetry import TelemetryInbox
 from burnrate.exporter.telemetry import DEFAULT_SOCKET_PATH as DEFAULT_SOCKET
 from burnrate.cli import COMMANDS
+from tests import kube_tools
 from tests.conftest import ROOT, require
 
 MANIFESTS = os.path.join(ROOT, "manifests")
@@ -152,14 +152,8 @@ def test_pods_in_the_restricted_namespace_meet_the_restricted_level(owner, templ
 
 
 def test_kustomize_renders_the_same_objects():
-    """kubectl's own kustomize, where installed: the same objects, each valid for 1.30."""
-    if shutil.which("kubectl"):
-        command = ["kubectl", "kustomize", MANIFESTS]
-    elif shutil.which("kustomize"):
-        command = ["kustomize", "build", MANIFESTS]
-    else:
-        pytest.skip("neither kubectl nor kustomize is installed; test_objects_render_together covers the rest")
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    """kubectl's own kustomize: the same objects, each valid for 1.30."""
+    proc = subprocess.run([kube_tools.tool("kubectl"), "kustomize", MANIFESTS], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     rendered = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
     generated = {g["name"] for g in kustomization().get("configMapGenerator", [])}

@@ -28,6 +28,7 @@ import yaml
 from bench import readme_table
 from burnrate import cli
 from burnrate.exporter import docs
+from tests import kube_tools
 from tests.conftest import ROOT
 
 README = os.path.join(ROOT, "README.md")
@@ -190,35 +191,41 @@ def test_ci_runs_the_make_targets_exactly_as_written():
 
 
 STANDIN = """#!{python}
-import json, os, sys
+import hashlib, json, os, sys
+args = sys.argv[1:]
 with open(os.environ["README_STANDIN_LOG"], "a") as fh:
-    fh.write(json.dumps({{"tool": os.path.basename(sys.argv[0]), "cwd": os.getcwd(), "args": sys.argv[1:]}}) + "\\n")
+    fh.write(json.dumps({{"tool": os.path.basename(sys.argv[0]), "cwd": os.getcwd(), "args": args,
+                          "registry": os.environ.get("REGISTRY")}}) + "\\n")
+if "--metadata-file" in args:   # what a pushed `docker buildx bake` writes (docker's documented format)
+    with open(args[args.index("--file") + 1]) as fh:
+        bake = json.load(fh)
+    with open(args[args.index("--metadata-file") + 1], "w") as fh:
+        json.dump({{t: {{"containerimage.digest": "sha256:" + hashlib.sha256(t.encode()).hexdigest(),
+                       "image.name": os.environ["REGISTRY"] + "/" + t + ":0.1.0"}}
+                   for t in bake["group"]["default"]["targets"]}}, fh)
 """
 
 
-def check_docker(args: list[str], cwd: str) -> None:
-    """An image the manifests deploy, built from a stage of the Dockerfile, or pushed."""
-    images = yaml.safe_load(read(os.path.join(MANIFESTS, "kustomization.yaml")))["images"]
-    if args[:1] == ["push"]:
-        (_, tag), (name, _, version) = args, args[1].rsplit("/", 1)[-1].partition(":")
-        assert {"name": name, "newTag": version} in images, f"{tag} is not an image of manifests/kustomization.yaml"
-        return
-    parser = argparse.ArgumentParser()
-    parser.add_argument("verb", choices=["build"])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("-t", dest="tag", required=True)
-    parser.add_argument("context")
-    build = parser.parse_args(args)
-    stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", read(os.path.join(cwd, build.context, "Dockerfile")), re.M | re.I)
-    assert build.target in stages
-    name, _, tag = build.tag.rsplit("/", 1)[-1].partition(":")
-    assert {"name": name, "newTag": tag} in images, f"{build.tag} is not an image of manifests/kustomization.yaml"
+def check_docker(call: dict) -> None:
+    """A bake of docker-bake.json, pushed, to a registry that was named (tests/test_release.py
+    checks that its targets are the Dockerfile's stages and the manifests' images)."""
+    args = call["args"]
+    assert args[:2] == ["buildx", "bake"] and "--push" in args, args
+    assert os.path.samefile(args[args.index("--file") + 1], os.path.join(ROOT, "docker-bake.json"))
+    assert call["registry"], "REGISTRY was not set"
 
 
-def check_kubectl(args: list[str], cwd: str) -> None:
-    """The kustomization that tests/test_manifests.py validates and renders with kubectl's kustomize."""
+def check_kubectl(call: dict) -> None:
+    """The kustomization release/publish wrote: manifests/ with every image by its digest."""
+    args, cwd = call["args"], call["cwd"]
     assert args[:2] == ["apply", "-k"] and len(args) == 3
-    assert os.path.samefile(os.path.join(cwd, args[2]), MANIFESTS)
+    proc = subprocess.run([kube_tools.tool("kubectl"), "kustomize", os.path.join(cwd, args[2])],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    pods = [doc["spec"]["template"]["spec"] for doc in yaml.safe_load_all(proc.stdout)
+            if doc and doc["kind"] in ("Deployment", "DaemonSet")]
+    assert pods and all(re.fullmatch(r"[\w.:/-]+/burnrate[\w-]*@sha256:[0-9a-f]{64}", c["image"])
+                        for pod in pods for c in pod["containers"])
 
 
 STANDINS = {"docker": check_docker, "kubectl": check_kubectl}
@@ -284,7 +291,7 @@ def test_readme_command_runs_as_written(command, checkout, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     for call in calls:
-        STANDINS[call["tool"]](call["args"], call["cwd"])
+        STANDINS[call["tool"]](call)
     if command.line.split()[0] in STANDINS:
         assert calls, f"{command.line.split()[0]} was not called"
 
