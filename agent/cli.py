@@ -19,6 +19,7 @@ from prometheus_client.process_collector import ProcessCollector
 from burnrate.exporter.errors import UserError
 from burnrate.exporter.listen import listen_address
 from burnrate.exporter.telemetry import DEFAULT_SOCKET_PATH, socket_path
+from burnrate.exporter import counters as dcgm_counters
 from burnrate.exporter import webconfig
 from burnrate.exporter.collector import SnapshotCollector
 from burnrate.exporter.render import Exposition
@@ -61,8 +62,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refresh", type=float, default=10.0, metavar="S", help="attribution refresh (default 10 s)")
     p.add_argument("--record", metavar="DIR", help="also append every snapshot to a local recording")
     p.add_argument("--web-config", metavar="FILE", help="TLS and basic auth, exporter-toolkit format")
+    p.add_argument("--collectors", "-f", metavar="FILE",
+                   help="dcgm-exporter counters file (field, type, help per line) choosing the DCGM series "
+                   "exported (default: dcgm-exporter's default set)")
     p.add_argument("--once", action="store_true",
                    help="take one sample (after draining pending telemetry), print the exposition, exit")
+
+
+def _counters(path: str | None) -> dcgm_counters.Counters:
+    if path is None:
+        return dcgm_counters.DEFAULT
+    try:
+        chosen = dcgm_counters.read(path)
+    except dcgm_counters.CountersError as exc:
+        raise UserError(str(exc)) from exc
+    missing = dcgm_counters.left_out(chosen)
+    if missing:
+        log.warning("%s leaves out %s: burnrate's findings that read them will say the data is missing",
+                    path, ", ".join(missing))
+    return chosen
 
 
 def _socket_access(args: argparse.Namespace) -> dict[str, int | None]:
@@ -110,7 +128,7 @@ def _attribution(args: argparse.Namespace, reader: GpuReader, telemetry, sampler
             log.warning("Kubernetes API not configured (%s): pods are not enriched", exc)
             kube = None
         return Attributor(args.node, args.kubelet_socket, kube, mig_devices=reader.mig_devices,
-                          refresh_s=args.refresh)
+                          gpu_minors=reader.gpu_minors, refresh_s=args.refresh)
 
     def allocations():
         latest = sampler_ref[0].latest if sampler_ref else None
@@ -133,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
             web = webconfig.load(args.web_config)
         except webconfig.WebConfigError as exc:
             raise UserError(str(exc)) from exc
+    counters = _counters(args.collectors)
 
     from .attribution.attributor import Attributor
     from .host import HostReader
@@ -156,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             # Datagrams are checked against the pod that sent them (docs/security.md).
             telemetry.senders.pods = attribution.pods
         registry = CollectorRegistry()
-        registry.register(SnapshotCollector(lambda: sampler_ref[0].latest))
+        registry.register(SnapshotCollector(lambda: sampler_ref[0].latest, counters))
         ProcessCollector(registry=registry)
         exposition = Exposition(registry, version=lambda: sampler_ref[0].latest)
         sinks: dict[str, Callable[[Snapshot], object]] = {}

@@ -28,7 +28,7 @@ def _families() -> list[_Family]:
     by = C.BY_NAME
     out: list[_Family] = []
     for spec in C.CATALOG:
-        if spec.source == C.GPU_FIELD:
+        if spec.source == C.GPU_FIELD and spec.recorded:
             out.append(("gpu", spec, spec.field, C.DEVICE_POD, {}, False))
     out += [
         ("gpu", by["DCGM_FI_DEV_XID_ERRORS"], "last_xid", C.DEVICE_POD, {}, False),

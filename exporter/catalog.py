@@ -38,6 +38,11 @@ class MetricSpec:
     source: str
     field: str = ""
     dcgm: bool = False
+    # In dcgm-exporter's default counters (and so exported without a counters file).
+    default: bool = True
+    # Kept in recordings and read by the analyzer; the rest are exported only, for the
+    # dashboards and tools built on dcgm-exporter.
+    recorded: bool = True
 
     @property
     def sample_name(self) -> str:
@@ -54,6 +59,13 @@ T = L.RANK_LABELS
 
 def _dcgm(name: str, type_: str, unit: str, help_: str, field: str) -> MetricSpec:
     return MetricSpec(name, type_, unit, help_, DEVICE_POD, GPU_FIELD, field, dcgm=True)
+
+
+def _dcgm_more(name: str, type_: str, unit: str, help_: str, field: str, default: bool) -> MetricSpec:
+    """A device field exported for compatibility, not analysed: in dcgm-exporter's default
+    set when `default`, else turned on by a counters file (`--collectors`)."""
+    return MetricSpec(name, type_, unit, help_, DEVICE_POD, GPU_FIELD, field, dcgm=True,
+                      default=default, recorded=False)
 
 
 def _train(name: str, type_: str, unit: str, help_: str, field: str) -> MetricSpec:
@@ -96,6 +108,50 @@ CATALOG: tuple[MetricSpec, ...] = (
           "Number of remapped rows for uncorrectable errors.", "remapped_rows_uncorrectable"),
     _dcgm("DCGM_FI_DEV_ROW_REMAP_FAILURE", GAUGE, "bool",
           "Whether remapping of rows has failed.", "row_remap_failure"),
+    # The rest of dcgm-exporter's default set (etc/default-counters.csv, 4.8) ...
+    _dcgm_more("DCGM_FI_DEV_MEMORY_TEMP", GAUGE, "°C", "Memory temperature (in C).", "memory_temp_c", True),
+    _dcgm_more("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", COUNTER, "retries", "Total number of PCIe retries.",
+               "pcie_replay", True),
+    _dcgm_more("DCGM_FI_DEV_ENC_UTIL", GAUGE, "%", "Encoder utilization (in %).", "enc_util", True),
+    _dcgm_more("DCGM_FI_DEV_DEC_UTIL", GAUGE, "%", "Decoder utilization (in %).", "dec_util", True),
+    _dcgm_more("DCGM_FI_DEV_FB_RESERVED", GAUGE, "MiB", "Framebuffer memory reserved (in MiB).",
+               "fb_reserved_mib", True),
+    _dcgm_more("DCGM_FI_DEV_VGPU_LICENSE_STATUS", GAUGE, "bool",
+               "vGPU License status (1 licensed; 0 unlicensed, or not a vGPU).", "vgpu_license", True),
+    _dcgm_more("DCGM_FI_PROF_PCIE_TX_BYTES", GAUGE, "B/s",
+               "The rate of data transmitted over the PCIe bus, headers included (in bytes per second).",
+               "pcie_tx_bytes_per_s", True),
+    _dcgm_more("DCGM_FI_PROF_PCIE_RX_BYTES", GAUGE, "B/s",
+               "The rate of data received over the PCIe bus, headers included (in bytes per second).",
+               "pcie_rx_bytes_per_s", True),
+    # ... and fields a counters file may turn on.
+    _dcgm_more("DCGM_FI_DEV_FB_TOTAL", GAUGE, "MiB", "Framebuffer memory total (in MiB).", "fb_total_mib", False),
+    _dcgm_more("DCGM_FI_PROF_SM_ACTIVE", GAUGE, "ratio",
+               "The ratio of cycles an SM has at least 1 warp assigned.", "sm_active", False),
+    _dcgm_more("DCGM_FI_PROF_SM_OCCUPANCY", GAUGE, "ratio",
+               "The ratio of number of warps resident on an SM.", "sm_occupancy", False),
+    _dcgm_more("DCGM_FI_PROF_PIPE_FP64_ACTIVE", GAUGE, "ratio",
+               "Ratio of cycles the fp64 pipes are active.", "fp64_active", False),
+    _dcgm_more("DCGM_FI_PROF_PIPE_FP32_ACTIVE", GAUGE, "ratio",
+               "Ratio of cycles the fp32 pipes are active.", "fp32_active", False),
+    _dcgm_more("DCGM_FI_PROF_PIPE_FP16_ACTIVE", GAUGE, "ratio",
+               "Ratio of cycles the fp16 pipes are active.", "fp16_active", False),
+    _dcgm_more("DCGM_FI_PROF_NVLINK_TX_BYTES", GAUGE, "B/s",
+               "The rate of data transmitted over NVLink, not including protocol headers (in bytes per second).",
+               "nvlink_tx_bytes_per_s", False),
+    _dcgm_more("DCGM_FI_PROF_NVLINK_RX_BYTES", GAUGE, "B/s",
+               "The rate of data received over NVLink, not including protocol headers (in bytes per second).",
+               "nvlink_rx_bytes_per_s", False),
+    _dcgm_more("DCGM_FI_DEV_POWER_VIOLATION", COUNTER, "ns",
+               "Throttling duration due to power constraints (in ns).", "power_violation_ns", False),
+    _dcgm_more("DCGM_FI_DEV_THERMAL_VIOLATION", COUNTER, "ns",
+               "Throttling duration due to thermal constraints (in ns).", "thermal_violation_ns", False),
+    _dcgm_more("DCGM_FI_DEV_MAX_SM_CLOCK", GAUGE, "MHz", "Maximum supported SM clock (in MHz).",
+               "max_sm_clock_mhz", False),
+    _dcgm_more("DCGM_FI_DEV_MAX_MEM_CLOCK", GAUGE, "MHz", "Maximum supported memory clock (in MHz).",
+               "max_mem_clock_mhz", False),
+    _dcgm_more("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", GAUGE, "W", "Effective power limit (in W).",
+               "enforced_power_limit_w", False),
     # --- burnrate's own per-GPU series -----------------------------------------------
     MetricSpec("burnrate_gpu_up", GAUGE, "bool",
                "1 while NVML answers for this GPU, 0 once it fails or is lost.", DEVICE, GPU_UP),
@@ -175,8 +231,10 @@ DCGM_4_9_NAMES: dict[str, tuple[str, float]] = {
 
 # Training fields carried per rank, in catalog order (also the recording's rank columns).
 RANK_FIELDS = tuple(m.field for m in CATALOG if m.source == RANK)
-# Device fields a GPU reader may report, in catalog order (also the recording's gpu columns).
+# Device fields a GPU reader may report, in catalog order; the recorded ones are the
+# recording's gpu columns.
 GPU_FIELDS = tuple(m.field for m in CATALOG if m.source == GPU_FIELD)
+RECORDED_GPU_FIELDS = tuple(m.field for m in CATALOG if m.source == GPU_FIELD and m.recorded)
 
 
 def sample_names() -> set[str]:

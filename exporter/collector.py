@@ -11,6 +11,7 @@ from typing import Callable, Iterable, Iterator
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
+from .counters import DEFAULT, Counters
 from .snapshot import Allocation, GpuReading, Snapshot
 
 from . import catalog as C
@@ -40,21 +41,25 @@ class _View:
     its series, which lets the encoder render each distinct dict once (exposition.encode).
     """
 
-    def __init__(self, snap: Snapshot) -> None:
+    def __init__(self, snap: Snapshot, counters: Counters) -> None:
         self.snap = snap
         self.host = snap.node.hostname
         by_uuid: dict[str, list[Allocation]] = {}
         for a in snap.allocations:
             by_uuid.setdefault(a.gpu_uuid, []).append(a)
         self.allocs = by_uuid
-        # (reading, device labels, device labels plus the pod's when one pod holds the GPU:
-        # a shared GPU's device series cannot belong to one pod; its holders are in
-        # burnrate_gpu_allocated)
+        # (reading, device labels, the labels of its DCGM series: the device's, the driver
+        # version where the counters ask for it, and the pod's when one pod holds the GPU
+        # (a shared GPU's device series cannot belong to one pod; its holders are in
+        # burnrate_gpu_allocated))
         self.gpus: list[tuple[GpuReading, dict[str, str], dict[str, str]]] = []
+        driver = L.DRIVER_VERSION in counters.labels
         for gpu in snap.gpus:
             labels = device_labels(gpu, self.host)
+            dcgm = {**labels, L.DRIVER_VERSION: gpu.identity.driver_version} \
+                if driver and gpu.identity.driver_version else labels
             allocs = by_uuid.get(gpu.identity.uuid, ())
-            self.gpus.append((gpu, labels, {**labels, **pod_labels(allocs[0])} if len(allocs) == 1 else labels))
+            self.gpus.append((gpu, labels, {**dcgm, **pod_labels(allocs[0])} if len(allocs) == 1 else dcgm))
         # Rank series are most of the exposition: one pass files each rank's values by field.
         self.rank_rows: dict[str, list[Row]] = {}
         for state in snap.ranks:
@@ -143,17 +148,20 @@ _ROWS: dict[str, Callable[[_View, C.MetricSpec], Iterable[Row]]] = {
 
 
 class SnapshotCollector:
-    """Renders the snapshot `source()` returns; nothing at all before the first one."""
+    """Renders the snapshot `source()` returns; nothing at all before the first one.
+    `counters` chooses the device series (dcgm-exporter's default set unless given)."""
 
-    def __init__(self, source: Callable[[], Snapshot | None]) -> None:
+    def __init__(self, source: Callable[[], Snapshot | None], counters: Counters = DEFAULT) -> None:
         self._source = source
+        self._specs = [spec for spec in C.CATALOG if counters.exports(spec)]
+        self._counters = counters
 
     def collect(self) -> Iterator[Metric]:
         snap = self._source()
         if snap is None:
             return
-        view = _View(snap)
-        for spec in C.CATALOG:
+        view = _View(snap, self._counters)
+        for spec in self._specs:
             family = Metric(spec.name, spec.help, spec.type)
             name = spec.sample_name
             family.samples = [Sample(name, labels, float(value)) for labels, value in _ROWS[spec.source](view, spec)]

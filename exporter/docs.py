@@ -14,8 +14,14 @@ dashboards (NVIDIA's Grafana dashboard 12239 among them) and alert rules work
 unchanged. A field the GPU cannot give is absent, never a fake 0.
 
 Device labels: `gpu`, `UUID`, `pci_bus_id`, `device`, `modelName`, `Hostname`; while
-one running pod holds the GPU also `namespace`, `pod`, `container`, `training_job`.
+one running pod holds the GPU also `namespace`, `pod`, `container`, `training_job`; on
+the DCGM series also `DCGM_FI_DRIVER_VERSION`, as dcgm-exporter adds it.
 Training labels (T): `namespace`, `pod`, `training_job`, `rank`, `Hostname`.
+
+Without `--collectors`, the DCGM series exported are dcgm-exporter's default set. A
+counters file in dcgm-exporter's format chooses them instead; the ones marked *on
+request* are exported only when a counters file names them. burnrate's own series are
+always exported.
 
 """
 
@@ -34,8 +40,9 @@ def _labels(spec: C.MetricSpec) -> str:
 def render() -> str:
     rows = ["| name | type | unit | labels | meaning |", "|---|---|---|---|---|"]
     for spec in C.CATALOG:
+        note = "" if spec.default else " *On request.*"
         rows.append(f"| `{spec.sample_name}` | {spec.type} | {spec.unit} | {_labels(spec)} | "
-                    f"{spec.help.replace('|', '/')} |")
+                    f"{spec.help.replace('|', '/')}{note} |")
     return HEADER + "\n".join(rows) + "\n"
 
 

@@ -7,6 +7,8 @@ PCI_BUS_ID = "pci_bus_id"
 DEVICE = "device"
 MODEL_NAME = "modelName"
 HOSTNAME = "Hostname"
+# On dcgm-exporter's device series when its counters name it (they do by default).
+DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
 
 NAMESPACE = "namespace"
 POD = "pod"

@@ -16,7 +16,7 @@ FORMAT = {"format": "burnrate-recording", "version": 1}
 def _gpu_columns() -> dict[str, str]:
     cols = {"up": "f4"}
     for spec in C.CATALOG:
-        if spec.source == C.GPU_FIELD:
+        if spec.source == C.GPU_FIELD and spec.recorded:
             cols[spec.field] = "f8" if spec.type == C.COUNTER else "f4"
     cols.update({"nvlink_tx_bytes": "f8", "nvlink_rx_bytes": "f8", "last_xid": "f4", "xid_total": "f8"})
     return cols

@@ -24,6 +24,7 @@ class GpuIdentity:
     uuid: str
     pci_bus_id: str
     model_name: str
+    driver_version: str = ""
 
     @property
     def device(self) -> str:

@@ -48,7 +48,7 @@ class GpuModel(GpuModelSpec):
 
 
 H100 = GpuModel(**vars(H100_SXM), peak_flops=989e12, thermal_c_per_w=0.072)
-A100 = GpuModel("NVIDIA A100-SXM4-40GB", 40960, 50.0, 400.0, 1410.0, 210.0, 1215.0, 300e9, 85.0, 312e12, 0.11)
+A100 = GpuModel("NVIDIA A100-SXM4-40GB", 40960, 50.0, 400.0, 1410.0, 210.0, 1215.0, 300e9, 85.0, 467, 312e12, 0.11)
 
 
 @dataclass(frozen=True)

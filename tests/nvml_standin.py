@@ -16,7 +16,7 @@ can tell the difference:
   per-value nvmlReturn codes from nvmlDeviceGetFieldValues, TIMEOUT from
   nvmlEventSetWait_v2 when no event arrives.
 
-Each GPU is a FakeGpu: its model, values, the functions it does not support, NVLink,
+The driver version is the stand-in's; each GPU is a FakeGpu: its model, values, the functions it does not support, NVLink,
 GPM, MIG, when it gets lost, and calls that hang until the test releases them. XID
 events are delivered with `emit_xid`. Every device call is counted in `calls`.
 """
@@ -58,7 +58,8 @@ class FakeGpu:
     uuid: str = ""
     pci_bus_id: str = ""
     mem_total: int = 80 * GiB
-    mem_used: int = 20 * GiB
+    mem_used: int = 20 * GiB                      # as the v2 query counts it, without the reserve
+    mem_reserved: int = 566 * 1024 ** 2           # None: a driver without the v2 query
     power_mw: int = 350_000
     energy_mj: int = 123_456_789
     temp_c: int = 55
@@ -80,14 +81,25 @@ class FakeGpu:
     total_slices: int = 7
     xid_supported: bool = True
     old_driver: bool = False                      # no nvmlDeviceGetCurrentClocksEventReasons
+    memory_temp_c: int | None = 62                # None: no HBM sensor (NOT_SUPPORTED per value)
+    pcie_replays: int = 0
+    encoder: tuple[int, int] = (0, 167_000)       # (percent, sampling period µs)
+    decoder: tuple[int, int] = (0, 167_000)
+    virtualization: int = pynvml.NVML_GPU_VIRTUALIZATION_MODE_NONE
+    vgpu_licensed: bool = False
+    pcie_kib_s: tuple[int, int] = (102_400, 1_048_576)   # (tx, rx)
+    violation_ns: tuple[int, int] = (0, 0)        # (power, thermal), cumulative
+    max_clocks: tuple[int, int] = (1980, 2619)    # (SM, memory) MHz
+    power_limit_mw: int = 700_000
     lost_after: int | None = None                 # device calls answered before GPU_IS_LOST
 
 
 class StandInNvml:
     """Stands in for the pynvml module; see the module docstring."""
 
-    def __init__(self, gpus: list[FakeGpu]) -> None:
+    def __init__(self, gpus: list[FakeGpu], driver: str = "580.95.05") -> None:
         self.gpus = gpus
+        self.driver = driver
         for i, gpu in enumerate(gpus):
             gpu.uuid = gpu.uuid or f"GPU-{i:08d}-0000-0000-0000-000000000000"
             gpu.pci_bus_id = gpu.pci_bus_id or f"00000000:{0x18 + i:02X}:00.0"
@@ -166,6 +178,10 @@ class StandInNvml:
         self._check_init()
         self.initialized = False
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check_init()
+        return self.driver
+
     def nvmlDeviceGetCount(self) -> int:
         self._check_init()
         return len(self.gpus)
@@ -176,6 +192,12 @@ class StandInNvml:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         self._device(self._handles[index], "nvmlDeviceGetHandleByIndex")
         return self._handles[index]
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        """/dev/nvidiaN's N: the stand-in numbers GPUs in reverse, so a minor is never
+        mistaken for the NVML index."""
+        index = self._device(handle, "nvmlDeviceGetMinorNumber")[0]
+        return len(self.gpus) - 1 - index
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
         return self._device(handle, "nvmlDeviceGetName")[1].name
@@ -195,10 +217,66 @@ class StandInNvml:
 
     # --- values ----------------------------------------------------------------------------
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> pynvml.c_nvmlMemory_t:
-        gpu = self._device(handle, "nvmlDeviceGetMemoryInfo")[1]
-        return pynvml.c_nvmlMemory_t(total=gpu.mem_total, free=gpu.mem_total - gpu.mem_used,
-                                     used=gpu.mem_used)
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
+        """v1 counts the driver's reserve as used; v2 (nvmlDeviceGetMemoryInfo_v2) reports it
+        apart. A driver before v2 lacks the function: FUNCTION_NOT_FOUND, as pynvml raises."""
+        if not version:
+            gpu = self._device(handle, "nvmlDeviceGetMemoryInfo")[1]
+            reserved = gpu.mem_reserved or 0
+            return pynvml.c_nvmlMemory_t(total=gpu.mem_total, free=gpu.mem_total - gpu.mem_used - reserved,
+                                         used=gpu.mem_used + reserved)
+        gpu = self._device(handle, "nvmlDeviceGetMemoryInfo_v2")[1]
+        if gpu.mem_reserved is None:
+            raise _error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if version != pynvml.nvmlMemory_v2:
+            raise _error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return pynvml.c_nvmlMemory_v2_t(version=version, total=gpu.mem_total, reserved=gpu.mem_reserved,
+                                        free=gpu.mem_total - gpu.mem_used - gpu.mem_reserved, used=gpu.mem_used)
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
+        return self._device(handle, "nvmlDeviceGetPcieReplayCounter")[1].pcie_replays
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
+        return list(self._device(handle, "nvmlDeviceGetEncoderUtilization")[1].encoder)
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any) -> list[int]:
+        return list(self._device(handle, "nvmlDeviceGetDecoderUtilization")[1].decoder)
+
+    def nvmlDeviceGetVirtualizationMode(self, handle: Any) -> int:
+        return self._device(handle, "nvmlDeviceGetVirtualizationMode")[1].virtualization
+
+    def nvmlDeviceGetGridLicensableFeatures_v4(self, handle: Any) -> Any:
+        gpu = self._device(handle, "nvmlDeviceGetGridLicensableFeatures_v4")[1]
+        features = pynvml.c_nvmlGridLicensableFeatures_v4_t()
+        features.isGridLicenseSupported = 1
+        features.licensableFeaturesCount = 1
+        features.gridLicensableFeatures[0].featureCode = pynvml.NVML_GRID_LICENSE_FEATURE_CODE_COMPUTE
+        features.gridLicensableFeatures[0].featureState = int(gpu.vgpu_licensed)
+        return features
+
+    def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> int:
+        gpu = self._device(device, "nvmlDeviceGetPcieThroughput")[1]
+        if counter not in (pynvml.NVML_PCIE_UTIL_TX_BYTES, pynvml.NVML_PCIE_UTIL_RX_BYTES):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.pcie_kib_s[counter]
+
+    def nvmlDeviceGetViolationStatus(self, device: Any, perfPolicyType: int) -> Any:
+        gpu = self._device(device, "nvmlDeviceGetViolationStatus")[1]
+        policies = {pynvml.NVML_PERF_POLICY_POWER: 0, pynvml.NVML_PERF_POLICY_THERMAL: 1}
+        if perfPolicyType not in policies:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return pynvml.c_nvmlViolationTime_t(referenceTime=1_700_000_000_000_000,
+                                            violationTime=gpu.violation_ns[policies[perfPolicyType]])
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int:
+        gpu = self._device(handle, "nvmlDeviceGetMaxClockInfo")[1]
+        clocks = {pynvml.NVML_CLOCK_SM: gpu.max_clocks[0], pynvml.NVML_CLOCK_MEM: gpu.max_clocks[1]}
+        if type not in clocks:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return clocks[type]
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        return self._device(handle, "nvmlDeviceGetEnforcedPowerLimit")[1].power_limit_mw
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         return self._device(handle, "nvmlDeviceGetPowerUsage")[1].power_mw
@@ -265,7 +343,10 @@ class StandInNvml:
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
             value.fieldId, value.scopeId = field_id, scope
             value.nvmlReturn = pynvml.NVML_SUCCESS
-            if not gpu.nvlink_links:
+            if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP and gpu.memory_temp_c is not None:
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = gpu.memory_temp_c
+            elif not gpu.nvlink_links:
                 value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
             elif field_id == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
                 value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT

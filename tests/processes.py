@@ -92,12 +92,13 @@ class Prometheus:
 
 
 @contextlib.contextmanager
-def prometheus(tmp_path, targets: list[str] = (), storage: str | None = None, extra_args: tuple[str, ...] = ()):
-    """Debian's Prometheus on a free loopback port, scraping `targets` every second."""
+def prometheus(tmp_path, targets: list[str] = (), storage: str | None = None, extra_args: tuple[str, ...] = (),
+               scrape: str = ""):
+    """Debian's Prometheus on a free loopback port, scraping `targets` every second (or as
+    the `scrape_configs:` section given says)."""
     binary = require("prometheus")
     port = free_port()
     config = tmp_path / "prometheus.yml"
-    scrape = ""
     if targets:
         scrape = ("scrape_configs:\n  - job_name: burnrate\n    static_configs:\n"
                   f"      - targets: [{', '.join(repr(t) for t in targets)}]\n")

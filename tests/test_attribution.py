@@ -43,13 +43,26 @@ MIG_UNKNOWN = "MIG-9e8d7c6b-5a49-5382-9170-6f5e4d3c2b1a"
 
 # --- the kubelet stand-in -----------------------------------------------------------
 
-def container(name: str, *devices: tuple[str, list[str]]) -> api_pb2.ContainerResources:
+def container(name: str, *devices: tuple[str, list[str]],
+              claims: tuple[api_pb2.DynamicResource, ...] = ()) -> api_pb2.ContainerResources:
     return api_pb2.ContainerResources(
         name=name,
         devices=[api_pb2.ContainerDevices(
             resource_name=r, device_ids=ids,
             topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=0)])) for r, ids in devices],
-        cpu_ids=[2, 3])
+        cpu_ids=[2, 3],
+        dynamic_resources=claims)
+
+
+def claim(name: str, *devices: tuple[str, list[str]], driver: str = "gpu.nvidia.com",
+          namespace: str = "ml") -> api_pb2.DynamicResource:
+    """A ResourceClaim as the kubelet lists it: each device by name and CDI device names, in
+    the pool the driver publishes per node (named after the node)."""
+    return api_pb2.DynamicResource(
+        claim_name=name, claim_namespace=namespace,
+        claim_resources=[api_pb2.ClaimResource(
+            driver_name=driver, pool_name=NODE, device_name=device,
+            cdi_devices=[api_pb2.CDIDevice(name=n) for n in cdi]) for device, cdi in devices])
 
 
 def pod_resources(namespace: str, name: str, *containers) -> api_pb2.PodResources:
@@ -118,12 +131,12 @@ def kubelet(socket_dir):
 # --- the API server stand-in --------------------------------------------------------
 
 def k8s_pod(name: str, namespace: str = "ml", labels=None, owners=(), phase: str = "Running",
-            uid: str = "") -> dict:
+            uid: str = "", annotations=None) -> dict:
     return {
         "metadata": {
             "name": name, "namespace": namespace, "uid": uid or f"uid-{name}",
             "resourceVersion": "48213377", "creationTimestamp": "2026-11-21T02:14:07Z",
-            "labels": labels or {},
+            "labels": labels or {}, "annotations": annotations or {},
             "ownerReferences": [
                 {"apiVersion": api, "kind": kind, "name": owner, "uid": f"uid-{owner}",
                  "controller": True, "blockOwnerDeletion": True} for api, kind, owner in owners],
@@ -155,34 +168,36 @@ def k8s_pod(name: str, namespace: str = "ml", labels=None, owners=(), phase: str
     }
 
 
-POD_LIST = {
-    "kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "48213400"},
-    "items": [
-        k8s_pod("llm-7b-worker-0", uid="0c7e9b1a-2f4d-4e8b-9a6c-3d5e7f9a1b2c",
-                labels={"training.kubeflow.org/job-name": "llm-7b",
-                        "training.kubeflow.org/replica-type": "worker",
-                        "training.kubeflow.org/replica-index": "0",
-                        "training.kubeflow.org/operator-name": "pytorchjob-controller"},
-                owners=[("kubeflow.org/v1", "PyTorchJob", "llm-7b")]),
-        k8s_pod("sweep-3-x7k2p",
-                labels={"batch.kubernetes.io/job-name": "sweep-3", "job-name": "sweep-3",
-                        "batch.kubernetes.io/controller-uid": "uid-sweep-3", "controller-uid": "uid-sweep-3"},
-                owners=[("batch/v1", "Job", "sweep-3")]),
-        # A Job from a cluster older than 1.27: only the legacy label.
-        k8s_pod("eval-legacy-8xq4d", labels={"job-name": "eval-legacy", "controller-uid": "uid-eval-legacy"},
-                owners=[("batch/v1", "Job", "eval-legacy")]),
-        # A JobSet-like owner without job labels: named by its controller.
-        k8s_pod("finetune-lora-0", owners=[("jobset.x-k8s.io/v1alpha2", "JobSet", "finetune-lora")]),
-        # A bare pod: named after itself.
-        k8s_pod("finetune-full-0"),
-        k8s_pod("notebook-7d9f8b6c4d-qwz5x", namespace="research",
-                labels={"app": "notebook", "pod-template-hash": "7d9f8b6c4d"},
-                owners=[("apps/v1", "ReplicaSet", "notebook-7d9f8b6c4d")]),
-        k8s_pod("old-run-0", phase="Succeeded",
-                labels={"training.kubeflow.org/job-name": "old-run"},
-                owners=[("kubeflow.org/v1", "PyTorchJob", "old-run")]),
-    ],
-}
+def pod_list(*pods: dict) -> dict:
+    return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "48213400"},
+            "items": list(pods)}
+
+
+POD_LIST = pod_list(
+    k8s_pod("llm-7b-worker-0", uid="0c7e9b1a-2f4d-4e8b-9a6c-3d5e7f9a1b2c",
+            labels={"training.kubeflow.org/job-name": "llm-7b",
+                    "training.kubeflow.org/replica-type": "worker",
+                    "training.kubeflow.org/replica-index": "0",
+                    "training.kubeflow.org/operator-name": "pytorchjob-controller"},
+            owners=[("kubeflow.org/v1", "PyTorchJob", "llm-7b")]),
+    k8s_pod("sweep-3-x7k2p",
+            labels={"batch.kubernetes.io/job-name": "sweep-3", "job-name": "sweep-3",
+                    "batch.kubernetes.io/controller-uid": "uid-sweep-3", "controller-uid": "uid-sweep-3"},
+            owners=[("batch/v1", "Job", "sweep-3")]),
+    # A Job from a cluster older than 1.27: only the legacy label.
+    k8s_pod("eval-legacy-8xq4d", labels={"job-name": "eval-legacy", "controller-uid": "uid-eval-legacy"},
+            owners=[("batch/v1", "Job", "eval-legacy")]),
+    # A JobSet-like owner without job labels: named by its controller.
+    k8s_pod("finetune-lora-0", owners=[("jobset.x-k8s.io/v1alpha2", "JobSet", "finetune-lora")]),
+    # A bare pod: named after itself.
+    k8s_pod("finetune-full-0"),
+    k8s_pod("notebook-7d9f8b6c4d-qwz5x", namespace="research",
+            labels={"app": "notebook", "pod-template-hash": "7d9f8b6c4d"},
+            owners=[("apps/v1", "ReplicaSet", "notebook-7d9f8b6c4d")]),
+    k8s_pod("old-run-0", phase="Succeeded",
+            labels={"training.kubeflow.org/job-name": "old-run"},
+            owners=[("kubeflow.org/v1", "PyTorchJob", "old-run")]),
+)
 
 EKS_LABELS = {
     "kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
@@ -219,6 +234,7 @@ class FakeApiServer:
     def __init__(self) -> None:
         self.status = 200
         self.node_labels = dict(EKS_LABELS)
+        self.pod_list = POD_LIST
         self.requests: list[str] = []
         outer = self
 
@@ -233,7 +249,7 @@ class FakeApiServer:
                     return self.reply(outer.status, body)
                 selector = parse_qs(url.query).get("fieldSelector")
                 if url.path == "/api/v1/pods" and selector == [f"spec.nodeName={NODE}"]:
-                    return self.reply(200, POD_LIST)
+                    return self.reply(200, outer.pod_list)
                 if url.path == f"/api/v1/nodes/{NODE}":
                     return self.reply(200, k8s_node(outer.node_labels))
                 self.reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
@@ -389,14 +405,14 @@ def test_kubelet_socket_missing_is_counted_and_unenriched_served(socket_dir, api
         att.refresh()
     assert first == Attribution((), NodeInfo(NODE))
     assert att.current() == first
-    assert dict(att.errors) == {"kubelet": 2, "kubernetes": 0}
+    assert dict(att.errors) == {"kubelet": 2, "kubernetes": 0, "dra": 0}
     # Logged once per change, not once per refresh.
     assert len([r for r in caplog.records if "kubelet unavailable" in r.getMessage()]) == 1
 
     # With the API up, node facts are still served.
     att = attributor(str(socket_dir / "absent.sock"), kube_client(apiserver))
     assert att.refresh() == Attribution((), NodeInfo(NODE, "p4d.24xlarge", "spot", "us-west-2b"))
-    assert dict(att.errors) == {"kubelet": 1, "kubernetes": 0}
+    assert dict(att.errors) == {"kubelet": 1, "kubernetes": 0, "dra": 0}
 
 
 def test_kubelet_going_away_keeps_the_last_good_allocations(kubelet):
@@ -414,7 +430,7 @@ def test_api_returning_500_is_counted_and_allocations_still_served(kubelet, apis
     with caplog.at_level(logging.WARNING, logger="burnrate.agent.attribution"):
         got = att.refresh()
         att.refresh()
-    assert dict(att.errors) == {"kubelet": 0, "kubernetes": 2}
+    assert dict(att.errors) == {"kubelet": 0, "kubernetes": 2, "dra": 0}
     assert len([r for r in caplog.records if "kubernetes unavailable" in r.getMessage()]) == 1
     allocs = by_pod(got)
     # Unenriched: every kubelet allocation, no job names, node facts unknown.
@@ -460,7 +476,7 @@ def test_start_refreshes_on_its_own_thread_until_stopped(kubelet, apiserver):
     settled = apiserver.pod_lists()
     time.sleep(0.2)
     assert apiserver.pod_lists() == settled
-    assert dict(att.errors) == {"kubelet": 0, "kubernetes": 0}
+    assert dict(att.errors) == {"kubelet": 0, "kubernetes": 0, "dra": 0}
 
 
 def test_static_attributor_serves_local_allocations():
@@ -471,3 +487,224 @@ def test_static_attributor_serves_local_allocations():
     assert static.current() == Attribution((alloc,), node)
     assert dict(static.errors) == {}
     static.stop()
+
+
+# --- dynamic resource allocation (DRA) ---------------------------------------------
+
+DRA_GPU_0 = "GPU-0a1b2c3d-0000-4e5f-8a9b-000000000000"
+DRA_GPU_1 = "GPU-0a1b2c3d-1111-4e5f-8a9b-111111111111"
+DRA_GPU_3 = "GPU-0a1b2c3d-3333-4e5f-8a9b-333333333333"
+DRA_GPU_BY_CDI = "GPU-0a1b2c3d-2222-4e5f-8a9b-222222222222"
+# Minor numbers as NVML reports them; minors 2, 4 and 7 are unknown to the agent.
+GPU_MINORS = {0: DRA_GPU_0, 1: DRA_GPU_1, 3: DRA_GPU_3}
+STANDARD_CDI = "k8s.gpu.nvidia.com/device="
+
+DRA_LISTED = api_pb2.ListPodResourcesResponse(pod_resources=[
+    pod_resources("ml", "dra-train-0",
+                  container("trainer", claims=(
+                      claim("dra-train-0-gpus-4xq7z",
+                            ("gpu-0", [STANDARD_CDI + "gpu-0"]),
+                            # Two MIG devices of GPU 1: profiles 1g.10gb and 2g.20gb.
+                            ("gpu-1-mig-1g10gb-19-0", [STANDARD_CDI + "gpu-1-mig-1g10gb-19-0",
+                                                       "k8s.gpu.nvidia.com/claim=5f0c-gpu-1-mig-1g10gb-19-0"]),
+                            ("gpu-1-mig-2g20gb-14-2", [STANDARD_CDI + "gpu-1-mig-2g20gb-14-2"]),
+                            # A GPU whose minor NVML does not list: nothing maps it.
+                            ("gpu-7", [STANDARD_CDI + "gpu-7"])),
+                      # NVIDIA's IMEX channels come from another driver and are no GPUs.
+                      claim("dra-train-0-imex-8jq2w", ("channel-0", ["k8s.compute-domain.nvidia.com/device=channel-0"]),
+                            driver="compute-domain.nvidia.com"))),
+                  container("log-shipper")),
+    # CDI names that carry the UUID identify the device even where the minor is unknown.
+    pod_resources("ml", "dra-infer-0",
+                  container("server", claims=(
+                      claim("infer-gpus",
+                            ("gpu-2", [f"nvidia.com/gpu={DRA_GPU_BY_CDI}"]),
+                            ("gpu-4-mig-1g10gb-19-1", [f"nvidia.com/gpu={MIG_KNOWN}"])),))),
+    # One claim shared by two pods: each holds half of the GPU.
+    pod_resources("research", "dra-notebook-a", container("jupyter", claims=(
+        claim("shared-gpu", ("gpu-3", [STANDARD_CDI + "gpu-3"]), namespace="research"),))),
+    pod_resources("research", "dra-notebook-b", container("jupyter", claims=(
+        claim("shared-gpu", ("gpu-3", [STANDARD_CDI + "gpu-3"]), namespace="research"),))),
+])
+DRA_POD_LIST = pod_list(
+    k8s_pod("dra-train-0", labels={"batch.kubernetes.io/job-name": "dra-train", "job-name": "dra-train"},
+            owners=[("batch/v1", "Job", "dra-train")]),
+    k8s_pod("dra-infer-0"),
+    k8s_pod("dra-notebook-a", namespace="research"),
+    k8s_pod("dra-notebook-b", namespace="research"),
+)
+
+
+def dra_device(name: str) -> str:
+    return f"gpu.nvidia.com/{NODE}/{name}"
+
+
+def test_dra_claims_are_attributed_to_their_gpus(kubelet, apiserver, caplog):
+    kubelet.listed = DRA_LISTED
+    apiserver.pod_list = DRA_POD_LIST
+    att = Attributor(NODE, kubelet.socket, kube_client(apiserver), mig_devices=lambda: MIG_DEVICES,
+                     gpu_minors=lambda: GPU_MINORS)
+    with caplog.at_level(logging.WARNING, logger="burnrate.agent.attribution"):
+        got = att.refresh()
+        att.refresh()
+
+    held = {(a.pod.pod, a.pod.container, a.gpu_uuid): a for a in got.allocations}
+    assert {k: v.share for k, v in held.items()} == pytest.approx({
+        ("dra-train-0", "trainer", DRA_GPU_0): 1.0,
+        # Both MIG devices of GPU 1 in one series: 1/7 + 2/7.
+        ("dra-train-0", "trainer", DRA_GPU_1): 3 / 7,
+        ("dra-infer-0", "server", DRA_GPU_BY_CDI): 1.0,
+        ("dra-infer-0", "server", MIG_DEVICES[MIG_KNOWN][0]): 1 / 7,
+        ("dra-notebook-a", "jupyter", DRA_GPU_3): 0.5,
+        ("dra-notebook-b", "jupyter", DRA_GPU_3): 0.5,
+    })
+    assert held[("dra-train-0", "trainer", DRA_GPU_0)].device_id == dra_device("gpu-0")
+    assert held[("dra-train-0", "trainer", DRA_GPU_1)].device_id == dra_device("gpu-1-mig-1g10gb-19-0")
+    assert held[("dra-train-0", "trainer", DRA_GPU_0)].pod.training_job == "dra-train"
+    assert held[("dra-notebook-b", "jupyter", DRA_GPU_3)].pod.namespace == "research"
+
+    # The unmappable device is counted on every refresh that lists it, and logged once.
+    assert dict(att.errors) == {"kubelet": 0, "kubernetes": 0, "dra": 2}
+    warned = [r.getMessage() for r in caplog.records if "DRA GPU devices" in r.getMessage()]
+    assert len(warned) == 1 and dra_device("gpu-7") in warned[0]
+    assert kubelet.calls == ["List", "List"]
+
+
+def test_dra_gpu_names_without_known_minors_are_counted_not_guessed(kubelet):
+    kubelet.listed = api_pb2.ListPodResourcesResponse(pod_resources=[DRA_LISTED.pod_resources[0]])
+    att = attributor(kubelet.socket, None)  # no GPU minors known
+    assert att.refresh().allocations == ()
+    # gpu-0, the two MIG devices of gpu-1 and gpu-7; the IMEX channel is no GPU.
+    assert att.errors["dra"] == 4
+
+
+# --- MIG resources with profile attributes -----------------------------------------
+
+MIG_SUFFIXED = {
+    # resource name -> (MIG device the plugin hands out, share of its GPU)
+    "nvidia.com/mig-1g.10gb.me": ("MIG-5c1b9a10-0001-5000-8000-000000000001", 1 / 7),
+    "nvidia.com/mig-1g.10gb.me.all": ("MIG-5c1b9a10-0002-5000-8000-000000000002", 1 / 7),
+    "nvidia.com/mig-1g.10gb-me": ("MIG-5c1b9a10-0003-5000-8000-000000000003", 1 / 7),
+    "nvidia.com/mig-1g.10gb+me": ("MIG-5c1b9a10-0004-5000-8000-000000000004", 1 / 7),
+    "nvidia.com/mig-2g.20gb+gfx": ("MIG-5c1b9a10-0005-5000-8000-000000000005", 2 / 7),
+    "nvidia.com/mig-2g.20gb.gfx": ("MIG-5c1b9a10-0006-5000-8000-000000000006", 2 / 7),
+    "nvidia.com/mig-1c.3g.40gb": ("MIG-5c1b9a10-0007-5000-8000-000000000007", 1 / 7),
+    "nvidia.com/mig-1g.6gb.me": ("MIG-5c1b9a10-0008-5000-8000-000000000008", 1 / 4),  # A30
+    "nvidia.com/mig-1g.10gb.me.shared": ("MIG-5c1b9a10-0009-5000-8000-000000000009", 1 / 7),
+}
+
+
+def test_mig_resources_with_attributes_are_attributed_with_their_share(kubelet):
+    kubelet.listed = api_pb2.ListPodResourcesResponse(pod_resources=[
+        pod_resources("ml", f"mig-{i}", container("train", (resource, [device])))
+        for i, (resource, (device, _)) in enumerate(MIG_SUFFIXED.items())])
+    got = attributor(kubelet.socket, None).refresh()
+    # NVML knows none of these MIG devices: each stands in for its GPU with its profile's share.
+    assert {a.pod.pod: (a.gpu_uuid, a.share) for a in got.allocations} == {
+        f"mig-{i}": (device, pytest.approx(share)) for i, (device, share) in enumerate(MIG_SUFFIXED.values())}
+
+
+def test_mig_devices_of_one_gpu_in_one_container_make_one_series(kubelet):
+    parent = MIG_DEVICES[MIG_KNOWN][0]
+    second = "MIG-1d2e3f40-5a6b-5c7d-8e9f-0a1b2c3d4e60"
+    kubelet.listed = api_pb2.ListPodResourcesResponse(pod_resources=[pod_resources(
+        "ml", "two-slices-0",
+        container("train", ("nvidia.com/mig-1g.10gb", [MIG_KNOWN]), ("nvidia.com/mig-2g.20gb", [second])))])
+    mig = {**MIG_DEVICES, second: (parent, 2 / 7)}
+    got = Attributor(NODE, kubelet.socket, None, mig_devices=lambda: mig).refresh()
+    assert [(a.gpu_uuid, a.device_id, a.pod.container) for a in got.allocations] == [(parent, MIG_KNOWN, "train")]
+    assert got.allocations[0].share == pytest.approx(3 / 7)
+
+
+@pytest.mark.parametrize("name", ["nvidia.com/mig-1g.10gbx", "nvidia.com/mig-foo", "example.com/mig-1g.10gb"])
+def test_names_that_are_no_mig_profile_have_no_share(name):
+    assert mig_profile_share(name) is None
+
+
+# --- training_job of today's job controllers ---------------------------------------
+
+JOB_KIND_PODS = [
+    # (pod as its controller makes it, the training job)
+    # Kubeflow Trainer v2: a TrainJob runs as a JobSet of the same name, whose Jobs own the pods.
+    (k8s_pod("llama-ft-node-0-0-x2k9d",
+             labels={"trainer.kubeflow.org/trainjob-name": "llama-ft",
+                     "trainer.kubeflow.org/trainjob-ancestor-step": "trainer",
+                     "jobset.sigs.k8s.io/jobset-name": "llama-ft",
+                     "jobset.sigs.k8s.io/replicatedjob-name": "node",
+                     "jobset.sigs.k8s.io/job-index": "0",
+                     "batch.kubernetes.io/job-name": "llama-ft-node-0", "job-name": "llama-ft-node-0",
+                     "batch.kubernetes.io/job-completion-index": "0"},
+             owners=[("batch/v1", "Job", "llama-ft-node-0")]), "llama-ft"),
+    (k8s_pod("pretrain-workers-1-0-7fkq2",
+             labels={"jobset.sigs.k8s.io/jobset-name": "pretrain",
+                     "jobset.sigs.k8s.io/replicatedjob-name": "workers",
+                     "jobset.sigs.k8s.io/job-index": "1",
+                     "batch.kubernetes.io/job-name": "pretrain-workers-1", "job-name": "pretrain-workers-1"},
+             owners=[("batch/v1", "Job", "pretrain-workers-1")]), "pretrain"),
+    (k8s_pod("vc-llm-worker-0",
+             labels={"volcano.sh/job-name": "vc-llm", "volcano.sh/job-namespace": "ml",
+                     "volcano.sh/queue-name": "default", "volcano.sh/task-spec": "worker"},
+             owners=[("batch.volcano.sh/v1alpha1", "Job", "vc-llm")]), "vc-llm"),
+    (k8s_pod("rl-ray-gpu-group-worker-5bq8x",
+             labels={"ray.io/cluster": "rl-ray", "ray.io/node-type": "worker", "ray.io/group": "gpu-group",
+                     "ray.io/is-ray-node": "yes", "ray.io/identifier": "rl-ray-worker",
+                     "app.kubernetes.io/created-by": "kuberay-operator"},
+             owners=[("ray.io/v1", "RayCluster", "rl-ray")]), "rl-ray"),
+    # A RayJob's pods name only the cluster it made for itself.
+    (k8s_pod("ppo-q4m2x-head-8xk2j",
+             labels={"ray.io/cluster": "ppo-q4m2x", "ray.io/node-type": "head", "ray.io/group": "headgroup",
+                     "ray.io/is-ray-node": "yes"},
+             owners=[("ray.io/v1", "RayCluster", "ppo-q4m2x")]), "ppo-q4m2x"),
+    # LeaderWorkerSet under Kueue: the leader is owned by the set's StatefulSet, each group's
+    # workers by a StatefulSet of their own; Kueue names a workload per group.
+    (k8s_pod("lws-1",
+             labels={"leaderworkerset.sigs.k8s.io/name": "lws", "leaderworkerset.sigs.k8s.io/group-index": "1",
+                     "leaderworkerset.sigs.k8s.io/worker-index": "0",
+                     "kueue.x-k8s.io/pod-group-name": "leaderworkerset-lws-1-617bf",
+                     "kueue.x-k8s.io/prebuilt-workload-name": "leaderworkerset-lws-1-617bf",
+                     "kueue.x-k8s.io/managed": "true", "kueue.x-k8s.io/queue-name": "lws-lq"},
+             annotations={"kueue.x-k8s.io/workload": "leaderworkerset-lws-1-617bf"},
+             owners=[("apps/v1", "StatefulSet", "lws")]), "lws"),
+    (k8s_pod("lws-1-1",
+             labels={"leaderworkerset.sigs.k8s.io/name": "lws", "leaderworkerset.sigs.k8s.io/group-index": "1",
+                     "leaderworkerset.sigs.k8s.io/worker-index": "1",
+                     "kueue.x-k8s.io/pod-group-name": "leaderworkerset-lws-1-617bf",
+                     "kueue.x-k8s.io/managed": "true"},
+             owners=[("apps/v1", "StatefulSet", "lws-1")]), "lws"),
+    # Plain pods that Kueue admits as one group.
+    (k8s_pod("batch-infer-0",
+             labels={"kueue.x-k8s.io/pod-group-name": "batch-infer", "kueue.x-k8s.io/managed": "true",
+                     "kueue.x-k8s.io/queue-name": "user-queue"},
+             annotations={"kueue.x-k8s.io/pod-group-total-count": "2"}), "batch-infer"),
+]
+
+
+def test_training_job_of_each_job_controller(kubelet, apiserver):
+    gpus = [f"GPU-7e57{i:04d}-0000-4000-8000-000000000000" for i in range(len(JOB_KIND_PODS))]
+    kubelet.listed = api_pb2.ListPodResourcesResponse(pod_resources=[
+        pod_resources("ml", pod["metadata"]["name"], container("main", ("nvidia.com/gpu", [gpu])))
+        for (pod, _), gpu in zip(JOB_KIND_PODS, gpus)])
+    apiserver.pod_list = pod_list(*(pod for pod, _ in JOB_KIND_PODS))
+    got = attributor(kubelet.socket, kube_client(apiserver)).refresh()
+    assert {a.pod.pod: (a.gpu_uuid, a.pod.training_job) for a in got.allocations} == {
+        pod["metadata"]["name"]: (gpu, job) for (pod, job), gpu in zip(JOB_KIND_PODS, gpus)}
+
+
+def test_job_label_precedence():
+    # Every label at once, each naming its own controller: the first wins; take it away and the
+    # next does. A TrainJob's pods carry the JobSet and batch Job labels too, and a
+    # LeaderWorkerSet's pods Kueue's: the job's own label comes first.
+    ordered = [("trainer.kubeflow.org/trainjob-name", "trainjob"),
+               ("training.kubeflow.org/job-name", "pytorchjob"),
+               ("jobset.sigs.k8s.io/jobset-name", "jobset"),
+               ("leaderworkerset.sigs.k8s.io/name", "lws"),
+               ("volcano.sh/job-name", "volcano"),
+               ("ray.io/cluster", "raycluster"),
+               ("batch.kubernetes.io/job-name", "batch-job"),
+               ("job-name", "legacy-job"),
+               ("kueue.x-k8s.io/pod-group-name", "kueue-group")]
+    labels = dict(ordered)
+    for key, job in ordered:
+        assert training_job("p", labels, [owner("Job", "owner-job")]) == job
+        del labels[key]
+    assert training_job("p", labels, [owner("Job", "owner-job")]) == "owner-job"

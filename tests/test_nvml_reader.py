@@ -17,6 +17,12 @@ HOPPER_GPM = {
     pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 90.0,
     pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 25.0,
 }
+# Every GPM metric the reader asks for: percents, and MiB/s for the traffic.
+FULL_GPM = {**HOPPER_GPM, pynvml.NVML_GPM_METRIC_SM_UTIL: 80.0, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: 30.0,
+            pynvml.NVML_GPM_METRIC_FP64_UTIL: 0.0, pynvml.NVML_GPM_METRIC_FP32_UTIL: 12.0,
+            pynvml.NVML_GPM_METRIC_FP16_UTIL: 3.0, pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 100.0,
+            pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: 2048.0, pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: 40960.0,
+            pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 40000.0}
 
 MakeReader = Callable[..., tuple[StandInNvml, NvmlReader]]
 
@@ -71,17 +77,64 @@ def test_identity_values_and_units(make: MakeReader) -> None:
     assert reading.identity.device == "nvidia0"
     assert dict(reading.fields) == {
         "gpu_util": 50, "mem_copy_util": 20,
-        "fb_used_mib": 20 * 1024, "fb_free_mib": 60 * 1024,
+        "fb_used_mib": 20 * 1024, "fb_free_mib": 60 * 1024 - 566, "fb_reserved_mib": 566, "fb_total_mib": 80 * 1024,
         "power_w": pytest.approx(351.25), "energy_mj": 9_876_543_210, "temp_c": 61,
         "sm_clock_mhz": 1755, "mem_clock_mhz": 2619, "throttle_reasons": 0x4,
         "ecc_sbe_volatile": 3, "ecc_dbe_volatile": 1,
         "remapped_rows_correctable": 2, "remapped_rows_uncorrectable": 1, "row_remap_failure": 0,
+        # dcgm-exporter's other default fields, in its units
+        "memory_temp_c": 62, "pcie_replay": 0, "enc_util": 0, "dec_util": 0, "vgpu_license": 0,
+        "pcie_tx_bytes_per_s": 102_400 * 1024, "pcie_rx_bytes_per_s": 1_048_576 * 1024,
+        # fields a counters file may turn on
+        "power_violation_ns": 0, "thermal_violation_ns": 0, "max_sm_clock_mhz": 1980, "max_mem_clock_mhz": 2619,
+        "enforced_power_limit_w": pytest.approx(700.0),
     }
+    assert reading.identity.driver_version == "580.95.05"
     assert set(reading.fields) <= set(GPU_FIELDS)
 
 
+def test_minor_numbers_name_each_gpu_for_dra(make: MakeReader) -> None:
+    _, reader = make(FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b"), FakeGpu(uuid="GPU-c"))
+    assert reader.gpu_minors() == {}     # nothing read yet: no NVML call from attribution
+    reader.read()
+    assert reader.gpu_minors() == {2: "GPU-a", 1: "GPU-b", 0: "GPU-c"}
+
+
+def test_a_driver_without_the_v2_memory_query_gives_used_and_free_without_a_reserve(make: MakeReader) -> None:
+    _, reader = make(FakeGpu(mem_total=80 * GiB, mem_used=20 * GiB, mem_reserved=None))
+    (reading,) = reader.read()
+    assert "fb_reserved_mib" not in reading.fields
+    assert reading.fields["fb_used_mib"] == 20 * 1024
+    assert reading.fields["fb_used_mib"] + reading.fields["fb_free_mib"] == reading.fields["fb_total_mib"]
+
+
+def test_a_vgpu_guest_reports_its_license_and_missing_sensors_stay_absent(make: MakeReader) -> None:
+    licensed = FakeGpu(virtualization=pynvml.NVML_GPU_VIRTUALIZATION_MODE_VGPU, vgpu_licensed=True)
+    unlicensed = FakeGpu(virtualization=pynvml.NVML_GPU_VIRTUALIZATION_MODE_VGPU, memory_temp_c=None,
+                         unsupported={"nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetPcieThroughput"})
+    _, reader = make(licensed, unlicensed)
+    first, second = reader.read()
+    assert first.fields["vgpu_license"] == 1 and second.fields["vgpu_license"] == 0
+    for absent in ("memory_temp_c", "enc_util", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s"):
+        assert absent not in second.fields, absent
+    assert second.fields["dec_util"] == 0
+
+
+def test_gpm_gives_the_profiling_fields_in_dcgm_units(make: MakeReader) -> None:
+    nvml, reader = make(FakeGpu(gpm=dict(FULL_GPM)))
+    reader.read()
+    (reading,) = reader.read()
+    f = reading.fields
+    assert (f["sm_active"], f["sm_occupancy"], f["fp64_active"], f["fp32_active"], f["fp16_active"]) == \
+        pytest.approx((0.80, 0.30, 0.0, 0.12, 0.03))
+    # GPM's MiB/s, in bytes per second; the NVML PCIe sensor is not asked where GPM answers.
+    assert f["pcie_tx_bytes_per_s"] == 100 * 2 ** 20 and f["pcie_rx_bytes_per_s"] == 2048 * 2 ** 20
+    assert f["nvlink_tx_bytes_per_s"] == 40960 * 2 ** 20 and f["nvlink_rx_bytes_per_s"] == 40000 * 2 ** 20
+    assert nvml.calls[(0, "nvmlDeviceGetPcieThroughput")] == 0
+
+
 def test_full_hopper_gpu_reports_every_catalog_field(make: MakeReader) -> None:
-    gpu = FakeGpu(nvlink_links=18, gpm=dict(HOPPER_GPM), util_samples=[(1, 10)], mem_util_samples=[(1, 5)])
+    gpu = FakeGpu(nvlink_links=18, gpm=dict(FULL_GPM), util_samples=[(1, 10)], mem_util_samples=[(1, 5)])
     _, reader = make(gpu)
     reader.read()
     (reading,) = reader.read()
@@ -246,7 +299,8 @@ def test_nvlink_counter_and_dcgm_rate(make: MakeReader) -> None:
 
     assert plain.nvlink_bytes == {}
     assert "nvlink_bandwidth_mbps" not in plain.fields
-    assert nvml.calls[(1, "nvmlDeviceGetFieldValues")] == 1   # probed once, never read
+    # NVLink probed once and never read; the other two calls are each read's memory temperature.
+    assert nvml.calls[(1, "nvmlDeviceGetFieldValues")] == 3
 
 
 def test_gpm_ratios_from_two_samples(make: MakeReader) -> None:

@@ -36,7 +36,7 @@ def test_power_follows_utilization_and_temperature_lags():
     assert idle["throttle_reasons"] & 0x1 and idle["sm_clock_mhz"] == H100_SXM.sm_clock_idle_mhz
     # temperature moves towards its target over tens of seconds, not instantly
     assert first[1].fields["temp_c"] < later[1].fields["temp_c"] - 20
-    assert busy["fb_used_mib"] + busy["fb_free_mib"] == H100_SXM.memory_mib
+    assert busy["fb_used_mib"] + busy["fb_free_mib"] + busy["fb_reserved_mib"] == busy["fb_total_mib"] == H100_SXM.memory_mib
     # energy integrates power
     assert later[1].fields["energy_mj"] - first[1].fields["energy_mj"] > 120 * 500 * 1000
 

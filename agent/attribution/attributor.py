@@ -13,13 +13,15 @@ from burnrate.exporter.snapshot import Allocation, NodeInfo, frozen
 
 from . import Attribution
 from .kube import KubeClient, PodInfo
-from .kubelet import KubeletError, MigDevices, PodResourcesClient
+from .kubelet import GpuMinors, Held, KubeletError, MigDevices, PodResourcesClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 KUBELET = "kubelet"
 KUBERNETES = "kubernetes"
+# DRA GPU devices that no known GPU was found for, counted each refresh that lists them.
+DRA = "dra"
 
 
 def enrich(allocations: Iterable[Allocation],
@@ -57,23 +59,28 @@ class Attributor:
     `refresh()` does one round; `start()` repeats it every `refresh_s` on a daemon
     thread. `current()` never waits on the network. A source that fails is counted in
     `errors` and logged when its failure changes; its last good answer is used meanwhile
-    (none yet: allocations without training_job, node facts `unknown`).
+    (none yet: allocations without training_job, node facts `unknown`). A DRA GPU device
+    that no known GPU is found for is counted in `errors["dra"]` and logged once.
+
+    `gpu_minors` gives the GPUs' minor numbers, which name whole GPUs and MIG parents in
+    NVIDIA's DRA device names.
     """
 
     def __init__(self, node_name: str, kubelet_socket: str, kube: KubeClient | None,
                  mig_devices: MigDevices = dict, refresh_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, gpu_minors: GpuMinors = dict) -> None:
         self.node_name = node_name
         self.refresh_s = refresh_s
-        self._kubelet = PodResourcesClient(kubelet_socket, mig_devices=mig_devices)
+        self._kubelet = PodResourcesClient(kubelet_socket, mig_devices=mig_devices, gpu_minors=gpu_minors)
         self._kube = kube
         self._clock = clock
         self._held: tuple[Allocation, ...] = ()
         self._pods: Mapping[tuple[str, str], PodInfo] | None = None
         self._node: NodeInfo | None = None
         self._current = Attribution((), NodeInfo(hostname=node_name))
-        self._errors = {KUBELET: 0, KUBERNETES: 0}
+        self._errors = {KUBELET: 0, KUBERNETES: 0, DRA: 0}
         self._failing = {KUBELET: "", KUBERNETES: ""}
+        self._unmapped_seen: set[str] = set()
         self._refresh_lock = threading.Lock()
         self._errors_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -100,7 +107,8 @@ class Attributor:
             started = self._clock()
             held = self._attempt(KUBELET, self._kubelet.allocations)
             if held is not None:
-                self._held = held
+                self._held = held.allocations
+                self._count_unmapped(held)
             if self._kube is not None:
                 kube, node = self._kube, self.node_name
                 seen = self._attempt(KUBERNETES, lambda: (kube.pods(node), kube.node(node)))
@@ -132,6 +140,14 @@ class Attributor:
             # triggering a burst of catch-up rounds.
             due = max(due + self.refresh_s, self._clock())
             self._stopping.wait(max(0.0, due - self._clock()))
+
+    def _count_unmapped(self, held: Held) -> None:
+        with self._errors_lock:
+            self._errors[DRA] += len(held.unmapped)
+        new = sorted(set(held.unmapped) - self._unmapped_seen)
+        if new:
+            log.warning("DRA GPU devices without a known GPU, not attributed: %s", ", ".join(new))
+            self._unmapped_seen.update(new)
 
     def _attempt(self, source: str, read: Callable[[], T]) -> T | None:
         # Any failure is contained here: attribution is optional and must never stop

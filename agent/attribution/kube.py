@@ -13,11 +13,23 @@ from burnrate.exporter.snapshot import UNKNOWN, NodeInfo
 SPOT = "spot"
 ON_DEMAND = "on-demand"
 
-# Pod labels naming the training job, most specific first.
+# Pod labels naming the training job, the first present wins. A controller that builds on
+# another comes before it: a TrainJob runs as a JobSet, a JobSet as batch Jobs, and their pods
+# carry all three labels.
 JOB_NAME_LABELS = (
-    "training.kubeflow.org/job-name",   # Kubeflow Training Operator (PyTorchJob, ...)
-    "batch.kubernetes.io/job-name",     # batch/v1 Job, Kubernetes 1.27+
-    "job-name",                         # batch/v1 Job, older clusters
+    "trainer.kubeflow.org/trainjob-name",   # Kubeflow Trainer v2 TrainJob
+    "training.kubeflow.org/job-name",       # Kubeflow Training Operator (PyTorchJob, MPIJob, ...)
+    "jobset.sigs.k8s.io/jobset-name",       # JobSet
+    "leaderworkerset.sigs.k8s.io/name",     # LeaderWorkerSet; its pods' owners are StatefulSets
+    "volcano.sh/job-name",                  # Volcano Job
+    # KubeRay RayCluster. A RayJob's pods carry no label naming it, only the cluster it
+    # created for itself (`<rayjob>-<random>`; github.com/ray-project/kuberay/issues/707).
+    "ray.io/cluster",
+    "batch.kubernetes.io/job-name",         # batch/v1 Job, Kubernetes 1.27+
+    "job-name",                             # batch/v1 Job, older clusters
+    # Kueue's group of plain pods admitted as one workload. Kueue's workload name is not used:
+    # it is one per admitted unit (per LeaderWorkerSet group, say), with a hash suffix.
+    "kueue.x-k8s.io/pod-group-name",
 )
 POD_TEMPLATE_HASH_LABEL = "pod-template-hash"
 

@@ -1,19 +1,22 @@
 """Which pod holds which GPU, from the kubelet's pod-resources v1 API on its Unix socket.
 
-Device ids follow the NVIDIA device plugin: `GPU-<uuid>` for a whole GPU, `MIG-<uuid>`
-for a MIG device, and `<id>::<n>` for replica n of a time-sliced GPU or MIG device.
+Device-plugin ids follow the NVIDIA device plugin: `GPU-<uuid>` for a whole GPU, `MIG-<uuid>`
+for a MIG device, and `<id>::<n>` for replica n of a time-sliced GPU or MIG device. Devices
+allocated through DRA are the `dra` module's.
 """
 from __future__ import annotations
 
 import os
-import re
 from collections import defaultdict
-from typing import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Mapping
 
 import grpc
 
-from burnrate.exporter.snapshot import Allocation, PodRef
+from burnrate.exporter.snapshot import Allocation
 
+from .devices import Part, merge, physical, profile_share
+from .dra import dra_parts
 from .podresources.v1 import api_pb2, api_pb2_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -23,11 +26,9 @@ REPLICA_SEPARATOR = "::"
 
 # mig uuid -> (parent GPU uuid, fraction of the parent), as the NVML reader sees it.
 MigDevices = Callable[[], Mapping[str, tuple[str, float]]]
+# GPU minor number (N of /dev/nvidiaN) -> GPU uuid, which DRA device names need.
+GpuMinors = Callable[[], Mapping[int, str]]
 
-# `1g.10gb`, `3g.40gb+me`, and compute-instance profiles such as `1c.3g.40gb`.
-_MIG_PROFILE = re.compile(r"mig-(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<mem>\d+)gb")
-# The A30 is the one MIG GPU cut into 4 slices rather than 7; these profiles are its own.
-_A30_PROFILES = {"1g.6gb", "2g.12gb", "4g.24gb"}
 # Some replies list every pod on a big node; the gRPC default of 4 MiB is too small.
 _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -45,11 +46,9 @@ def is_gpu_resource(resource_name: str) -> bool:
 
 def mig_profile_share(resource_name: str) -> float | None:
     """The fraction of a GPU one device of a MIG resource name stands for, or None."""
-    match = _MIG_PROFILE.search(resource_name)
-    if match is None:
+    if not resource_name.startswith(MIG_RESOURCE_PREFIX):
         return None
-    slices = 4 if f"{match['g']}g.{match['mem']}gb" in _A30_PROFILES else 7
-    return int(match["c"] or match["g"]) / slices
+    return profile_share(resource_name.removeprefix(MIG_RESOURCE_PREFIX))
 
 
 def split_replica(device_id: str) -> str:
@@ -67,17 +66,29 @@ def replica_counts(devices: Iterable[api_pb2.ContainerDevices]) -> dict[str, int
     return dict(counts)
 
 
+@dataclass(frozen=True)
+class Held:
+    """The GPUs pods hold, and the DRA GPU devices (`<driver>/<pool>/<device>`) that no known
+    GPU could be found for."""
+
+    allocations: tuple[Allocation, ...]
+    unmapped: tuple[str, ...]
+
+
 def to_allocations(
     response: api_pb2.ListPodResourcesResponse,
     replicas: Mapping[str, int],
     mig_devices: Mapping[str, tuple[str, float]],
-) -> tuple[Allocation, ...]:
-    """One Allocation per (pod, container, physical device).
+    gpu_minors: Mapping[int, str],
+) -> Held:
+    """One Allocation per (pod, container, GPU), from device-plugin devices and DRA claims."""
+    claimed, unmapped = dra_parts(response, gpu_minors, mig_devices)
+    plugged = _plugin_parts(response, replicas, mig_devices)
+    return Held(merge([*plugged, *claimed]), tuple(unmapped))
 
-    A container holding several replicas of one device gets one Allocation whose share
-    is the sum, so that the exporter never sees two series with the same labels; its
-    device_id is the first of those replica ids.
-    """
+
+def _plugin_parts(response: api_pb2.ListPodResourcesResponse, replicas: Mapping[str, int],
+                  mig_devices: Mapping[str, tuple[str, float]]) -> Iterator[Part]:
     held: dict[tuple[str, str, str, str], list[str]] = {}
     resource_of: dict[str, str] = {}
     for pod in response.pod_resources:
@@ -90,36 +101,14 @@ def to_allocations(
                     resource_of[base] = dev.resource_name
                     held.setdefault((pod.namespace, pod.name, container.name, base), []).append(device_id)
 
-    allocations = []
-    for (namespace, pod, container, base), ids in sorted(held.items()):
-        gpu_uuid, device_share = _physical(base, resource_of[base], mig_devices)
+    for (namespace, pod, container, base), ids in held.items():
+        gpu_uuid, device_share = physical(base, mig_profile_share(resource_of[base]), mig_devices)
         held_fraction = 1.0
         if any(REPLICA_SEPARATOR in i for i in ids):
             # A device the allocatable list does not mention is counted as having only
             # the replicas we see held, the most it can be worth.
             held_fraction = len(ids) / max(replicas.get(base, 0), len(ids))
-        allocations.append(Allocation(
-            gpu_uuid=gpu_uuid,
-            device_id=sorted(ids)[0],
-            pod=PodRef(namespace=namespace, pod=pod, container=container),
-            share=device_share * held_fraction,
-        ))
-    return tuple(allocations)
-
-
-def _physical(device_id: str, resource_name: str,
-              mig_devices: Mapping[str, tuple[str, float]]) -> tuple[str, float]:
-    """(GPU uuid, share of that GPU) for a kubelet device id without replica suffix."""
-    if not device_id.startswith("MIG-"):
-        return device_id, 1.0
-    known = mig_devices.get(device_id)
-    if known is not None:
-        return known
-    # NVML does not know the device (yet): the MIG device stands in for its GPU. With the
-    # plugin's `single` strategy the resource name carries no profile, so the share is
-    # the whole of that stand-in.
-    share = mig_profile_share(resource_name)
-    return device_id, 1.0 if share is None else share
+        yield Part(namespace, pod, container, gpu_uuid, min(ids), device_share * held_fraction)
 
 
 class PodResourcesClient:
@@ -130,13 +119,14 @@ class PodResourcesClient:
     """
 
     def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout_s: float = 5.0,
-                 mig_devices: MigDevices = dict) -> None:
+                 mig_devices: MigDevices = dict, gpu_minors: GpuMinors = dict) -> None:
         self.socket_path = socket_path
         self.timeout_s = timeout_s
         self._mig_devices = mig_devices
+        self._gpu_minors = gpu_minors
 
-    def allocations(self) -> tuple[Allocation, ...]:
-        """GPU allocations of every pod on this node; raises KubeletError."""
+    def allocations(self) -> Held:
+        """What the pods on this node hold; raises KubeletError."""
         if not os.path.exists(self.socket_path):
             raise KubeletError(f"pod-resources socket {self.socket_path} not found")
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
@@ -147,7 +137,7 @@ class PodResourcesClient:
                 replicas = self._replicas(stub, listed)
         except grpc.RpcError as e:
             raise KubeletError(f"pod-resources {e.code().name}: {e.details()}") from e
-        return to_allocations(listed, replicas, self._mig_devices())
+        return to_allocations(listed, replicas, self._mig_devices(), self._gpu_minors())
 
     def _replicas(self, stub: api_pb2_grpc.PodResourcesListerStub,
                   listed: api_pb2.ListPodResourcesResponse) -> dict[str, int]:

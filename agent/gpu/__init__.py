@@ -14,4 +14,7 @@ class GpuReader(Protocol):
     def mig_devices(self) -> Mapping[str, tuple[str, float]]:
         """MIG device UUID -> (parent GPU UUID, share of the GPU), for attribution."""
 
+    def gpu_minors(self) -> Mapping[int, str]:
+        """Device minor number (/dev/nvidiaN) -> GPU UUID: how NVIDIA's DRA driver names GPUs."""
+
     def close(self) -> None: ...

@@ -24,18 +24,29 @@ class GpmSampler:
     def __init__(self, nvml: Any, handle: Any) -> None:
         self._nvml = nvml
         self._handle = handle
-        # field key -> GPM metric id; NVML reports these three in percent (0.0 - 100.0).
+        # field key -> (GPM metric id, factor to the catalog's unit): NVML gives the
+        # activities in percent (0.0 - 100.0) and the traffic in MiB/s.
+        ratio, mib = 0.01, float(2 ** 20)
         self._metrics = (
-            ("tensor_active", nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
-            ("gr_engine_active", nvml.NVML_GPM_METRIC_GRAPHICS_UTIL),
-            ("dram_active", nvml.NVML_GPM_METRIC_DRAM_BW_UTIL),
+            ("tensor_active", nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, ratio),
+            ("gr_engine_active", nvml.NVML_GPM_METRIC_GRAPHICS_UTIL, ratio),
+            ("dram_active", nvml.NVML_GPM_METRIC_DRAM_BW_UTIL, ratio),
+            ("sm_active", nvml.NVML_GPM_METRIC_SM_UTIL, ratio),
+            ("sm_occupancy", nvml.NVML_GPM_METRIC_SM_OCCUPANCY, ratio),
+            ("fp64_active", nvml.NVML_GPM_METRIC_FP64_UTIL, ratio),
+            ("fp32_active", nvml.NVML_GPM_METRIC_FP32_UTIL, ratio),
+            ("fp16_active", nvml.NVML_GPM_METRIC_FP16_UTIL, ratio),
+            ("pcie_tx_bytes_per_s", nvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, mib),
+            ("pcie_rx_bytes_per_s", nvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, mib),
+            ("nvlink_tx_bytes_per_s", nvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, mib),
+            ("nvlink_rx_bytes_per_s", nvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, mib),
         )
         self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
         self._next = 0
         self._have_previous = False
 
     def read(self) -> dict[str, float]:
-        """Ratios (0-1) over the time since the previous call; empty on the first call."""
+        """Values over the time since the previous call; empty on the first call."""
         nvml = self._nvml
         current = self._samples[self._next]
         previous = self._samples[1 - self._next]
@@ -49,12 +60,12 @@ class GpmSampler:
         request.numMetrics = len(self._metrics)
         request.sample1 = previous
         request.sample2 = current
-        for i, (_, metric_id) in enumerate(self._metrics):
+        for i, (_, metric_id, _) in enumerate(self._metrics):
             request.metrics[i].metricId = metric_id
         nvml.nvmlGpmMetricsGet(request)
         return {
-            key: request.metrics[i].value / 100.0
-            for i, (key, _) in enumerate(self._metrics)
+            key: request.metrics[i].value * factor
+            for i, (key, _, factor) in enumerate(self._metrics)
             if request.metrics[i].nvmlReturn == nvml.NVML_SUCCESS
         }
 

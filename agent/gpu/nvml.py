@@ -7,6 +7,7 @@ until the hung one returns.
 """
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -19,12 +20,13 @@ from typing import Any, Callable, Mapping, TypeVar
 import pynvml
 
 from burnrate.exporter.snapshot import UNKNOWN, GpuIdentity, GpuReading, frozen
+from . import compat
+from .compat import put
 from .gpm import GpmSampler, gpm_supported
 from .xid import XidWatcher
 
 T = TypeVar("T")
 
-_MIB = 1024 * 1024
 _KIB = 1024
 # scopeId that asks NVML for a field summed over all NVLink links.
 _ALL_LINKS = 0xFFFFFFFF
@@ -72,6 +74,7 @@ class _Gpu:
     xid: bool = False
     nvlink: bool = False
     gpm: GpmSampler | None = None
+    minor: int | None = None
     unsupported: set[str] = field(default_factory=set)
     sample_ts: dict[str, int] = field(default_factory=dict)
     nvlink_prev: tuple[float, int, int] | None = None
@@ -103,6 +106,10 @@ class NvmlReader:
         except nvml.NVMLError:
             nvml.nvmlShutdown()
             raise
+        try:
+            self._driver = str(nvml.nvmlSystemGetDriverVersion())
+        except nvml.NVMLError:
+            self._driver = ""
         self._xid = XidWatcher(nvml, event_wait_ms)
         self._failures = {nvml.NVML_ERROR_GPU_IS_LOST, nvml.NVML_ERROR_RESET_REQUIRED}
         self._value_fields = {
@@ -139,6 +146,10 @@ class NvmlReader:
                 readings.append(self._down(gpu, f"{type(exc).__name__}: {exc}"))
         return readings
 
+    def gpu_minors(self) -> Mapping[int, str]:
+        """Minor numbers as of the last read(); no NVML call, so it cannot hang."""
+        return frozen({g.minor: g.identity.uuid for g in self._gpus if g.minor is not None})
+
     def mig_devices(self) -> Mapping[str, tuple[str, float]]:
         """MIG devices as of the last read(); no NVML call, so it cannot hang."""
         merged: dict[str, tuple[str, float]] = {}
@@ -173,24 +184,22 @@ class NvmlReader:
         try:
             self._identify(gpu)
             h = gpu.handle
+            optional = functools.partial(self._optional, gpu)
+            fields: dict[str, float] = {}
             # Memory is the one value every NVML GPU gives; if it fails the GPU is not answering.
-            mem = nvml.nvmlDeviceGetMemoryInfo(h)
-            fields: dict[str, float] = {"fb_used_mib": mem.used / _MIB, "fb_free_mib": mem.free / _MIB}
+            compat.memory(nvml, h, optional, fields)
             self._utilization(gpu, fields)
-            self._put(fields, "power_w", self._optional(gpu, "power", nvml.nvmlDeviceGetPowerUsage, h), 1e-3)
-            self._put(fields, "energy_mj",
-                      self._optional(gpu, "energy", nvml.nvmlDeviceGetTotalEnergyConsumption, h))
-            self._put(fields, "temp_c", self._optional(gpu, "temperature", nvml.nvmlDeviceGetTemperature,
-                                                       h, nvml.NVML_TEMPERATURE_GPU))
-            self._put(fields, "sm_clock_mhz",
-                      self._optional(gpu, "sm_clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM))
-            self._put(fields, "mem_clock_mhz",
-                      self._optional(gpu, "mem_clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM))
-            self._put(fields, "throttle_reasons", self._clock_reasons(gpu))
+            put(fields, "power_w", optional("power", nvml.nvmlDeviceGetPowerUsage, h), 1e-3)
+            put(fields, "energy_mj", optional("energy", nvml.nvmlDeviceGetTotalEnergyConsumption, h))
+            put(fields, "temp_c", optional("temperature", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU))
+            put(fields, "sm_clock_mhz", optional("sm_clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM))
+            put(fields, "mem_clock_mhz", optional("mem_clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM))
+            put(fields, "throttle_reasons", self._clock_reasons(gpu))
             self._errors(gpu, fields)
-            nvlink_bytes = self._optional(gpu, "nvlink", self._nvlink, gpu, fields) or {}
+            compat.read(nvml, h, optional, self._value, fields, gpm=gpu.gpm is not None)
+            nvlink_bytes = optional("nvlink", self._nvlink, gpu, fields) or {}
             if gpu.gpm is not None:
-                fields.update(self._optional(gpu, "gpm", gpu.gpm.read) or {})
+                fields.update(optional("gpm", gpu.gpm.read) or {})
             gpu.mig = self._mig(gpu)
         except nvml.NVMLError as exc:
             return self._down(gpu, str(exc))
@@ -205,8 +214,10 @@ class NvmlReader:
         h = gpu.handle
         if gpu.identity.uuid == UNKNOWN:
             gpu.identity = GpuIdentity(gpu.index, nvml.nvmlDeviceGetUUID(h),
-                                       nvml.nvmlDeviceGetPciInfo(h).busId, nvml.nvmlDeviceGetName(h))
+                                       nvml.nvmlDeviceGetPciInfo(h).busId, nvml.nvmlDeviceGetName(h),
+                                       self._driver)
         if not gpu.probed:
+            gpu.minor = self._optional(gpu, "minor", nvml.nvmlDeviceGetMinorNumber, h)
             # Optional features, looked at once; one that errors here stays off.
             gpu.xid = bool(self._optional(gpu, "xid", self._xid.register, h))
             gpu.nvlink = bool(self._optional(gpu, "nvlink", self._has_nvlink, h))
@@ -234,11 +245,6 @@ class NvmlReader:
                 gpu.unsupported.add(key)
             return None
 
-    @staticmethod
-    def _put(fields: dict[str, float], key: str, value: float | None, scale: float = 1.0) -> None:
-        if value is not None:
-            fields[key] = value * scale
-
     def _value(self, value_type: int, value: Any) -> float:
         return getattr(value, self._value_fields[value_type])
 
@@ -246,7 +252,7 @@ class NvmlReader:
         nvml = self._nvml
         for key, sampling in (("gpu_util", nvml.NVML_GPU_UTILIZATION_SAMPLES),
                               ("mem_copy_util", nvml.NVML_MEMORY_UTILIZATION_SAMPLES)):
-            self._put(fields, key, self._sampled_mean(gpu, key, sampling))
+            put(fields, key, self._sampled_mean(gpu, key, sampling))
         if "gpu_util" in fields and "mem_copy_util" in fields:
             return
         rates = self._optional(gpu, "utilization_rates", nvml.nvmlDeviceGetUtilizationRates, gpu.handle)
@@ -287,7 +293,7 @@ class NvmlReader:
         h = gpu.handle
         for key, error_type in (("ecc_sbe_volatile", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
                                 ("ecc_dbe_volatile", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
-            self._put(fields, key, self._optional(gpu, "ecc", nvml.nvmlDeviceGetTotalEccErrors,
+            put(fields, key, self._optional(gpu, "ecc", nvml.nvmlDeviceGetTotalEccErrors,
                                                   h, error_type, nvml.NVML_VOLATILE_ECC))
         rows = self._optional(gpu, "remapped_rows", nvml.nvmlDeviceGetRemappedRows, h)
         if rows is not None:

@@ -35,9 +35,11 @@ class GpuModelSpec:
     mem_clock_mhz: float
     nvlink_bytes_per_s: float   # per direction, all links
     slowdown_temp_c: float
+    reserved_mib: int           # framebuffer the driver keeps for itself
 
 
-H100_SXM = GpuModelSpec("NVIDIA H100 80GB HBM3", 81559, 70.0, 700.0, 1980.0, 345.0, 2619.0, 450e9, 87.0)
+H100_SXM = GpuModelSpec("NVIDIA H100 80GB HBM3", 81559, 70.0, 700.0, 1980.0, 345.0, 2619.0, 450e9, 87.0, 566)
+DRIVER_VERSION = "580.95.05"
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class _GpuState:
     lost: bool = False
     last_xid: int | None = None
     xid_counts: dict[int, int] | None = None
+    power_violation_ns: float = 0.0
+    thermal_violation_ns: float = 0.0
 
 
 class SimulatedReader:
@@ -104,6 +108,7 @@ class SimulatedReader:
             uuid="GPU-" + str(uuid.UUID(int=rng.getrandbits(128), version=4)),
             pci_bus_id=f"00000000:{0x18 + 0x10 * index:02X}:00.0",
             model_name=f"{self._model.name} {SIMULATED}",
+            driver_version=DRIVER_VERSION,
         )
         thermal = 0.105 if hot else 0.072 + rng.uniform(-0.004, 0.004)
         return _GpuState(
@@ -128,6 +133,9 @@ class SimulatedReader:
     # --- GpuReader ---------------------------------------------------------------
     def mig_devices(self) -> Mapping[str, tuple[str, float]]:
         return {}
+
+    def gpu_minors(self) -> Mapping[int, str]:
+        return {g.identity.index: g.identity.uuid for g in self._gpus}
 
     def close(self) -> None:
         pass
@@ -188,13 +196,20 @@ class SimulatedReader:
         gpu.nvlink_rx += rx
 
         mem_frac = load.memory_fraction if load.memory_fraction is not None else (0.74 if util > 0.02 else 0.006)
-        used = round(m.memory_mib * min(1.0, mem_frac))
+        usable = m.memory_mib - m.reserved_mib
+        used = round(usable * min(1.0, mem_frac))
         clock_ratio = sm_clock / m.sm_clock_max_mhz
+        if reasons & throttle.SW_POWER_CAP:
+            gpu.power_violation_ns += dt * 1e9
+        if gpu.throttled:
+            gpu.thermal_violation_ns += dt * 1e9
+        # Host-to-device batches in, a little out: a training loader's PCIe traffic.
+        pcie_rx = util * 1.6e9 * (1.0 + rng.uniform(-0.05, 0.05))
         fields = {
             "gpu_util": round(util * 100.0),
             "mem_copy_util": round(util * 35.0),
             "fb_used_mib": used,
-            "fb_free_mib": m.memory_mib - used,
+            "fb_free_mib": usable - used,
             "power_w": round(power, 3),
             "energy_mj": round(gpu.energy_mj),
             "temp_c": round(gpu.temp_c),
@@ -210,6 +225,30 @@ class SimulatedReader:
             "remapped_rows_correctable": 0,
             "remapped_rows_uncorrectable": 0,
             "row_remap_failure": 0,
+            # The rest of dcgm-exporter's default set: HBM a few degrees above the die, no
+            # video engines in training, bare metal (no vGPU license).
+            "memory_temp_c": round(gpu.temp_c + 4.0),
+            "pcie_replay": 0,
+            "enc_util": 0,
+            "dec_util": 0,
+            "fb_reserved_mib": m.reserved_mib,
+            "vgpu_license": 0,
+            "pcie_tx_bytes_per_s": round(pcie_rx * 0.08),
+            "pcie_rx_bytes_per_s": round(pcie_rx),
+            # What a counters file may turn on.
+            "fb_total_mib": m.memory_mib,
+            "sm_active": round(util * 0.92 * clock_ratio, 4),
+            "sm_occupancy": round(util * 0.41, 4),
+            "fp64_active": 0.0,
+            "fp32_active": round(util * 0.11, 4),
+            "fp16_active": round(util * 0.04, 4),
+            "nvlink_tx_bytes_per_s": round(tx / dt) if dt else 0.0,
+            "nvlink_rx_bytes_per_s": round(rx / dt) if dt else 0.0,
+            "power_violation_ns": round(gpu.power_violation_ns),
+            "thermal_violation_ns": round(gpu.thermal_violation_ns),
+            "max_sm_clock_mhz": m.sm_clock_max_mhz,
+            "max_mem_clock_mhz": m.mem_clock_mhz,
+            "enforced_power_limit_w": m.tdp_w,
         }
         return GpuReading(
             gpu.identity,

@@ -93,7 +93,7 @@ def _queries() -> list[_Query]:
     device, device_pod = C.DEVICE, C.DEVICE_POD
     by = C.BY_NAME
     out = [_Query("gpu", spec.field, spec.name, device_pod, reduction("gpu", spec.field))
-           for spec in C.CATALOG if spec.source == C.GPU_FIELD]
+           for spec in C.CATALOG if spec.source == C.GPU_FIELD and spec.recorded]
     out += [
         _Query("gpu", "last_xid", "DCGM_FI_DEV_XID_ERRORS", device_pod, "last"),
         _Query("gpu", "up", "burnrate_gpu_up", device, reduction("gpu", "up")),
