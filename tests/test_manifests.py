@@ -118,8 +118,37 @@ def test_the_kustomization_lists_every_manifest_and_nothing_else():
             on_disk.add(os.path.relpath(os.path.join(folder, name), MANIFESTS).replace(os.sep, "/"))
     listed = kustomization()["resources"]
     assert len(listed) == len(set(listed)), "a file is listed twice"
-    assert set(listed) == on_disk - {"kustomization.yaml"} - PROMETHEUS_FILES
+    profiles = {f for f in on_disk if f.startswith("profiles/")}
+    assert set(listed) == on_disk - {"kustomization.yaml"} - PROMETHEUS_FILES - profiles
     assert PROMETHEUS_FILES <= on_disk
+    assert profiles == {"profiles/exported-labels/kustomization.yaml"}
+
+
+def test_the_exported_labels_profile_changes_only_how_the_agent_is_scraped(tmp_path):
+    """kubectl's kustomize with the component added as the profile's comment says: the
+    agent's ServiceMonitor no longer honors its labels nor drops the target's, and nothing
+    else changes."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(MANIFESTS, overlay)
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [{base}]\ncomponents: [{base}/profiles/exported-labels]\n")
+    kubectl = kube_tools.tool("kubectl")
+    rendered = {}
+    for name, path in (("base", MANIFESTS), ("profile", str(overlay))):
+        proc = subprocess.run([kubectl, "kustomize", path],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        rendered[name] = {ident(o): o for o in yaml.safe_load_all(proc.stdout) if o}
+    assert rendered["base"].keys() == rendered["profile"].keys()
+    changed = [k for k in rendered["base"] if rendered["base"][k] != rendered["profile"][k]]
+    assert changed == ["ServiceMonitor/burnrate-node/burnrate-agent"]
+    (before,), (after,) = rendered["base"][changed[0]]["spec"]["endpoints"], rendered["profile"][changed[0]]["spec"]["endpoints"]
+    assert before["honorLabels"] is True and after["honorLabels"] is False
+    assert [r for r in after["relabelings"] if r.get("action") == "labeldrop"] == []
+    assert after["relabelings"] == [r for r in before["relabelings"] if r.get("action") != "labeldrop"]
+    schema = _schema("ServiceMonitor")
+    jsonschema.Draft202012Validator(schema).validate(rendered["profile"][changed[0]])
 
 
 def test_objects_render_together_with_unique_identities():
