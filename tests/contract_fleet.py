@@ -51,6 +51,12 @@ DCGM_49_NAMES: dict[str, tuple[str, float]] = {
 DCGM_COUNTERS = frozenset({"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL"})
 
 EXPORTERS = ("agent", "agent-old", "dcgm-4.8", "dcgm-4.8.3", "dcgm-4.9")
+# How Prometheus stores what an exporter exposed, by the scrape's honor_labels (Prometheus's
+# configuration docs): "own" keeps the exporter's labels and attaches none of the target's
+# namespace, pod and container (burnrate's manifests); "exported" attaches the target's and
+# renames the exporter's conflicting labels to exported_<name>, as GPU Operator's
+# ServiceMonitor for dcgm-exporter does. Prometheus's `up` carries the target's labels.
+SCRAPE_PROFILES = ("own", "exported")
 AGENT_EXPORTERS = ("agent", "agent-old")
 KINDS = ("training", "serving", "interactive", "batch")
 # Allocated time splits into busy and idle (CONTRACT section 5): a holder whose mean GPU
@@ -81,10 +87,13 @@ class Node:
     gpu_model: str = "NVIDIA A100-SXM4-40GB"
     missed: tuple[float, ...] = ()  # times of single missed scrapes (the nearest scrape is dropped)
     restarts: tuple[float, ...] = ()  # exporter restarts: counters start again from 0 after each
+    scrape_profile: str = "own"  # one of SCRAPE_PROFILES
 
     def __post_init__(self) -> None:
         if self.exporter not in EXPORTERS:
             raise ValueError(f"{self.name}: unknown exporter {self.exporter!r}")
+        if self.scrape_profile not in SCRAPE_PROFILES:
+            raise ValueError(f"{self.name}: unknown scrape profile {self.scrape_profile!r}")
         if self.gpus < 1 or self.scrape_interval_s <= 0:
             raise ValueError(f"{self.name}: needs gpus >= 1 and a positive scrape interval")
         # beyond half an interval two scrapes could swap places
@@ -99,6 +108,15 @@ class Node:
     @property
     def scrape_job(self) -> str:
         return "burnrate-agent" if self.exporter in AGENT_EXPORTERS else "dcgm-exporter"
+
+    @property
+    def target_labels(self) -> dict[str, str]:
+        """The exporter pod's own labels, as Kubernetes service discovery attaches them."""
+        agent = self.exporter in AGENT_EXPORTERS
+        suffix = _suffix(_name_rng(0, self.name), 5)
+        return {"namespace": "burnrate-node" if agent else "gpu-operator",
+                "pod": f"{'burnrate-agent' if agent else 'nvidia-dcgm-exporter'}-{suffix}",
+                "container": "agent" if agent else "nvidia-dcgm-exporter"}
 
 
 @dataclass(frozen=True)
@@ -292,6 +310,20 @@ class _Sink:
                 for name, labels, ts, vs in self._chunks.values()]
 
 
+class _Scraped:
+    """One node's series as its scrape profile stores them."""
+
+    def __init__(self, sink: _Sink, node: Node) -> None:
+        self._sink = sink
+        self._target = node.target_labels if node.scrape_profile == "exported" else {}
+
+    def add(self, name: str, labels: dict[str, str], t: np.ndarray, v: np.ndarray | float) -> None:
+        if self._target:
+            labels = {**{f"exported_{k}" if k in self._target else k: value for k, value in labels.items()},
+                      **self._target}
+        self._sink.add(name, labels, t, v)
+
+
 def _scrape_times(node: Node, start: float, end: float, rng: np.random.Generator) -> np.ndarray:
     slots = start + node.phase_s + node.scrape_interval_s * np.arange(
         math.ceil((end - start) / node.scrape_interval_s) + 1)
@@ -367,7 +399,7 @@ def _pod_labels(node: Node, h: _Hold) -> dict[str, str]:
 
 
 def _sample_gpu(node: Node, gpu: int, holds: list[_Hold], t: np.ndarray, start: float, end: float,
-                rng: np.random.Generator, sink: _Sink) -> None:
+                rng: np.random.Generator, sink: _Scraped) -> None:
     scrape = {"instance": f"{node.name}:9400", "job": node.scrape_job}
     device = {**_device_labels(node, gpu), **scrape}
     fb_mib, watts, mhz = _model_figures(node.gpu_model)
@@ -412,7 +444,7 @@ def _sample_gpu(node: Node, gpu: int, holds: list[_Hold], t: np.ndarray, start: 
         sink.add("burnrate_gpu_up", device, t, 1.0)
 
 
-def _sample_training(node: Node, h: _Hold, t: np.ndarray, rng: np.random.Generator, sink: _Sink) -> None:
+def _sample_training(node: Node, h: _Hold, t: np.ndarray, rng: np.random.Generator, sink: _Scraped) -> None:
     """One rank's burnrate_train_* series as the agent on its node reports them."""
     w = h.workload
     t = t[(t >= w.start) & (t < w.end)]
@@ -480,17 +512,19 @@ def generate(nodes: tuple[Node, ...] | list[Node], workloads: tuple[Workload, ..
         t = _scrape_times(node, start, end, rng)
         if t.size == 0:
             continue
+        scraped = _Scraped(sink, node)
+        scraped.add("up", {"instance": f"{node.name}:9400", "job": node.scrape_job}, t, 1.0)
         for g in range(node.gpus):
-            _sample_gpu(node, g, holds.get((node.name, g), []), t, start, end, rng, sink)
+            _sample_gpu(node, g, holds.get((node.name, g), []), t, start, end, rng, scraped)
         if node.exporter in AGENT_EXPORTERS:
-            sink.add("burnrate_node_info", {
+            scraped.add("burnrate_node_info", {
                 "Hostname": node.name, "instance_type": node.instance_type, "capacity_type": node.capacity_type,
                 "zone": node.zone, "gpu_model": node.gpu_model, "gpu_count": str(node.gpus),
                 "instance": f"{node.name}:9400", "job": node.scrape_job}, t, 1.0)
             for g in range(node.gpus):
                 for h in holds.get((node.name, g), []):
                     if h.workload.telemetry and h.workload.kind == "training":
-                        _sample_training(node, h, t, rng, sink)
+                        _sample_training(node, h, t, rng, scraped)
     _sample_pod_owners(workloads, pods, start, end, seed, sink)
     return Fleet(start, end, nodes, workloads, sink.series(), compute_truth(nodes, workloads, start, end), seed)
 
@@ -587,7 +621,8 @@ def _node(draw: st.DrawFn, i: int, start: float, end: float) -> Node:
         instance_type=instance_type, capacity_type=draw(st.sampled_from(("on-demand", "spot"))),
         zone=draw(st.sampled_from(("us-east-1a", "us-east-1b", "us-west-2c"))), gpu_model=model,
         missed=tuple(draw(st.lists(st.floats(start, end), max_size=3))),
-        restarts=tuple(draw(st.lists(st.floats(start + 600.0, end - 600.0), max_size=1))))
+        restarts=tuple(draw(st.lists(st.floats(start + 600.0, end - 600.0), max_size=1))),
+        scrape_profile=draw(st.sampled_from(SCRAPE_PROFILES)))
 
 
 def _free_gpus(node: Node, load: dict, share: float, t0: float, t1: float) -> list[int]:

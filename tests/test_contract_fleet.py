@@ -143,9 +143,23 @@ def test_exporters_write_their_own_names_and_labels():
     assert "burnrate_gpu_allocation_share_ratio" not in {s.name for s in old.series}
 
 
+def test_the_exported_profile_renames_the_exporters_pod_labels_and_attaches_the_targets():
+    own, exported = tiny("agent"), tiny("agent", scrape_profile="exported")
+    held = one(own, "DCGM_FI_DEV_GPU_UTIL", pod="llm-7b-master-0").labels
+    (renamed,) = [s for s in exported.series if s.name == "DCGM_FI_DEV_GPU_UTIL"
+                  and s.labels.get("exported_pod") == "llm-7b-master-0"]
+    target = exported.nodes[0].target_labels
+    assert renamed.labels == {**{f"exported_{k}" if k in target else k: v for k, v in held.items()}, **target}
+    up = [s.labels for s in exported.series if s.name == "up"]
+    assert up == [{"instance": "gpu-node-1:9400", "job": "burnrate-agent", **target}]
+    # Series the exporter exposes without pod labels just gain the target's.
+    (info,) = [s.labels for s in exported.series if s.name == "burnrate_node_info"]
+    assert info["pod"] == target["pod"] and "exported_pod" not in info
+
+
 def test_dcgm_49_names_and_base_units():
     fleet = tiny("dcgm-4.9")
-    names = {s.name for s in fleet.series} - {"kube_pod_owner"}
+    names = {s.name for s in fleet.series} - {"kube_pod_owner", "up"}
     assert names == NAMES_49
     util = one(fleet, "DCGM_FI_DEV_GPU_UTIL_RATIO", pod="llm-7b-master-0")
     assert util.labels["hostname"] == "gpu-node-1" and 0.5 < util.v.min() and util.v.max() <= 1

@@ -14,9 +14,12 @@ format verbs. The two profiles are two scrape jobs on the same agent:
   and exported_container.
 """
 import threading
+import time
 
 import pytest
 
+from burnrate.analyzer.sources import PrometheusSource
+from burnrate.analyzer.frames import Window
 from tests.processes import agent, prometheus
 from tests.test_prometheus_scrape import heartbeat
 
@@ -77,3 +80,28 @@ def test_opencosts_gpu_queries_return_rows_under_both_scrape_profiles(tmp_path):
         finally:
             stop.set()
             keepalive.join()
+
+
+def test_the_analyzer_reads_who_holds_each_gpu_under_gpu_operators_profile(tmp_path):
+    """Only the gpu-operator job scrapes: the holders arrive as exported_*, and the free GPU's
+    series name the agent's own pod, which holds nothing."""
+    with agent(tmp_path, "--interval", "0.5", "--gpus", "3") as (url, sock, _):
+        stop = threading.Event()
+        keepalive = threading.Thread(target=heartbeat, args=(sock, stop), daemon=True)
+        keepalive.start()
+        try:
+            config = scrape_configs(url.removeprefix("http://"))
+            config = config[config.index("  - job_name: gpu-operator"):]
+            with prometheus(tmp_path, scrape="scrape_configs:\n" + config) as prom:
+                prom.wait_for('burnrate_gpu_allocation_share_ratio{exported_pod="llm-worker-1"}')
+                time.sleep(3)
+                end = time.time()
+                frames = PrometheusSource(prom.url, min_step_s=1.0).frames(Window(end - 60, end))
+        finally:
+            stop.set()
+            keepalive.join()
+    held = frames.alloc[frames.alloc["t"] == frames.alloc["t"].max()]
+    assert sorted(zip(held["namespace"].astype(str), held["pod"].astype(str), held["container"].astype(str))) == [
+        ("ml", "llm-worker-0", "trainer"), ("ml", "llm-worker-1", "trainer")]
+    assert AGENT_POD["pod"] not in set(frames.alloc["pod"].astype(str))
+    assert set(frames.gpu["UUID"].astype(str)) - set(frames.alloc["UUID"].astype(str)), "the third GPU is free"

@@ -212,6 +212,8 @@ class PrometheusSource:
         labels = {k: v for k, v in self.matchers.items() if k in _LABELS_OF[q.metric]}
         labels.update(q.extra or {})
         inner = f"{q.over_time}_over_time({selector(q.metric, **labels)}[{int(step * 1000) - 1}ms])"
+        if L.POD in q.by:
+            inner = _holder(inner)
         by = q.by + (("hostname",) if L.HOSTNAME in q.by else ())
         query = f"max by ({', '.join(by)}) ({inner})"
         return f"sum by ({', '.join(q.outer)}) ({query})" if q.outer else query
@@ -248,8 +250,8 @@ class PrometheusSource:
         for (q, _), answer in zip(jobs, answers):
             results.setdefault((q.table, q.column), []).extend(_scaled(answer, q.scale))
         owners = self.owners(window)
-        return hold(replace(_assemble(results, window, step, first, columns, owners), owners=owners,
-                            gpu_hour_prices=self.opencost_prices(window)))
+        return hold(replace(_assemble(results, window, step, first, columns, owners, self.exporter_pods(window)),
+                            owners=owners, gpu_hour_prices=self.opencost_prices(window)))
 
     def opencost_prices(self, window: Window) -> dict[str, float]:
         """OpenCost's price of one GPU-hour per node, averaged over the window, where
@@ -282,6 +284,17 @@ class PrometheusSource:
             rows.append((*key, kind, name))
         return pd.DataFrame(rows, columns=list(OWNER_COLUMNS)) if rows else empty_owners()
 
+    def exporter_pods(self, window: Window) -> set[tuple[str, str]]:
+        """The (namespace, pod) of every scrape target that exposes GPU series, where the
+        scrape attaches them (`up` carries a target's labels): on that target's series they
+        name the exporter, never a pod holding the GPU."""
+        span = f"{max(int(window.end - window.start), 1)}s"
+        exposing = " or ".join(f"last_over_time({selector(m)}[{span}])"
+                               for m in ("DCGM_FI_DEV_GPU_UTIL", C.DCGM_4_9_NAMES["DCGM_FI_DEV_GPU_UTIL"][0]))
+        targets = self._instant(f"group by (namespace, pod) (last_over_time(up[{span}]) * on (instance) "
+                                f"group_left () group by (instance) ({exposing}))", window.end)
+        return {(m["namespace"], m["pod"]) for m in targets if m.get("namespace") and m.get("pod")}
+
     def _instant(self, promql: str, at: float) -> list[dict[str, str]]:
         data = self._post("/api/v1/query", {"query": promql, "time": _num(at)})
         return [series["metric"] for series in data.get("result", [])] if data.get("resultType") == "vector" else []
@@ -303,6 +316,15 @@ class PrometheusSource:
         # A point holds the samples of the step before it; after the last point of
         # the grid, data may run on to the window's end.
         return Window(max(window.start, min(times) - step), window.end if max(times) >= last else max(times))
+
+
+def _holder(expr: str) -> str:
+    """Where a scrape does not honor the exporter's labels (GPU Operator's profile), the pod
+    holding the GPU arrives as exported_namespace, exported_pod and exported_container, and
+    namespace, pod and container name the exporter's own pod: the exported ones win."""
+    for name in (L.NAMESPACE, L.POD, L.CONTAINER):
+        expr = f'label_replace({expr}, "{name}", "$1", "exported_{name}", "(.+)")'
+    return expr
 
 
 def _gpu_exporter(target: dict) -> bool:
@@ -381,7 +403,8 @@ class _Dense:
 
 
 def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: float, first: float,
-              columns: Mapping[str, Sequence[str]] | None = None, owners: pd.DataFrame | None = None) -> Frames:
+              columns: Mapping[str, Sequence[str]] | None = None, owners: pd.DataFrame | None = None,
+              exporter_pods: set[tuple[str, str]] = frozenset()) -> Frames:
     n_times = max(0, int(round((window.end - first) / step)) + 1) if first <= window.end else 0
     if n_times == 0 or not any(results.values()):
         return _empty(window, step)
@@ -419,7 +442,7 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
     if columns is None or "alloc" in columns:
         alloc_counted = ["sample_count"] if results.get(("alloc", "sample_count")) else []
         raw = dense["alloc"].frame({c: "<f4" for c in ("share", "allocated", *alloc_counted)}, n_times)
-        alloc = _label_jobs(best_allocation(raw, gpu, first, step), owned)
+        alloc = _label_jobs(best_allocation(raw, _not_exporters(gpu, exporter_pods), first, step), owned)
         alloc = alloc[column_order("alloc") + ["signal"] + [c for c in alloc_counted if c in alloc]]
     else:
         alloc = empty_alloc()
@@ -429,6 +452,14 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
     tables = {"gpu": gpu, "alloc": alloc, "rank": rank, "node": node, "pod_cpu": table("pod_cpu"), "xid": table("xid")}
     return Frames(window=window, step_s=step, missing=missing_signals(gpu, rank, node, dcgm_nodes, len(hosts)),
                   simulated=is_simulated(gpu), **tables)
+
+
+def _not_exporters(gpu: pd.DataFrame, exporter_pods: set[tuple[str, str]]) -> pd.DataFrame:
+    """Device rows whose pod labels name a GPU exporter say nothing of who holds the GPU."""
+    if not exporter_pods or not len(gpu):
+        return gpu
+    pairs = pd.MultiIndex.from_arrays([gpu[L.NAMESPACE].astype(str), gpu[L.POD].astype(str)])
+    return gpu[~pairs.isin(list(exporter_pods))]
 
 
 def _node_cpu(node: pd.DataFrame, answer: list[dict], first: float, step: float) -> pd.DataFrame:
