@@ -5,6 +5,7 @@ import argparse
 import grp
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -62,11 +63,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refresh", type=float, default=10.0, metavar="S", help="attribution refresh (default 10 s)")
     p.add_argument("--record", metavar="DIR", help="also append every snapshot to a local recording")
     p.add_argument("--web-config", metavar="FILE", help="TLS and basic auth, exporter-toolkit format")
+    p.add_argument("--cluster", default=os.environ.get("BURNRATE_CLUSTER"), metavar="NAME",
+                   help="put NAME on every series as --cluster-label, for many clusters in one store "
+                   "(default $BURNRATE_CLUSTER; none when unset)")
+    p.add_argument("--cluster-label", default="cluster", metavar="LABEL",
+                   help="the label --cluster sets (default cluster)")
     p.add_argument("--collectors", "-f", metavar="FILE",
                    help="dcgm-exporter counters file (field, type, help per line) choosing the DCGM series "
                    "exported (default: dcgm-exporter's default set)")
     p.add_argument("--once", action="store_true",
                    help="take one sample (after draining pending telemetry), print the exposition, exit")
+
+
+def _cluster(name: str | None, label: str) -> dict[str, str]:
+    if not name:
+        return {}
+    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", label) or label.startswith("__"):
+        raise UserError(f"--cluster-label {label!r} is not a Prometheus label name")
+    if label in dcgm_counters.LABELS_IN_USE:
+        raise UserError(f"--cluster-label {label!r} is a label the agent's series already carry; choose another")
+    return {label: name}
 
 
 def _counters(path: str | None) -> dcgm_counters.Counters:
@@ -152,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         except webconfig.WebConfigError as exc:
             raise UserError(str(exc)) from exc
     counters = _counters(args.collectors)
+    constant = _cluster(args.cluster, args.cluster_label)
 
     from .attribution.attributor import Attributor
     from .host import HostReader
@@ -175,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
             # Datagrams are checked against the pod that sent them (docs/security.md).
             telemetry.senders.pods = attribution.pods
         registry = CollectorRegistry()
-        registry.register(SnapshotCollector(lambda: sampler_ref[0].latest, counters))
+        registry.register(SnapshotCollector(lambda: sampler_ref[0].latest, counters, constant))
         ProcessCollector(registry=registry)
         exposition = Exposition(registry, version=lambda: sampler_ref[0].latest)
         sinks: dict[str, Callable[[Snapshot], object]] = {}

@@ -40,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "from Prometheus' targets, else 15); any interval reads true, this only saves work")
     parser.add_argument("--checkpoint-seconds", type=float, metavar="S",
                         help="time to write one checkpoint; enables Young's checkpoint-interval advice")
+    parser.add_argument("--cluster", metavar="NAME",
+                        help="one cluster of a store that holds several (its --cluster-label value); "
+                        "`all` for one report per cluster")
+    parser.add_argument("--cluster-label", default="cluster", metavar="LABEL",
+                        help="the label naming each series' cluster (default cluster)")
     auth = parser.add_argument_group("Prometheus connection")
     auth.add_argument("--bearer-token-file", metavar="FILE", help="send the token in this file as a bearer token")
     auth.add_argument("--basic-auth-user", metavar="USER", help="HTTP basic auth user")
@@ -66,7 +71,7 @@ def _read_secret(path: str | None, what: str) -> str | None:
         raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
-def _source(args: argparse.Namespace):
+def _source(args: argparse.Namespace, cluster: str | None = None):
     from .recording import RecordingError
     from .sources import PrometheusSource, RecordingSource
 
@@ -88,7 +93,7 @@ def _source(args: argparse.Namespace):
             basic_auth=(args.basic_auth_user, _read_secret(args.basic_auth_password_file, "password file") or "")
             if args.basic_auth_user else None,
             ca_file=args.ca_file, insecure=args.insecure_skip_verify,
-            min_step_s=args.scrape_interval)
+            min_step_s=args.scrape_interval, scope={args.cluster_label: cluster} if cluster is not None else None)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot use Prometheus at {args.prometheus}: {exc}") from None
 
@@ -156,9 +161,43 @@ def overrides_of(args: argparse.Namespace) -> dict[str, str]:
         raise UserError(str(exc)) from None
 
 
+def clusters_of(args: argparse.Namespace, store=None, window: Window | None = None) -> list[str | None]:
+    """The clusters to report on, one report each: the one named, every one for `all`, or
+    the store as a whole where it holds one. A store holding several is never merged into
+    one report unasked: jobs and nodes of the same name in two clusters would add up."""
+    if args.prometheus is None:
+        if args.cluster is not None:
+            raise UserError("--cluster chooses among the clusters of a Prometheus store; a recording is one cluster's")
+        return [None]
+    from .sources import PrometheusError
+    try:
+        found = (store or _source(args)).clusters(window or window_of(args), args.cluster_label)
+    except (PrometheusError, OSError, ValueError) as exc:
+        raise UserError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    named = ", ".join(repr(c) if c else "(no label)" for c in found)
+    if args.cluster == "all":
+        return found or [None]
+    if args.cluster is not None:
+        if args.cluster not in found:
+            raise UserError(f"no GPU series of cluster {args.cluster!r} (label {args.cluster_label!r}) in the window; "
+                            f"the store holds {named or 'none'}")
+        return [args.cluster]
+    if len(found) > 1:
+        raise UserError(f"the store holds {len(found)} clusters by label {args.cluster_label!r}: {named}; "
+                        "choose one with --cluster NAME, or --cluster all for one report each")
+    return [None]
+
+
+def one_source(args: argparse.Namespace):
+    """The source of the one report asked for: a recording, or the store scoped to the
+    cluster named (or to none, where it holds one)."""
+    (cluster,) = clusters_of(args)
+    return _source(args, cluster)
+
+
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     """`stop` ends `--serve` (the command runs until interrupted without it)."""
-    from .report import analyze, render_csv, render_json, render_table
+    from .report import analyze, render_clusters, render_csv, render_json, render_table
 
     if args.checkpoint_seconds is not None and args.checkpoint_seconds <= 0:
         raise UserError("--checkpoint-seconds must be positive")
@@ -170,9 +209,15 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         from .serve import serve
         if args.interval <= 0:
             raise UserError("--interval must be positive")
-        return serve(lambda: analyze(load_frames(args), catalog, config, advice, overrides), args.listen, args.interval,
-                     stop)
-    report = analyze(load_frames(args), catalog, config, advice, overrides)
+        if args.cluster == "all":
+            raise UserError("--serve exports one report: name its cluster with --cluster NAME")
+        return serve(lambda: analyze(load_frames(args, one_source(args)), catalog, config, advice, overrides),
+                     args.listen, args.interval, stop)
     render = {"table": render_table, "json": render_json, "csv": render_csv}[args.format]
-    sys.stdout.write(render(report))
+    if args.cluster != "all":
+        sys.stdout.write(render(analyze(load_frames(args, one_source(args)), catalog, config, advice, overrides)))
+        return 0
+    reports = {cluster or "": analyze(load_frames(args, _source(args, cluster or "")), catalog, config, advice,
+                                      overrides) for cluster in clusters_of(args)}
+    sys.stdout.write(render_clusters(reports, args.format))
     return 0

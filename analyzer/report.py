@@ -119,6 +119,23 @@ JOB_COLUMNS = ("namespace", "training_job", "class", "gpus", "gpu_hours", "capac
                "waste_dollars", "advice", "class_basis")
 
 
+def render_clusters(reports: dict[str, Report], format: str) -> str:
+    """One report per cluster (`--cluster all`): headed tables, a JSON object by cluster,
+    or one CSV whose first column names the cluster."""
+    if format == "json":
+        doc = {"clusters": {name: to_document(report) for name, report in reports.items()}}
+        return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    if format == "table":
+        return "\n".join(f"== cluster {name or '(no label)'} ==\n{render_table(report)}"
+                         for name, report in reports.items())
+    out = io.StringIO()
+    for i, (name, report) in enumerate(reports.items()):
+        rows = list(csv.reader(io.StringIO(render_csv(report))))
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerows(([["cluster", *rows[0]]] if i == 0 else []) + [[name, *row] for row in rows[1:]])
+    return out.getvalue()
+
+
 def render_csv(report: Report) -> str:
     """One table, `record` telling findings from jobs; nested fields as JSON text."""
     out = io.StringIO()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 import sys
 
 from burnrate.exporter.errors import UserError
@@ -14,6 +15,22 @@ _THREADS = 8
 _MAX_REQUEST_BYTES = 1 << 20
 
 
+def _prometheus(args: argparse.Namespace):
+    """The store, scoped to the cluster named; a store of several clusters needs one named,
+    so that two clusters' jobs and nodes of the same name never add up."""
+    from burnrate.analyzer.cli import clusters_of
+    from burnrate.analyzer.frames import Window
+    from burnrate.analyzer.sources import PrometheusSource
+
+    if args.cluster == "all":
+        raise UserError("the dashboard shows one cluster: name it with --cluster NAME")
+    now = time.time()
+    (cluster,) = clusters_of(args, PrometheusSource(args.prometheus, timeout_s=args.timeout),
+                             Window(now - 7 * 86400.0, now))    # the clusters seen in the last week
+    scope = {args.cluster_label: cluster} if cluster is not None else None
+    return PrometheusSource(args.prometheus, timeout_s=args.timeout, scope=scope)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--prometheus", metavar="URL", help="Prometheus (or Thanos/Mimir) base URL")
@@ -22,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"where to serve the dashboard (default {DEFAULT_LISTEN})")
     parser.add_argument("--basic-auth", metavar="USER:PASSWORD|FILE",
                         help="require HTTP basic auth; a file holding USER:PASSWORD keeps it out of `ps`")
+    parser.add_argument("--cluster", metavar="NAME",
+                        help="one cluster of a store that holds several (its --cluster-label value)")
+    parser.add_argument("--cluster-label", default="cluster", metavar="LABEL",
+                        help="the label naming each series' cluster (default cluster)")
     parser.add_argument("--pricing", metavar="FILE", help="YAML price overrides per instance type, GPU model or node")
     parser.add_argument("--detector-config", metavar="FILE",
                         help="YAML thresholds per detector, as `burnrate analyze --detector-config` reads them")
@@ -63,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if args.recording is not None:
             source, where = RecordingSource(args.recording), f"recording {args.recording}"
         else:
-            source, where = PrometheusSource(args.prometheus, timeout_s=args.timeout), f"Prometheus {args.prometheus}"
+            source, where = _prometheus(args), f"Prometheus {args.prometheus}"
     except (RecordingError, ValueError) as exc:
         raise UserError(str(exc)) from None
     app = create_app(source, catalog, ttl_s=args.cache_ttl, refresh_s=args.refresh, basic_auth=credentials,

@@ -149,12 +149,15 @@ _ROWS: dict[str, Callable[[_View, C.MetricSpec], Iterable[Row]]] = {
 
 class SnapshotCollector:
     """Renders the snapshot `source()` returns; nothing at all before the first one.
-    `counters` chooses the device series (dcgm-exporter's default set unless given)."""
+    `counters` chooses the device series (dcgm-exporter's default set unless given);
+    `constant` labels go on every series (the cluster's name, for many clusters in one store)."""
 
-    def __init__(self, source: Callable[[], Snapshot | None], counters: Counters = DEFAULT) -> None:
+    def __init__(self, source: Callable[[], Snapshot | None], counters: Counters = DEFAULT,
+                 constant: dict[str, str] | None = None) -> None:
         self._source = source
         self._specs = [spec for spec in C.CATALOG if counters.exports(spec)]
         self._counters = counters
+        self._constant = dict(constant or {})
 
     def collect(self) -> Iterator[Metric]:
         snap = self._source()
@@ -164,6 +167,9 @@ class SnapshotCollector:
         for spec in self._specs:
             family = Metric(spec.name, spec.help, spec.type)
             name = spec.sample_name
-            family.samples = [Sample(name, labels, float(value)) for labels, value in _ROWS[spec.source](view, spec)]
+            rows = _ROWS[spec.source](view, spec)
+            if self._constant:
+                rows = [({**labels, **self._constant}, value) for labels, value in rows]
+            family.samples = [Sample(name, labels, float(value)) for labels, value in rows]
             if family.samples:
                 yield family

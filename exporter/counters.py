@@ -15,6 +15,8 @@ from . import catalog as C
 from . import labels as L
 
 TYPES = {"gauge", "counter", "histogram", "summary"}
+# Every label an agent series may carry: a label added to all of them must be none of these.
+LABELS_IN_USE = frozenset(name for m in C.CATALOG for name in m.labels) | {L.DRIVER_VERSION}
 LABEL_FIELDS = {L.DRIVER_VERSION}
 _DEVICE = {m.name: m for m in C.CATALOG if m.dcgm}
 

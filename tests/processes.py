@@ -51,11 +51,13 @@ def agent(tmp_path, *extra: str):
 
 
 @contextlib.contextmanager
-def dashboard(tmp_path, recording: str, *extra: str):
-    """`burnrate dashboard --recording` as a user runs it; yields its base URL."""
+def dashboard(tmp_path, recording: str | None, *extra: str):
+    """`burnrate dashboard --recording` (or with the source `extra` names) as a user runs
+    it; yields its base URL."""
     port = free_port()
     log = open(tmp_path / "dashboard.log", "wb")
-    proc = subprocess.Popen([PYTHON, "-m", "burnrate", "dashboard", "--recording", recording,
+    source = ["--recording", recording] if recording else []
+    proc = subprocess.Popen([PYTHON, "-m", "burnrate", "dashboard", *source,
                              "--listen", f"127.0.0.1:{port}", *extra], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         # A 401 says it serves too, where it asks for a password.

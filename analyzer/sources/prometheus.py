@@ -134,7 +134,10 @@ class PrometheusSource:
     """Frames from a Prometheus-compatible HTTP API.
 
     `matchers` restricts every query to series with those label values (for
-    metrics that carry the label), e.g. `{"namespace": "ml"}`. `min_step_s` is
+    metrics that carry the label), e.g. `{"namespace": "ml"}`. `scope` names one
+    cluster of a store that holds several (`{"cluster": "eu-1"}`): the GPU exporters'
+    series must carry it; kube-state-metrics' and OpenCost's may also lack it, where
+    the cluster's name is put on by its agents alone. `min_step_s` is
     the shortest scrape interval of the GPU exporters: no step is shorter (any
     interval reads true, analyzer.holding; this only saves points). None asks the
     server's targets (`scrape_interval_hint`), else takes 15 s. `chunk_points` bounds the steps of
@@ -145,11 +148,12 @@ class PrometheusSource:
     def __init__(self, url: str, *, timeout_s: float = 30.0, bearer_token: str | None = None,
                  basic_auth: tuple[str, str] | None = None, ca_file: str | None = None, insecure: bool = False,
                  matchers: Mapping[str, str] | None = None, min_step_s: float | None = 15.0,
-                 chunk_points: int = 1000, workers: int = 4) -> None:
+                 chunk_points: int = 1000, workers: int = 4, scope: Mapping[str, str] | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.matchers = dict(matchers or {})
-        selector(**self.matchers)   # rejects bad label names now, not mid-query
+        self.scope = dict(scope or {})
+        selector(**self.matchers, **self.scope)   # rejects bad label names now, not mid-query
         self._min_step_s = min_step_s
         self.chunk_points = max(1, min(chunk_points, MAX_POINTS))
         self.workers = workers
@@ -211,7 +215,7 @@ class PrometheusSource:
     def promql(self, q: _Query, step: float) -> str:
         labels = {k: v for k, v in self.matchers.items() if k in _LABELS_OF[q.metric]}
         labels.update(q.extra or {})
-        inner = f"{q.over_time}_over_time({selector(q.metric, **labels)}[{int(step * 1000) - 1}ms])"
+        inner = f"{q.over_time}_over_time({selector(q.metric, **self.scope, **labels)}[{int(step * 1000) - 1}ms])"
         if L.POD in q.by:
             inner = _holder(inner)
         by = q.by + (("hostname",) if L.HOSTNAME in q.by else ())
@@ -257,7 +261,8 @@ class PrometheusSource:
         """OpenCost's price of one GPU-hour per node, averaged over the window, where
         OpenCost runs in the cluster and this store scrapes it."""
         span = f"{max(int(window.end - window.start), 1)}s"
-        data = self._post("/api/v1/query", {"query": f"avg by (node) (avg_over_time(node_gpu_hourly_cost[{span}]))",
+        data = self._post("/api/v1/query", {"query": f"avg by (node) (avg_over_time("
+                                                     f"node_gpu_hourly_cost{self._loose()}[{span}]))",
                                             "time": _num(window.end)})
         prices = {}
         for series in data.get("result", []) if data.get("resultType") == "vector" else []:
@@ -271,9 +276,9 @@ class PrometheusSource:
         Prometheus scrapes it; a Deployment's pods name the Deployment, not its ReplicaSet."""
         span = f"{max(int(window.end - window.start), 1)}s"
         pods = self._instant(f"max by (namespace, pod, owner_kind, owner_name) (last_over_time("
-                             f"{selector('kube_pod_owner', owner_is_controller='true')}[{span}]))", window.end)
+                             f"kube_pod_owner{self._loose(owner_is_controller='true')}[{span}]))", window.end)
         sets = self._instant(f"max by (namespace, replicaset, owner_kind, owner_name) (last_over_time("
-                             f"kube_replicaset_owner[{span}]))", window.end)
+                             f"kube_replicaset_owner{self._loose()}[{span}]))", window.end)
         deployment = {(m.get("namespace", ""), m.get("replicaset", "")): (m.get("owner_kind", ""), m.get("owner_name", ""))
                       for m in sets if m.get("owner_kind")}
         rows = []
@@ -289,11 +294,28 @@ class PrometheusSource:
         scrape attaches them (`up` carries a target's labels): on that target's series they
         name the exporter, never a pod holding the GPU."""
         span = f"{max(int(window.end - window.start), 1)}s"
-        exposing = " or ".join(f"last_over_time({selector(m)}[{span}])"
+        exposing = " or ".join(f"last_over_time({selector(m, **self.scope)}[{span}])"
                                for m in ("DCGM_FI_DEV_GPU_UTIL", C.DCGM_4_9_NAMES["DCGM_FI_DEV_GPU_UTIL"][0]))
-        targets = self._instant(f"group by (namespace, pod) (last_over_time(up[{span}]) * on (instance) "
+        targets = self._instant(f"group by (namespace, pod) (last_over_time(up{self._loose()}[{span}]) * on (instance) "
                                 f"group_left () group by (instance) ({exposing}))", window.end)
         return {(m["namespace"], m["pod"]) for m in targets if m.get("namespace") and m.get("pod")}
+
+    def clusters(self, window: Window, label: str) -> list[str]:
+        """The values of `label` on GPU exporters' series in the window ("" for series
+        without it): more than one means the store holds several clusters."""
+        span = f"{max(int(window.end - window.start), 1)}s"
+        selector(**{label: ""})
+        present = " or ".join(f"last_over_time({selector(m)}[{span}])"
+                              for m in ("DCGM_FI_DEV_GPU_UTIL", C.DCGM_4_9_NAMES["DCGM_FI_DEV_GPU_UTIL"][0],
+                                        "burnrate_gpu_up"))
+        return sorted({m.get(label, "") for m in self._instant(f"group by ({label}) ({present})", window.end)})
+
+    def _loose(self, **labels: str) -> str:
+        """A selector's braces for series outside the GPU exporters: the scope's labels,
+        or none (a cluster's kube-state-metrics need not carry the name its agents add)."""
+        matchers = [f'{name}="{escape(value)}"' for name, value in labels.items()]
+        matchers += [f'{name}=~"{escape(re.escape(value))}|"' for name, value in self.scope.items()]
+        return "{" + ",".join(matchers) + "}"
 
     def _instant(self, promql: str, at: float) -> list[dict[str, str]]:
         data = self._post("/api/v1/query", {"query": promql, "time": _num(at)})
@@ -303,7 +325,7 @@ class PrometheusSource:
         """Where in the window any GPU has samples, from one query at the window's
         coarsest step: a year's window over a day of data is read at the day's step."""
         step = step_for(window, self.min_step_s)
-        present = " or ".join(f"present_over_time({selector(m)}[{int(step * 1000) - 1}ms])"
+        present = " or ".join(f"present_over_time({selector(m, **self.scope)}[{int(step * 1000) - 1}ms])"
                               for m in ("DCGM_FI_DEV_GPU_UTIL", C.DCGM_4_9_NAMES["DCGM_FI_DEV_GPU_UTIL"][0],
                                         "burnrate_gpu_up"))
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
