@@ -1,7 +1,7 @@
-"""The app factory: one Dash app (Dash Pages) over one data source.
+"""The app factory: one Dash app (Dash Pages) over one data source, or one per cluster.
 
-The shell around the pages holds what they share: the URL (time range, the job
-in the path, the findings' filters), the range picker, the live-refresh interval and the header that
+The shell around the pages holds what they share: the URL (cluster, time range, the job
+in the path, the findings' filters), the cluster and range pickers, the live-refresh interval and the header that
 says which window is shown and whether its data is simulated. The app only reads.
 """
 from __future__ import annotations
@@ -15,24 +15,28 @@ from burnrate.analyzer.detectors import DetectorConfig
 from burnrate.analyzer.pricing import Catalog, load_catalog
 
 from . import auth
-from .data import DataService, Source, Unavailable, describe_window
-from .timerange import ALL, CUSTOM, PRESETS, from_query, picker_value, with_params
+from .data import DataService, Services, Source, Unavailable, describe_window
+from .timerange import ALL, CUSTOM, PRESETS, from_query, picker_value, query, with_params
 from .ui import SERVICE_KEY, current_service, range_search
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def create_app(source: Source, catalog: Catalog | None = None, *, ttl_s: float = 30.0,
+def create_app(source: Source | dict[str, Source], catalog: Catalog | None = None, *, ttl_s: float = 30.0,
                refresh_s: float = 60.0, basic_auth: tuple[str, str] | None = None,
                config: DetectorConfig = DetectorConfig()) -> dash.Dash:
-    """A dashboard over `source` (a PrometheusSource or RecordingSource). Analyses
+    """A dashboard over `source` (a PrometheusSource or RecordingSource), or over each
+    cluster of a store (cluster name -> its source), picked in the header. Analyses
     are cached for `ttl_s`; pages refresh every `refresh_s` while live refresh is on;
     `config` holds the detectors' thresholds."""
     app = dash.Dash("burnrate.dashboard", use_pages=True, pages_folder=os.path.join(HERE, "pages"),
                     assets_folder=os.path.join(HERE, "assets"), title="burnrate",
                     suppress_callback_exceptions=True, update_title=None)
-    service = DataService(source, catalog or load_catalog(None), ttl_s=ttl_s, config=config)
-    app.server.extensions[SERVICE_KEY] = service
+    catalog = catalog or load_catalog(None)
+    sources = source if isinstance(source, dict) else {"": source}
+    services = Services({name: DataService(s, catalog, ttl_s=ttl_s, config=config) for name, s in sources.items()})
+    service = services.of(None)
+    app.server.extensions[SERVICE_KEY] = services
     if basic_auth is not None:
         auth.require_basic_auth(app.server, *basic_auth)
     options = [{"label": "whole recording", "value": ALL}] if service.default_range == ALL else []
@@ -45,6 +49,10 @@ def create_app(source: Source, catalog: Catalog | None = None, *, ttl_s: float =
             html.Div("burnrate", className="br-brand"),
             html.Nav(id="app-nav", className="br-nav"),
             html.Div([
+                dcc.Dropdown(id="app-cluster", value=services.default,
+                             options=[{"label": f"cluster {c or '(no label)'}", "value": c} for c in services.clusters],
+                             clearable=False, searchable=False, className="br-range",
+                             style={} if services.clusters else {"display": "none"}),
                 dcc.Dropdown(id="app-range", options=options, value=service.default_range, clearable=False,
                              searchable=False, className="br-range"),
                 dcc.Checklist(id="app-live", options=[{"label": " live", "value": "live"}], value=["live"],
@@ -54,15 +62,18 @@ def create_app(source: Source, catalog: Catalog | None = None, *, ttl_s: float =
         html.Div(id="app-status", className="br-status"),
         html.Main(dash.page_container, className="br-main"),
     ])
-    _register_shell_callbacks(app, service.default_range)
+    _register_shell_callbacks(app, service.default_range, services.default)
     return app
 
 
-def _register_shell_callbacks(app: dash.Dash, default_range: str) -> None:
-    @app.callback(Output("app-url", "search"), Output("app-range", "value"),
-                  Input("app-range", "value"), Input("app-url", "search"))
-    def sync_range(value: str, search: str | None):
-        return range_sync(ctx.triggered_id, value, search, default_range)
+def _register_shell_callbacks(app: dash.Dash, default_range: str, default_cluster: str) -> None:
+    @app.callback(Output("app-url", "search"), Output("app-range", "value"), Output("app-cluster", "value"),
+                  Input("app-range", "value"), Input("app-cluster", "value"), Input("app-url", "search"))
+    def sync_pickers(value: str, cluster: str, search: str | None):
+        if ctx.triggered_id == "app-cluster":
+            return cluster_sync(cluster, search, default_cluster), no_update, no_update
+        url, picked = range_sync(ctx.triggered_id, value, search, default_range)
+        return url, picked, query(search).get("cluster", default_cluster)
 
     @app.callback(Output("app-refresh", "disabled"), Input("app-live", "value"))
     def live(value: list[str] | None) -> bool:
@@ -87,6 +98,13 @@ def range_sync(trigger: str | None, value: str, search: str | None, default_rang
     return no_update, picker_value(search, default_range)
 
 
+def cluster_sync(cluster: str, search: str | None, default_cluster: str):
+    """The cluster picker writes `cluster=` into the URL (the first cluster needs none)."""
+    if cluster == query(search).get("cluster", default_cluster):
+        return no_update
+    return with_params(search, cluster=None if cluster == default_cluster else cluster)
+
+
 def nav_links(pathname: str | None, search: str | None) -> list:
     """A link per page in the registry, keeping the range; pages with path
     variables (a job's detail) are reached from their listing instead."""
@@ -102,10 +120,10 @@ def nav_links(pathname: str | None, search: str | None) -> list:
 
 
 def status_line(search: str | None) -> list:
-    service = current_service()
     try:
+        service = current_service(search)
         analysis = service.analysis(from_query(search, service.default_range))
-    except (ValueError, Unavailable):
+    except (KeyError, ValueError, Unavailable):
         return []     # the page itself says what is wrong
     parts: list = []
     if analysis.simulated:

@@ -16,19 +16,24 @@ _MAX_REQUEST_BYTES = 1 << 20
 
 
 def _prometheus(args: argparse.Namespace):
-    """The store, scoped to the cluster named; a store of several clusters needs one named,
-    so that two clusters' jobs and nodes of the same name never add up."""
+    """The store, or each of its clusters (name -> source, picked in the header) where it
+    holds several and none is named: two clusters' jobs and nodes of the same name never add up."""
     from burnrate.analyzer.cli import clusters_of
     from burnrate.analyzer.frames import Window
     from burnrate.analyzer.sources import PrometheusSource
 
-    if args.cluster == "all":
-        raise UserError("the dashboard shows one cluster: name it with --cluster NAME")
     now = time.time()
-    (cluster,) = clusters_of(args, PrometheusSource(args.prometheus, timeout_s=args.timeout),
-                             Window(now - 7 * 86400.0, now))    # the clusters seen in the last week
-    scope = {args.cluster_label: cluster} if cluster is not None else None
-    return PrometheusSource(args.prometheus, timeout_s=args.timeout, scope=scope)
+    found = clusters_of(argparse.Namespace(**{**vars(args), "cluster": args.cluster or "all"}),
+                        PrometheusSource(args.prometheus, timeout_s=args.timeout),
+                        Window(now - 7 * 86400.0, now))    # the clusters seen in the last week
+
+    def scoped(cluster: str | None):
+        scope = {args.cluster_label: cluster} if cluster is not None else None
+        return PrometheusSource(args.prometheus, timeout_s=args.timeout, scope=scope)
+
+    if len(found) == 1:
+        return scoped(found[0])
+    return {name: scoped(name) for name in found}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--basic-auth", metavar="USER:PASSWORD|FILE",
                         help="require HTTP basic auth; a file holding USER:PASSWORD keeps it out of `ps`")
     parser.add_argument("--cluster", metavar="NAME",
-                        help="one cluster of a store that holds several (its --cluster-label value)")
+                        help="one cluster of a store that holds several (its --cluster-label value); "
+                        "without it, each cluster is picked in the header")
     parser.add_argument("--cluster-label", default="cluster", metavar="LABEL",
                         help="the label naming each series' cluster (default cluster)")
     parser.add_argument("--pricing", metavar="FILE", help="YAML price overrides per instance type, GPU model or node")

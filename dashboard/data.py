@@ -149,6 +149,27 @@ class DataService:
         return self.source.frames(Window(now - r.last, now))
 
 
+class Services:
+    """One DataService per cluster of the store, chosen by the URL's `cluster=`; a single
+    service (a recording, a store of one cluster) under the name ""."""
+
+    def __init__(self, services: dict[str, DataService]) -> None:
+        self.by_name = services
+        self.default = next(iter(services))
+
+    @property
+    def clusters(self) -> list[str]:
+        """The cluster names to pick from; none where there is one service."""
+        return list(self.by_name) if len(self.by_name) > 1 else []
+
+    def of(self, cluster: str | None) -> DataService:
+        """The service of `cluster` (the first where none is named); KeyError for one the store lacks."""
+        return self.by_name[self.default if cluster is None else cluster]
+
+    def warm_up(self) -> threading.Thread:
+        return self.of(None).warm_up()
+
+
 def describe_source(source: Source) -> str:
     """The source's kind and a name that reads the same on every machine: a
     recording's directory name, not its path."""

@@ -11,15 +11,20 @@ import flask
 from dash import dcc, html
 from plotly.graph_objects import Figure
 
-from .data import Analysis, DataService, Unavailable, describe_window
+from .data import Analysis, DataService, Services, Unavailable, describe_window
 from .timerange import from_query, query, with_params
 
 SERVICE_KEY = "burnrate"
 
 
-def current_service() -> DataService:
-    """The app's data service; callbacks and layouts run inside its Flask app."""
+def current_services() -> Services:
+    """The app's data services; callbacks and layouts run inside its Flask app."""
     return flask.current_app.extensions[SERVICE_KEY]
+
+
+def current_service(search: str | None = None) -> DataService:
+    """The data service of the cluster the URL names (KeyError for one the store lacks)."""
+    return current_services().of(query(search).get("cluster"))
 
 
 def notice(message: str, error: bool = False) -> html.Div:
@@ -40,9 +45,9 @@ def money(value: float | None, digits: int = 2) -> str:
 
 
 def range_search(search: str | None) -> str:
-    """Only the time range of a query string: what a link to another page keeps."""
+    """Only the cluster and time range of a query string: what a link to another page keeps."""
     params = query(search)
-    return with_params("", **{k: params[k] for k in ("range", "start", "end") if k in params})
+    return with_params("", **{k: params[k] for k in ("cluster", "range", "start", "end") if k in params})
 
 
 _MARKDOWN_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
@@ -69,7 +74,11 @@ def render(search: str | None, build: Callable[[Analysis, str], Any],
            service: DataService | None = None) -> Any:
     """A page's content for the URL's range: `build(analysis, search)`, or a clear
     notice when the range is malformed, the data unreachable, or the window empty."""
-    service = service or current_service()
+    try:
+        service = service or current_service(search)
+    except KeyError:
+        known = ", ".join(current_services().clusters)
+        return notice(f"No cluster {query(search).get('cluster')!r} in this store (it holds {known}).", error=True)
     try:
         time_range = from_query(search, service.default_range)
     except ValueError as exc:

@@ -3,6 +3,7 @@ and the analyzer and dashboard report one cluster, or each apart, never the sum.
 
 Two real agents, `--cluster eu-1` and `--cluster us-2`, on nodes of the same name, each
 holding a job of the same name (`ml/llm`, two GPUs), scraped by one real Prometheus."""
+import argparse
 import contextlib
 import csv
 import io
@@ -24,8 +25,9 @@ def analyze(url: str, *args: str) -> subprocess.CompletedProcess:
                            "--scrape-interval", "1", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture
-def two_clusters(tmp_path):
+@pytest.fixture(scope="module")
+def two_clusters(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("clusters")
     with contextlib.ExitStack() as stack:
         targets = []
         for cluster in ("eu-1", "us-2"):
@@ -41,8 +43,8 @@ def two_clusters(tmp_path):
         prom = stack.enter_context(prometheus(tmp_path, targets))
         for cluster in ("eu-1", "us-2"):
             prom.wait_for(f'burnrate_gpu_allocation_share_ratio{{cluster="{cluster}",pod="llm-worker-1"}}')
-        # a few scrapes of both GPUs held, so the jobs have hours to price
-        prom.wait_for('count_over_time(burnrate_gpu_allocation_share_ratio{cluster="us-2"}[1m]) > 5')
+        # half a minute of both GPUs held: two of the dashboard's 15 s steps, so the jobs have hours to price
+        prom.wait_for('count_over_time(burnrate_gpu_allocation_share_ratio{cluster="us-2"}[1m]) > 30', timeout=60)
         yield prom.url
 
 
@@ -79,14 +81,36 @@ def test_each_cluster_is_reported_apart_and_never_summed(two_clusters):
         "the store holds 'eu-1', 'us-2'")
 
 
-def test_the_dashboard_shows_one_cluster(two_clusters, tmp_path):
-    refused = subprocess.run([PYTHON, "-m", "burnrate", "dashboard", "--prometheus", two_clusters,
-                              "--listen", "127.0.0.1:0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert refused.returncode == 2
-    (line,) = refused.stderr.splitlines()
-    assert "the store holds 2 clusters" in line
-    # Named, it serves (the wait inside `dashboard` is for its page's 200).
-    with dashboard(tmp_path, None, "--prometheus", two_clusters, "--cluster", "us-2"):
+def test_the_dashboard_shows_each_cluster_apart(two_clusters, tmp_path):
+    """The dashboard's own wiring (its CLI's choice of sources, the app, a page's callback):
+    a cluster picker over a store of two, each cluster's page its own."""
+    from burnrate.dashboard.app import cluster_sync, create_app
+    from burnrate.dashboard.cli import _prometheus
+    from burnrate.dashboard.ui import range_search
+
+    args = argparse.Namespace(prometheus=two_clusters, recording=None, timeout=30.0, cluster=None,
+                              cluster_label="cluster")
+    sources = _prometheus(args)
+    assert sorted(sources) == ["eu-1", "us-2"]
+    app = create_app(sources)
+    from burnrate.dashboard.pages import jobs   # registered by create_app
+    with app.server.test_request_context():
+        for search, kept in (("?range=1h", "?range=1h"), ("?cluster=us-2&range=1h", "?cluster=us-2&range=1h")):
+            page = jobs.update(search, 1)
+            (table,) = [c for c in page if getattr(c, "id", None) == "jobs-table"]
+            (llm,) = [r for r in table.data if r["job"].startswith("[llm]")]
+            assert llm["gpus"] == 2 and llm["job"] == f"[llm](/job/ml/llm{kept})", search
+        unknown = str(jobs.update("?cluster=ap-3", 1))
+        assert "No cluster 'ap-3' in this store (it holds eu-1, us-2)." in unknown
+    assert range_search("?cluster=us-2&range=1h&kind=idle_gpu") == "?cluster=us-2&range=1h"
+    # The picker writes the URL; the first cluster needs no parameter.
+    assert cluster_sync("us-2", "?range=1h", "eu-1") == "?range=1h&cluster=us-2"
+    assert cluster_sync("eu-1", "?range=1h&cluster=us-2", "eu-1") == "?range=1h"
+    # Named, only that cluster's source.
+    one = _prometheus(argparse.Namespace(**{**vars(args), "cluster": "us-2"}))
+    assert one.scope == {"cluster": "us-2"}
+    # A real dashboard process over the two serves its page.
+    with dashboard(tmp_path, None, "--prometheus", two_clusters):
         pass
 
 
