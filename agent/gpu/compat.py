@@ -11,10 +11,10 @@ _MIB = 1024 * 1024
 # NVML's PCIe throughput sensor answers in KiB/s, over a 20 ms window.
 _KIB = 1024
 
-Optional = Callable[..., Any]   # NvmlReader._optional bound to one GPU
+OptionalCall = Callable[..., Any]   # NvmlReader._optional bound to one GPU
 
 
-def read(nvml: Any, handle: Any, optional: Optional, value: Callable[[int, Any], float],
+def read(nvml: Any, handle: Any, optional: OptionalCall, value: Callable[[int, Any], float],
          fields: dict[str, float], gpm: bool) -> None:
     """Add what this GPU gives of the compatibility fields to `fields`. `optional(key, fn,
     *args)` calls NVML, None when unsupported (remembered) or failing this time; `value`
@@ -44,7 +44,7 @@ def read(nvml: Any, handle: Any, optional: Optional, value: Callable[[int, Any],
          1e-3)
 
 
-def memory(nvml: Any, handle: Any, optional: Optional, fields: dict[str, float]) -> None:
+def memory(nvml: Any, handle: Any, optional: OptionalCall, fields: dict[str, float]) -> None:
     """Framebuffer use. The v2 query splits out what the driver reserves, as DCGM reports
     it (used then excludes it); drivers without v2 give used and free only."""
     mem = optional("memory_v2", nvml.nvmlDeviceGetMemoryInfo, handle, nvml.nvmlMemory_v2)
@@ -55,7 +55,7 @@ def memory(nvml: Any, handle: Any, optional: Optional, fields: dict[str, float])
     fields.update(fb_used_mib=mem.used / _MIB, fb_free_mib=mem.free / _MIB, fb_total_mib=mem.total / _MIB)
 
 
-def _vgpu_license(nvml: Any, handle: Any, optional: Optional) -> int | None:
+def _vgpu_license(nvml: Any, handle: Any, optional: OptionalCall) -> int | None:
     """1 when a vGPU guest holds a license; 0 when it does not, or is no vGPU at all
     (bare metal and passthrough), which is what dcgm-exporter reports there."""
     mode = optional("virtualization", nvml.nvmlDeviceGetVirtualizationMode, handle)
