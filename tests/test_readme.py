@@ -228,7 +228,18 @@ def check_kubectl(call: dict) -> None:
                         for pod in pods for c in pod["containers"])
 
 
-STANDINS = {"docker": check_docker, "kubectl": check_kubectl}
+def check_helm(call: dict) -> None:
+    """The chart installs: the same command as `helm template`, rendered by the real helm."""
+    args = call["args"]
+    assert args[:3] == ["install", "burnrate", "charts/burnrate"], args
+    proc = subprocess.run([kube_tools.tool("helm"), "template", *args[1:]], cwd=call["cwd"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rendered = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    assert {d["kind"] for d in rendered} >= {"DaemonSet", "Deployment", "ServiceMonitor", "PrometheusRule"}
+
+
+STANDINS = {"docker": check_docker, "kubectl": check_kubectl, "helm": check_helm}
 
 
 @pytest.fixture

@@ -1,0 +1,231 @@
+"""charts/burnrate: `helm lint` passes, the default values render what `kubectl kustomize
+manifests/` does (and the exported-labels profile what the kustomize component does), other
+values land where they should and validate as the manifests do, and values.schema.json
+refuses bad values with a message naming them."""
+import copy
+import functools
+import os
+import subprocess
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from burnrate.analyzer.pricing import load_catalog
+from tests import kube_tools
+from tests.conftest import ROOT
+from tests.test_manifests import (CUSTOM_RESOURCES, KUBERNETES_VERSION, MANIFESTS, _command_parser, _schema,
+                                  ident, load_yaml)
+
+CHART = os.path.join(ROOT, "charts", "burnrate")
+RULES = os.path.join(MANIFESTS, "alerts", "burnrate-rules.yaml")
+# Helm's conventional labels, which the chart adds to every object's metadata and kustomize
+# has no counterpart for: the one difference the equivalence tests take out.
+HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance"}
+# values.yaml leaves the reference training job off, which the kustomization includes.
+AS_KUSTOMIZE = ("--set", "trainer.enabled=true")
+TRAINER = {"Namespace/-/burnrate-train", "PersistentVolumeClaim/burnrate-train/burnrate-reference-checkpoints",
+           "PyTorchJob/burnrate-train/burnrate-reference"}
+OPERATOR = {"ServiceMonitor/burnrate-node/burnrate-agent", "ServiceMonitor/burnrate/burnrate-analyzer",
+            "PrometheusRule/burnrate/burnrate"}
+WORKLOADS = {"DaemonSet/burnrate-node/burnrate-agent", "Deployment/burnrate/burnrate-analyzer",
+             "Deployment/burnrate/burnrate-dashboard"}
+POLICIES = {"NetworkPolicy/burnrate-node/burnrate-agent", "NetworkPolicy/burnrate/burnrate-analyzer",
+            "NetworkPolicy/burnrate/burnrate-dashboard"}
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+PRICING = """\
+instance_types:
+  x1.big: {gpus: 4, on_demand: 12.0, spot: 4.0}
+nodes:
+  dgx-01: {gpu_hour: {price: 1.5, date: "2026-01", source: amortized DGX}}
+"""
+OTHER_VALUES = {
+    "prometheus": {"url": "http://thanos-query.observability.svc:10902",
+                   "networkPolicyPeers": [{"namespaceSelector": {"matchLabels": {"name": "observability"}}}]},
+    "pricing": PRICING,
+    "images": {name: {"repository": f"registry.example/{repo}", "digest": DIGEST, "tag": "ignored"}
+               for name, repo in (("agent", "burnrate-agent"), ("burnrate", "burnrate"),
+                                  ("trainer", "burnrate-trainer"))},
+    "agent": {"extraArgs": ["--interval=5"], "nodeSelector": {"gpu-pool": "h100"},
+              "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]},
+    "analyzer": {"nodeSelector": {"pool": "system"}, "tolerations": [{"key": "system", "operator": "Exists"}]},
+    "dashboard": {"nodeSelector": {"pool": "web"}, "networkPolicyPeers": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]},
+    "serviceMonitor": {"labels": {"release": "kube-prometheus-stack"}},
+    "prometheusRule": {"labels": {"release": "kube-prometheus-stack"}},
+    "trainer": {"enabled": True, "storageClassName": "efs"},
+}
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=60)
+
+
+def objects_of(text: str) -> dict[str, dict]:
+    docs = [doc for doc in yaml.safe_load_all(text) if doc]
+    found = {ident(doc): doc for doc in docs}
+    assert len(found) == len(docs), "two objects with one identity"
+    return found
+
+
+@functools.cache
+def helm_template(*args: str) -> dict[str, dict]:
+    """`helm template` of the chart; callers copy before changing what it returns."""
+    proc = run(kube_tools.tool("helm"), "template", "burnrate", CHART, *args)
+    assert proc.returncode == 0, proc.stderr
+    return objects_of(proc.stdout)
+
+
+def kustomize(path: str) -> dict[str, dict]:
+    proc = run(kube_tools.tool("kubectl"), "kustomize", path)
+    assert proc.returncode == 0, proc.stderr
+    return objects_of(proc.stdout)
+
+
+def without_helm_labels(objects: dict[str, dict]) -> dict[str, dict]:
+    out = copy.deepcopy(objects)
+    for key, obj in out.items():
+        labels = obj["metadata"]["labels"]
+        assert HELM_LABELS <= labels.keys(), key
+        for name in HELM_LABELS:
+            del labels[name]
+    return out
+
+
+def assert_same(chart: dict[str, dict], kustomized: dict[str, dict]) -> None:
+    assert sorted(chart) == sorted(kustomized)
+    for key in kustomized:
+        assert chart[key] == kustomized[key], key
+
+
+def values_file(tmp_path, values: dict) -> str:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def validate(obj: dict) -> None:
+    if obj["kind"] in CUSTOM_RESOURCES:
+        jsonschema.Draft202012Validator(_schema(obj["kind"])).validate(obj)
+    else:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def container(template: dict) -> dict:
+    [only] = template["spec"]["containers"]
+    return only
+
+
+# --- the chart against the kustomization --------------------------------------------------------
+
+def test_helm_lint_passes_with_default_and_other_values(tmp_path):
+    helm = kube_tools.tool("helm")
+    for extra in ((), ("--values", values_file(tmp_path, OTHER_VALUES))):
+        proc = run(helm, "lint", "--strict", CHART, *extra)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_default_values_render_what_kustomize_renders():
+    """Everything, the generated ConfigMap's hashed name included; the reference job is the
+    one part the chart's defaults leave out."""
+    kustomized = kustomize(MANIFESTS)
+    assert_same(without_helm_labels(helm_template(*AS_KUSTOMIZE)), kustomized)
+    defaults = without_helm_labels(helm_template())
+    assert_same(defaults, {k: v for k, v in kustomized.items() if k not in TRAINER})
+
+
+def test_the_exported_labels_profile_renders_what_the_kustomize_component_renders(tmp_path):
+    relative = os.path.relpath(MANIFESTS, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(
+        {"resources": [relative], "components": [f"{relative}/profiles/exported-labels"]}))
+    chart = helm_template(*AS_KUSTOMIZE, "--set", "scrapeProfile=exported-labels")
+    assert_same(without_helm_labels(chart), kustomize(str(tmp_path)))
+
+
+def test_the_alert_rules_are_the_manifests_rules_file():
+    """Read through a link, not copied: there is one rules file to edit."""
+    assert os.path.samefile(os.path.join(CHART, "files", "burnrate-rules.yaml"), RULES)
+    [rules] = load_yaml(RULES)
+    assert helm_template()["PrometheusRule/burnrate/burnrate"]["spec"] == rules
+
+
+# --- other values ----------------------------------------------------------------------------
+
+def test_other_values_land_where_they_should_and_validate(tmp_path):
+    default = helm_template(*AS_KUSTOMIZE)
+    chart = helm_template("--values", values_file(tmp_path, OTHER_VALUES))
+    for obj in chart.values():
+        validate(obj)
+
+    [config] = [k for k in chart if k.startswith("ConfigMap/burnrate/burnrate-config-")]
+    [pricing] = [k for k in chart if k.startswith("ConfigMap/burnrate/burnrate-pricing-")]
+    [default_config] = [k for k in default if k.startswith("ConfigMap/")]
+    # A new URL is a new ConfigMap name, so the pods reading it roll.
+    assert chart.keys() - default.keys() == {config, pricing}
+    assert default.keys() - chart.keys() == {default_config}
+    changed = {k for k in default.keys() & chart.keys() if default[k] != chart[k]}
+    assert changed == {*WORKLOADS, *POLICIES, *OPERATOR, "PyTorchJob/burnrate-train/burnrate-reference",
+                       "PersistentVolumeClaim/burnrate-train/burnrate-reference-checkpoints"}
+
+    assert chart[config]["data"] == {"prometheus-url": OTHER_VALUES["prometheus"]["url"]}
+    assert chart[pricing]["data"] == {"pricing.yaml": PRICING}
+    (tmp_path / "pricing.yaml").write_text(chart[pricing]["data"]["pricing.yaml"])
+    assert load_catalog(str(tmp_path / "pricing.yaml")).nodes["dgx-01"]
+
+    agent = chart["DaemonSet/burnrate-node/burnrate-agent"]["spec"]["template"]
+    default_args = container(default["DaemonSet/burnrate-node/burnrate-agent"]["spec"]["template"])["args"]
+    args = container(agent)["args"]
+    assert container(agent)["image"] == f"registry.example/burnrate-agent@{DIGEST}"
+    assert args == default_args + ["--interval=5"]
+    _, parser = _command_parser(args)
+    assert parser.parse_args(args[1:]).interval == 5
+    assert agent["spec"]["nodeSelector"] == {"gpu-pool": "h100"}
+    assert agent["spec"]["tolerations"] == OTHER_VALUES["agent"]["tolerations"]
+
+    for name in ("analyzer", "dashboard"):
+        template = chart[f"Deployment/burnrate/burnrate-{name}"]["spec"]["template"]
+        pod = template["spec"]
+        assert pod["nodeSelector"] == OTHER_VALUES[name]["nodeSelector"]
+        assert pod.get("tolerations") == OTHER_VALUES[name].get("tolerations")
+        c = container(template)
+        assert c["image"] == f"registry.example/burnrate@{DIGEST}"
+        assert c["env"][0]["valueFrom"]["configMapKeyRef"]["name"] == chart[config]["metadata"]["name"]
+        _, parser = _command_parser(c["args"])
+        assert parser.parse_args(c["args"][1:]).pricing == "/etc/burnrate/pricing.yaml"
+        [mount] = [m for m in c["volumeMounts"] if m["mountPath"] == "/etc/burnrate"]
+        assert mount["readOnly"] is True
+        [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["configMap"]["name"] == chart[pricing]["metadata"]["name"]
+
+    job = chart["PyTorchJob/burnrate-train/burnrate-reference"]
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        assert container(replica["template"])["image"] == f"registry.example/burnrate-trainer@{DIGEST}"
+    checkpoints = chart["PersistentVolumeClaim/burnrate-train/burnrate-reference-checkpoints"]
+    assert checkpoints["spec"]["storageClassName"] == "efs"
+    for key in OPERATOR:
+        assert chart[key]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    for key in POLICIES:
+        [rule] = chart[key]["spec"]["ingress"]
+        peers = OTHER_VALUES["dashboard" if "dashboard" in key else "prometheus"]["networkPolicyPeers"]
+        assert rule["from"] == peers and rule["ports"] == default[key]["spec"]["ingress"][0]["ports"]
+
+
+def test_the_optional_parts_turn_off():
+    chart = helm_template("--set", "serviceMonitor.enabled=false,prometheusRule.enabled=false,trainer.enabled=false")
+    full = helm_template(*AS_KUSTOMIZE)
+    assert chart == {k: v for k, v in full.items() if k not in OPERATOR | TRAINER}
+
+
+@pytest.mark.parametrize("setting,where", [
+    ("scrapeProfile=bogus", "/scrapeProfile"),
+    ("trainer.enabled=yes", "/trainer/enabled"),
+    ("images.agent.digest=sha256:abc", "/images/agent/digest"),
+    ("prometheus.url=prometheus:9090", "/prometheus/url"),
+    ("serviceMonitor.enable=false", "'enable'"),
+])
+def test_bad_values_are_refused_with_a_message_naming_them(setting, where):
+    proc = run(kube_tools.tool("helm"), "template", "burnrate", CHART, "--set", setting)
+    assert proc.returncode != 0 and proc.stdout == ""
+    [error] = [line for line in proc.stderr.splitlines() if line.startswith("- at ")]
+    assert where in error, proc.stderr
