@@ -20,6 +20,8 @@ from tests.test_manifests import (CUSTOM_RESOURCES, KUBERNETES_VERSION, MANIFEST
 
 CHART = os.path.join(ROOT, "charts", "burnrate")
 RULES = os.path.join(MANIFESTS, "alerts", "burnrate-rules.yaml")
+DASHBOARDS = ("burnrate-training-job.json", "burnrate-fleet-cost.json")
+GRAFANA = {"ConfigMap/burnrate/burnrate-grafana-training-job", "ConfigMap/burnrate/burnrate-grafana-fleet-cost"}
 # Helm's conventional labels, which the chart adds to every object's metadata and kustomize
 # has no counterpart for: the one difference the equivalence tests take out.
 HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance"}
@@ -160,7 +162,7 @@ def test_other_values_land_where_they_should_and_validate(tmp_path):
 
     [config] = [k for k in chart if k.startswith("ConfigMap/burnrate/burnrate-config-")]
     [pricing] = [k for k in chart if k.startswith("ConfigMap/burnrate/burnrate-pricing-")]
-    [default_config] = [k for k in default if k.startswith("ConfigMap/")]
+    [default_config] = [k for k in default if k.startswith("ConfigMap/burnrate/burnrate-config-")]
     # A new URL is a new ConfigMap name, so the pods reading it roll.
     assert chart.keys() - default.keys() == {config, pricing}
     assert default.keys() - chart.keys() == {default_config}
@@ -212,9 +214,29 @@ def test_other_values_land_where_they_should_and_validate(tmp_path):
 
 
 def test_the_optional_parts_turn_off():
-    chart = helm_template("--set", "serviceMonitor.enabled=false,prometheusRule.enabled=false,trainer.enabled=false")
+    chart = helm_template("--set", "serviceMonitor.enabled=false,prometheusRule.enabled=false,trainer.enabled=false,"
+                                   "grafanaDashboards.enabled=false")
     full = helm_template(*AS_KUSTOMIZE)
-    assert chart == {k: v for k, v in full.items() if k not in OPERATOR | TRAINER}
+    assert chart == {k: v for k, v in full.items() if k not in OPERATOR | TRAINER | GRAFANA}
+
+
+def test_the_grafana_dashboards_are_the_manifests_files_with_the_labels_asked_for(tmp_path):
+    """Read through links, as the rules are; values add labels and annotations (the sidecar's
+    folder annotation) to both ConfigMaps and never drop the label the sidecar selects by."""
+    for name in DASHBOARDS:
+        assert os.path.samefile(os.path.join(CHART, "files", "grafana", name), os.path.join(MANIFESTS, "grafana", name))
+    chart = helm_template("--values", values_file(tmp_path, {"grafanaDashboards": {
+        "labels": {"team": "ml-platform"}, "annotations": {"grafana_folder": "GPUs"}}}))
+    default = helm_template()
+    for name in DASHBOARDS:
+        key = f"ConfigMap/burnrate/burnrate-grafana-{name.removeprefix('burnrate-').removesuffix('.json')}"
+        meta = chart[key]["metadata"]
+        assert meta["labels"]["grafana_dashboard"] == "1" and meta["labels"]["team"] == "ml-platform"
+        assert meta["annotations"] == {"grafana_folder": "GPUs"}
+        assert "annotations" not in default[key]["metadata"]
+        with open(os.path.join(MANIFESTS, "grafana", name)) as fh:
+            assert chart[key]["data"] == {name: fh.read()}
+        validate(chart[key])
 
 
 @pytest.mark.parametrize("setting,where", [
@@ -223,6 +245,7 @@ def test_the_optional_parts_turn_off():
     ("images.agent.digest=sha256:abc", "/images/agent/digest"),
     ("prometheus.url=prometheus:9090", "/prometheus/url"),
     ("serviceMonitor.enable=false", "'enable'"),
+    ("grafanaDashboards.enabled=1", "/grafanaDashboards/enabled"),
 ])
 def test_bad_values_are_refused_with_a_message_naming_them(setting, where):
     proc = run(kube_tools.tool("helm"), "template", "burnrate", CHART, "--set", setting)

@@ -30,6 +30,7 @@ NAMESPACES = {"burnrate-node": "privileged", "burnrate": "restricted", "burnrate
 # Prometheus' own files, not Kubernetes objects: they are for a Prometheus run without
 # the operator, and checked by promtool (here and in test_alert_rules.py).
 PROMETHEUS_FILES = {"alerts/burnrate-rules.yaml", "prometheus/scrape-configs.yaml"}
+GRAFANA_FILES = {"grafana/burnrate-training-job.json", "grafana/burnrate-fleet-cost.json"}
 CUSTOM_RESOURCES = {"ServiceMonitor": "servicemonitor.json", "PrometheusRule": "prometheusrule.json",
                     "PyTorchJob": "pytorchjob.json"}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
@@ -55,6 +56,9 @@ def render() -> list[dict]:
         objects.extend(load_yaml(os.path.join(MANIFESTS, resource)))
     for generator in k.get("configMapGenerator", []):
         data = dict(literal.split("=", 1) for literal in generator.get("literals", []))
+        for path in generator.get("files", []):
+            with open(os.path.join(MANIFESTS, path)) as fh:
+                data[posixpath.basename(path)] = fh.read()
         objects.append({"apiVersion": "v1", "kind": "ConfigMap",
                         "metadata": {"name": generator["name"], "namespace": generator["namespace"]}, "data": data})
     return objects
@@ -119,7 +123,10 @@ def test_the_kustomization_lists_every_manifest_and_nothing_else():
     listed = kustomization()["resources"]
     assert len(listed) == len(set(listed)), "a file is listed twice"
     profiles = {f for f in on_disk if f.startswith("profiles/")}
-    assert set(listed) == on_disk - {"kustomization.yaml"} - PROMETHEUS_FILES - profiles
+    # The Grafana dashboards are the configMapGenerator's inputs, not resources.
+    generated = {f for g in kustomization()["configMapGenerator"] for f in g.get("files", [])}
+    assert generated == {f for f in on_disk if f.startswith("grafana/")} == GRAFANA_FILES
+    assert set(listed) == on_disk - {"kustomization.yaml"} - PROMETHEUS_FILES - profiles - generated
     assert PROMETHEUS_FILES <= on_disk
     assert profiles == {"profiles/exported-labels/kustomization.yaml"}
 
