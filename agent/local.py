@@ -2,10 +2,13 @@
 
 A GPU belongs to the training rank that drives it (its `local_rank`, else its rank
 modulo the GPU count), as reported over the telemetry socket: what the kubelet would
-have said in a cluster. A rank silent for `held_for_s` no longer holds its GPU.
+have said in a cluster. A rank holds its GPU while its process runs, silent or not, as a
+pod holds its GPUs however hung its loop is; where the kernel did not name the process
+(the agent outside the trainers' PID namespace), until it has been silent `held_for_s`.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Iterable, Sequence
 
@@ -19,6 +22,20 @@ def gpu_index(state: RankState, gpus: int) -> int:
     return index % gpus
 
 
+def running(pid: int, proc: str = "/proc") -> bool:
+    """Whether process `pid` still runs: a zombie has released its devices. A pid reused by a
+    new process within the rank table's forget-after keeps the GPU held that long at most."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as stat:
+            # The state follows the command name, which may itself hold ") ".
+            state = stat.read().rsplit(b") ", 1)[1][:1]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 def local_allocations(ranks: Iterable[RankState], gpus: Sequence[GpuReading], *,
                       now: float | None = None, held_for_s: float = 30.0) -> list[Allocation]:
     if not gpus:
@@ -28,7 +45,7 @@ def local_allocations(ranks: Iterable[RankState], gpus: Sequence[GpuReading], *,
     held: dict[str, Allocation] = {}
     for state in ranks:
         uuid = by_index.get(gpu_index(state, len(gpus)))
-        if uuid is not None and now - state.last_seen <= held_for_s:
+        if uuid is not None and (now - state.last_seen <= held_for_s or running(state.pid)):
             k = state.key
             held[uuid] = Allocation(uuid, uuid, PodRef(k.namespace, k.pod, CONTAINER, k.training_job))
     return list(held.values())

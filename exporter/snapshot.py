@@ -88,6 +88,8 @@ class RankState:
     values: Mapping[str, float]
     local_rank: int | None = None
     last_seen: float = 0.0
+    # The process that sent its last report, as the kernel named it; 0 where it named none.
+    pid: int = 0
 
 
 @dataclass(frozen=True)

@@ -353,6 +353,8 @@ def test_counters_accumulate_and_gauges_keep_last(inbox: TelemetryInbox, sender:
     assert values["last_step_time"] == T0 + 25
     assert values["last_checkpoint_time"] == T0 + 15
     assert state.local_rank == 1 and state.last_seen == T0 + 30
+    # The kernel names the sending process (this one), whatever the record says.
+    assert state.pid == os.getpid()
     assert inbox.received == 4 and dict(inbox.rejected) == {}
 
 

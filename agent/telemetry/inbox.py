@@ -177,9 +177,10 @@ class TelemetryInbox:
             _log.debug("telemetry datagram could not be validated", exc_info=True)
             result = Rejection(INTERNAL)
         with self._lock:
+            pid, uid = _sender(ancillary)
             if not isinstance(result, Rejection):
                 try:
-                    result = self.senders.check(result, *_sender(ancillary))
+                    result = self.senders.check(result, pid, uid)
                 except Exception:
                     _log.debug("telemetry sender could not be checked", exc_info=True)
                     result = Rejection(INTERNAL)
@@ -188,7 +189,7 @@ class TelemetryInbox:
             else:
                 record, sender = result
                 try:
-                    reason = "" if self._table.add(record, self._clock(), sender) else CARDINALITY
+                    reason = "" if self._table.add(record, self._clock(), sender, pid) else CARDINALITY
                 except Exception:
                     _log.debug("telemetry record could not be folded in", exc_info=True)
                     reason = INTERNAL

@@ -33,6 +33,7 @@ class _Rank:
     sender: str = ""
     local_rank: int | None = None
     last_seen: float = 0.0
+    pid: int = 0
     # The agent reads the table several times per interval (sampler, simulated GPUs, local
     # attribution); a rank that sent nothing in between keeps its copy.
     state: RankState | None = None
@@ -40,7 +41,7 @@ class _Rank:
     def snapshot(self) -> RankState:
         if self.state is None:
             values = frozen(dict(zip(COUNTER_FIELDS, self.counters), **self.gauges))
-            self.state = RankState(self.key, values, self.local_rank, self.last_seen)
+            self.state = RankState(self.key, values, self.local_rank, self.last_seen, self.pid)
         return self.state
 
 
@@ -67,9 +68,9 @@ class RankTable:
         if min(limits) < 1 or self.forget_after_s <= 0:
             raise ValueError("telemetry limits must be positive")
 
-    def add(self, record: Record, now: float, sender: str = "") -> bool:
+    def add(self, record: Record, now: float, sender: str = "", pid: int = 0) -> bool:
         """Fold one message in. False when it would start a rank beyond the limits; `sender`
-        is the budget key of whoever sent it."""
+        is the budget key of whoever sent it, `pid` its process (0: unknown)."""
         identity = (record.namespace, record.pod, record.training_job, record.rank)
         rank = self._ranks.get(identity)
         if rank is None or rank.last_seen <= now - self.forget_after_s:
@@ -82,6 +83,7 @@ class RankTable:
         self._ranks.move_to_end(identity)
         _apply(rank, record)
         rank.last_seen = now
+        rank.pid = pid
         rank.state = None
         return True
 

@@ -1,0 +1,81 @@
+"""Attribution without a kubelet: which rank holds which GPU, and for how long a silent one does.
+
+Ranks are real processes here (a `sleep` child stands in for a trainer's rank), since the
+question is whether the process that drove a GPU still runs."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from burnrate.agent.local import local_allocations, running
+from burnrate.exporter.snapshot import GpuIdentity, GpuReading, RankKey, RankState
+
+NOW = 1_800_000_000.0
+
+
+def gpu(index: int) -> GpuReading:
+    return GpuReading(GpuIdentity(index, f"GPU-{index}", f"00000000:{index + 1:02x}:00.0", "NVIDIA H100 80GB HBM3"), up=True)
+
+
+GPUS = (gpu(0), gpu(1))
+
+
+def rank(r: int, *, silent_for: float, pid: int = 0) -> RankState:
+    return RankState(RankKey("ml", f"w-{r}", "llm", r), {}, local_rank=r, last_seen=NOW - silent_for, pid=pid)
+
+
+def held(*ranks: RankState) -> dict[str, str]:
+    return {a.gpu_uuid: a.pod.pod for a in local_allocations(ranks, GPUS, now=NOW, held_for_s=5.0)}
+
+
+@pytest.fixture
+def child():
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_reporting_rank_holds_its_gpu_and_a_silent_one_without_a_process_lets_go():
+    assert held(rank(0, silent_for=1.0), rank(1, silent_for=6.0)) == {"GPU-0": "w-0"}
+
+
+def test_a_hung_rank_holds_its_gpu_while_its_process_runs(child):
+    """A rank stuck in a collective sends nothing, and its GPU is still taken: TrainingStalled
+    needs the job to hold GPUs, as a pod does whatever its loop does."""
+    assert held(rank(0, silent_for=3600.0, pid=child.pid), rank(1, silent_for=3600.0)) == {"GPU-0": "w-0"}
+    child.kill()
+    child.wait()
+    assert held(rank(0, silent_for=3600.0, pid=child.pid)) == {}
+
+
+def test_an_unreaped_rank_has_let_go(child):
+    child.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while running(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # Dead but not reaped: /proc still lists it, as a zombie.
+    assert os.path.exists(f"/proc/{child.pid}")
+    assert held(rank(0, silent_for=60.0, pid=child.pid)) == {}
+
+
+@pytest.mark.parametrize("stat, alive", [
+    (b"42 (python) S 1 42", True),
+    (b"42 (a) R (b) R 1 42", True),       # the command name may hold ") "
+    (b"42 (python) Z 1 42", False),
+    (b"42 (python) X 1 42", False),
+    (b"garbage", False),
+])
+def test_the_process_state_is_read_after_the_command_name(tmp_path, stat, alive):
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "stat").write_bytes(stat)
+    assert running(42, proc=str(tmp_path)) is alive
+
+
+def test_no_process_named_is_not_a_running_one(tmp_path):
+    assert not running(0) and not running(-1)
+    assert not running(42, proc=str(tmp_path))
