@@ -40,5 +40,5 @@ def require(tool: str) -> str:
     if path is None:
         if os.environ.get("CI"):
             pytest.fail(f"{tool} is not installed (.ci/run installs it)")
-        pytest.skip(f"{tool} is not installed (apt-get install prometheus)")
+        pytest.skip(f"{tool} is not installed (.ci/run names its Debian package)")
     return path

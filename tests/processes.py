@@ -95,19 +95,19 @@ class Prometheus:
 
 @contextlib.contextmanager
 def prometheus(tmp_path, targets: list[str] = (), storage: str | None = None, extra_args: tuple[str, ...] = (),
-               scrape: str = ""):
+               scrape: str = "", config: str = ""):
     """Debian's Prometheus on a free loopback port, scraping `targets` every second (or as
-    the `scrape_configs:` section given says)."""
+    the `scrape_configs:` section given says); `config` adds other top-level sections."""
     binary = require("prometheus")
     port = free_port()
-    config = tmp_path / "prometheus.yml"
     if targets:
         scrape = ("scrape_configs:\n  - job_name: burnrate\n    static_configs:\n"
                   f"      - targets: [{', '.join(repr(t) for t in targets)}]\n")
-    config.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{scrape}")
+    path = tmp_path / "prometheus.yml"
+    path.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{scrape}{config}")
     data = storage or str(tmp_path / "tsdb")
     log = open(tmp_path / "prometheus.log", "wb")
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
+    proc = subprocess.Popen([binary, f"--config.file={path}", f"--storage.tsdb.path={data}",
                              f"--web.listen-address=127.0.0.1:{port}", *extra_args],
                             stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path))
     try:

@@ -152,6 +152,37 @@ def test_the_alert_rules_are_the_manifests_rules_file():
     assert helm_template()["PrometheusRule/burnrate/burnrate"]["spec"] == rules
 
 
+def test_the_alert_overrides_change_what_they_name_and_nothing_else():
+    """The documented values for faster alerts and runbook links: every group's interval,
+    every existing `for:`, TrainingStalled's 600-second floor in both places, and the link's
+    base keeping each alert's anchor. Alerts that fire at once still do."""
+    [rules] = load_yaml(RULES)
+    url = "https://wiki.example/ml-platform/burnrate-runbooks"
+    chart = helm_template("--set", f"prometheusRule.interval=2s,prometheusRule.for=5s,"
+                          f"prometheusRule.trainingStalledFloor=20,prometheusRule.runbookURL={url}")
+    spec = chart["PrometheusRule/burnrate/burnrate"]["spec"]
+    assert [g["name"] for g in spec["groups"]] == [g["name"] for g in rules["groups"]]
+    for group, shipped in zip(spec["groups"], rules["groups"]):
+        assert group["interval"] == "2s"
+        assert len(group["rules"]) == len(shipped["rules"])
+        for rule, before in zip(group["rules"], shipped["rules"]):
+            name = before["alert"]
+            assert rule.get("for") == ("5s" if "for" in before else None), name
+            anchor = before["annotations"]["runbook_url"].split("#")[1]
+            assert anchor == name.lower()
+            assert rule["annotations"]["runbook_url"] == f"{url}#{anchor}"
+            if name == "TrainingStalled":
+                assert before["expr"].count("600") == 2 and "600" not in rule["expr"]
+                assert rule["expr"] == before["expr"].replace("600", "20")
+            else:
+                assert rule["expr"] == before["expr"], name
+            unchanged = ("for", "expr", "annotations")
+            assert {k: v for k, v in rule.items() if k not in unchanged} == \
+                   {k: v for k, v in before.items() if k not in unchanged}
+            assert {k: v for k, v in rule["annotations"].items() if k != "runbook_url"} == \
+                   {k: v for k, v in before["annotations"].items() if k != "runbook_url"}
+
+
 # --- other values ----------------------------------------------------------------------------
 
 def test_other_values_land_where_they_should_and_validate(tmp_path):
@@ -246,6 +277,10 @@ def test_the_grafana_dashboards_are_the_manifests_files_with_the_labels_asked_fo
     ("prometheus.url=prometheus:9090", "/prometheus/url"),
     ("serviceMonitor.enable=false", "'enable'"),
     ("grafanaDashboards.enabled=1", "/grafanaDashboards/enabled"),
+    ("prometheusRule.for=30", "/prometheusRule/for"),
+    ("prometheusRule.interval=fast", "/prometheusRule/interval"),
+    ("prometheusRule.trainingStalledFloor=-1", "/prometheusRule/trainingStalledFloor"),
+    ("prometheusRule.runbookURL=runbooks.md", "/prometheusRule/runbookURL"),
 ])
 def test_bad_values_are_refused_with_a_message_naming_them(setting, where):
     proc = run(kube_tools.tool("helm"), "template", "burnrate", CHART, "--set", setting)

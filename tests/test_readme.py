@@ -229,14 +229,23 @@ def check_kubectl(call: dict) -> None:
 
 
 def check_helm(call: dict) -> None:
-    """The chart installs: the same command as `helm template`, rendered by the real helm."""
+    """`helm install` renders what `helm template` does with the same arguments, and
+    `helm template` shows what it says it does, both by the real helm."""
     args = call["args"]
-    assert args[:3] == ["install", "burnrate", "charts/burnrate"], args
+    assert args[0] in ("install", "template") and args[1:3] == ["burnrate", "charts/burnrate"], args
     proc = subprocess.run([kube_tools.tool("helm"), "template", *args[1:]], cwd=call["cwd"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     rendered = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
-    assert {d["kind"] for d in rendered} >= {"DaemonSet", "Deployment", "ServiceMonitor", "PrometheusRule"}
+    if args[0] == "install":
+        assert {d["kind"] for d in rendered} >= {"DaemonSet", "Deployment", "ServiceMonitor", "PrometheusRule"}
+        return
+    # The fast alerts: the PrometheusRule alone, every group evaluated as often as --set says.
+    settings = dict(kv.split("=", 1) for kv in args[args.index("--set") + 1].split(","))
+    [rule] = rendered
+    assert rule["kind"] == "PrometheusRule"
+    assert {g["interval"] for g in rule["spec"]["groups"]} == {settings["prometheusRule.interval"]}
+    assert {r.get("for") for g in rule["spec"]["groups"] for r in g["rules"]} == {None, settings["prometheusRule.for"]}
 
 
 STANDINS = {"docker": check_docker, "kubectl": check_kubectl, "helm": check_helm}
