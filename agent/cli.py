@@ -53,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--telemetry-socket-group", metavar="GROUP",
                    help="group owning the telemetry socket, for a mode such as 0660 outside Kubernetes")
     p.add_argument("--forget-after", type=float, default=300.0, metavar="S",
-                   help="forget a rank silent this long (default 300 s)")
+                   help="forget a rank silent this long, and a GPU or pod gone this long from the GPU-second "
+                   "counters (default 300 s)")
     p.add_argument("--node", default=os.environ.get("NODE_NAME") or socket.gethostname(),
                    help="this node's name (default $NODE_NAME, else the host name)")
     p.add_argument("--attribution", choices=("auto", "kubelet", "local"), default="auto",
@@ -171,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
     constant = _cluster(args.cluster, args.cluster_label)
 
     from .attribution.attributor import Attributor
+    from .gpu_time import GpuClock
     from .host import HostReader
     from .telemetry.inbox import TelemetryInbox
 
@@ -202,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             stack.callback(recorder.close)
             sinks["record"] = recorder.write
         sampler = Sampler(node_name=args.node, reader=reader, attribution=attribution, telemetry=telemetry,
-                          host=HostReader(), sinks=sinks)
+                          host=HostReader(), sinks=sinks, gpu_clock=GpuClock(args.interval, args.forget_after))
         sampler_ref.append(sampler)
 
         if args.once:

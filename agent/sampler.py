@@ -12,6 +12,7 @@ import time
 from typing import Callable, Iterable, Mapping, Protocol, TypeVar
 
 from .gpu import GpuReader
+from .gpu_time import GpuClock
 from burnrate.exporter.snapshot import (AgentStats, Allocation, HostReading, NodeInfo, PodRef, RankState, Snapshot,
                        frozen)
 
@@ -47,6 +48,7 @@ class Sampler:
         telemetry: TelemetrySource | None = None,
         host: HostSource | None = None,
         sinks: Mapping[str, Callable[[Snapshot], object]] | None = None,
+        gpu_clock: GpuClock | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._node_name = node_name
@@ -55,6 +57,7 @@ class Sampler:
         self._telemetry = telemetry
         self._host = host
         self._sinks = dict(sinks or {})  # name -> consumer (recorder, renderer), timed like collectors
+        self._gpu_clock = gpu_clock
         self._clock = clock
         self._errors: dict[str, int] = {}
         self._seconds: dict[str, float] = {}
@@ -95,7 +98,10 @@ class Sampler:
         )
         if node.hostname != self._node_name:
             node = NodeInfo(self._node_name, node.instance_type, node.capacity_type, node.zone)
-        snap = Snapshot(self._clock(), node, gpus, allocations, tuple(ranks), host, stats)
+        now = self._clock()
+        gpu_seconds = self._timed("gpu_time", lambda: self._gpu_clock.advance(now, gpus, allocations), ()) \
+            if self._gpu_clock else ()
+        snap = Snapshot(now, node, gpus, allocations, tuple(ranks), host, stats, gpu_seconds)
         self.latest = snap
         for name, sink in self._sinks.items():
             self._timed(name, lambda: sink(snap), None)

@@ -26,6 +26,12 @@ NODE_HOST = "node_host"          # HostReading attribute
 POD_HOST = "pod_host"            # HostReading.pod_cpu_seconds
 RANK = "rank"                    # RankState.values[field]
 AGENT = "agent"                  # AgentStats attribute
+GPU_TIME = "gpu_time"            # Snapshot.gpu_seconds: GpuSeconds.observed, HolderSeconds attributes
+
+IDLE_UTIL_PCT = 2.0
+"""Utilization at or below this is idle: the agent's idle GPU-seconds and the analyzer's
+idle_gpu finding and accounting share it. NVML reports 0-1% for a GPU with only a CUDA
+context and no kernels; 2% leaves room for a monitoring probe."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,20 @@ CATALOG: tuple[MetricSpec, ...] = (
                "NVLink data bytes, a true counter.", DEVICE + ("direction",), GPU_NVLINK_BYTES),
     MetricSpec("burnrate_gpu_xid_errors_total", COUNTER, "events",
                "XID events, counted per code.", DEVICE + ("xid",), GPU_XID_COUNTS),
+    # GPU-time as counters: cost and waste over any window are increase() of these, whatever
+    # the scrape interval (agent.gpu_time). allocated = idle + busy for every holder.
+    MetricSpec("burnrate_gpu_observed_seconds_total", COUNTER, "seconds",
+               "Seconds this GPU was on the node, answering NVML or not.", DEVICE, GPU_TIME, "observed",
+               recorded=False),
+    MetricSpec("burnrate_gpu_allocated_seconds_total", COUNTER, "seconds",
+               "Seconds this pod held the GPU, times its share (shares over a whole GPU split it).",
+               DEVICE_POD, GPU_TIME, "allocated", recorded=False),
+    MetricSpec("burnrate_gpu_idle_seconds_total", COUNTER, "seconds",
+               "The allocated seconds during which GPU utilization was at or below 2%.",
+               DEVICE_POD, GPU_TIME, "idle", recorded=False),
+    MetricSpec("burnrate_gpu_busy_seconds_total", COUNTER, "seconds",
+               "The allocated seconds during which GPU utilization was above 2%, or unknown.",
+               DEVICE_POD, GPU_TIME, "busy", recorded=False),
     MetricSpec("burnrate_node_info", GAUGE, "info",
                "Node facts used for pricing; always 1.", L.NODE_INFO_LABELS, NODE_INFO),
     MetricSpec("burnrate_node_cpu_utilization_ratio", GAUGE, "ratio",

@@ -12,7 +12,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
 from .counters import DEFAULT, Counters
-from .snapshot import Allocation, GpuReading, Snapshot
+from .snapshot import Allocation, GpuReading, HolderSeconds, Snapshot
 
 from . import catalog as C
 from . import labels as L
@@ -28,8 +28,8 @@ def device_labels(gpu: GpuReading, hostname: str) -> dict[str, str]:
     }
 
 
-def pod_labels(alloc: Allocation) -> dict[str, str]:
-    pod = alloc.pod
+def pod_labels(holder: Allocation | HolderSeconds) -> dict[str, str]:
+    pod = holder.pod
     return {L.NAMESPACE: pod.namespace, L.POD: pod.pod, L.CONTAINER: pod.container,
             L.TRAINING_JOB: pod.training_job}
 
@@ -105,6 +105,16 @@ def _allocation(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
             yield {**labels, **pod_labels(alloc)}, 1.0 if spec.field == "allocated" else alloc.share
 
 
+def _gpu_time(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
+    for entry in v.snap.gpu_seconds:
+        labels = device_labels(entry.gpu, v.host)
+        if spec.field == "observed":
+            yield labels, entry.observed
+            continue
+        for holder in entry.holders:
+            yield {**labels, **pod_labels(holder)}, getattr(holder, spec.field)
+
+
 def _node_info(v: _View, spec: C.MetricSpec) -> Iterator[Row]:
     n = v.snap.node
     yield {L.HOSTNAME: v.host, "instance_type": n.instance_type, "capacity_type": n.capacity_type,
@@ -143,7 +153,7 @@ _ROWS: dict[str, Callable[[_View, C.MetricSpec], Iterable[Row]]] = {
     C.GPU_FIELD: _gpu_field, C.GPU_UP: _gpu_up, C.GPU_LAST_XID: _gpu_last_xid,
     C.GPU_XID_COUNTS: _gpu_xid_counts, C.GPU_NVLINK_BYTES: _gpu_nvlink, C.ALLOCATION: _allocation,
     C.NODE_INFO: _node_info, C.NODE_HOST: _node_host, C.POD_HOST: _pod_host, C.RANK: _rank,
-    C.AGENT: _agent,
+    C.AGENT: _agent, C.GPU_TIME: _gpu_time,
 }
 
 

@@ -110,6 +110,25 @@ class AgentStats:
 
 
 @dataclass(frozen=True)
+class HolderSeconds:
+    """A holder's cumulative GPU-seconds on one GPU (agent.gpu_time)."""
+
+    pod: PodRef
+    allocated: float
+    idle: float
+    busy: float
+
+
+@dataclass(frozen=True)
+class GpuSeconds:
+    """One GPU's cumulative seconds on the node, and its holders'; `gpu` is its last reading."""
+
+    gpu: GpuReading
+    observed: float
+    holders: tuple[HolderSeconds, ...] = ()
+
+
+@dataclass(frozen=True)
 class Snapshot:
     time: float
     node: NodeInfo
@@ -118,6 +137,7 @@ class Snapshot:
     ranks: tuple[RankState, ...] = ()
     host: HostReading = field(default_factory=HostReading)
     stats: AgentStats = field(default_factory=AgentStats)
+    gpu_seconds: tuple[GpuSeconds, ...] = ()
 
     @property
     def gpu_model(self) -> str:

@@ -4,6 +4,7 @@ import itertools
 
 from burnrate.agent.attribution.attributor import StaticAttributor
 from burnrate.agent.gpu.simulated import SimulatedReader
+from burnrate.agent.gpu_time import GpuClock
 from burnrate.agent.recording import Recorder
 from burnrate.agent.sampler import Sampler
 from burnrate.exporter.snapshot import Allocation, NodeInfo, PodRef, RankKey, RankState, frozen
@@ -29,8 +30,9 @@ def fixed_snapshot(gpus: int = 2):
     node = NodeInfo("gpu-node-1", "p5.48xlarge", "spot", "us-east-1a")
     uuid0 = reader.read()[0].identity.uuid
     attribution = StaticAttributor(node, lambda: [Allocation(uuid0, uuid0, PodRef("ml", "llm-worker-0", "trainer", "llm"))])
-    sampler = Sampler(node_name="gpu-node-1", reader=reader, attribution=attribution,
-                      telemetry=FixedTelemetry(), clock=lambda: 1700000000.0)
+    collected = itertools.count(1700000000.0 - 19 * 15.0, 15.0)
+    sampler = Sampler(node_name="gpu-node-1", reader=reader, attribution=attribution, telemetry=FixedTelemetry(),
+                      gpu_clock=GpuClock(interval_s=15.0, keep_s=300.0), clock=lambda: next(collected))
     for _ in range(20):
         snap = sampler.collect()
     # Durations are wall-clock measurements: pin them so the text is reproducible.

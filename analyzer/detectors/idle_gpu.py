@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from burnrate.exporter.catalog import IDLE_UTIL_PCT
+
 from ..findings import Finding
 from ..frames import Frames
 from ..workloads import INTERACTIVE, SERVING
@@ -19,9 +21,8 @@ KIND = "idle_gpu"
 
 @dataclass(frozen=True)
 class Config:
-    util_max_pct: float = 2.0
-    """Utilization at or below this is idle. NVML reports 0-1% for a GPU with only a
-    CUDA context and no kernels; 2% leaves room for a monitoring probe."""
+    util_max_pct: float = IDLE_UTIL_PCT
+    """Utilization at or below this is idle (the agent's idle GPU-seconds count the same)."""
     min_minutes: float = 30.0
     """Sustained this long. Shorter idle spells are start-up, checkpoint upload or
     evaluation pauses; 30 min matches common idle-reaper defaults (e.g. Kubeflow
