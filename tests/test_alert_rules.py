@@ -14,6 +14,7 @@ from tests.conftest import ROOT, require
 RULES = os.path.join(ROOT, "manifests", "alerts", "burnrate-rules.yaml")
 PROMETHEUS_RULE = os.path.join(ROOT, "manifests", "alerts", "prometheusrule.yaml")
 RULE_TESTS = os.path.join(ROOT, "tests", "rules", "burnrate-rules.test.yaml")
+ROLLUP_TESTS = os.path.join(ROOT, "tests", "rules", "burnrate-rollups.test.yaml")
 RUNBOOKS = os.path.join(ROOT, "docs", "runbooks.md")
 
 ALERTS = {"TrainingStalled", "TrainingDiverging", "DataLoaderStarvation", "GPUIdleWhileAllocated",
@@ -58,7 +59,7 @@ def prometheus_rule_text() -> str:
     resource = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": "burnrate", "labels": {"app.kubernetes.io/name": "burnrate",
+        "metadata": {"name": "burnrate", "namespace": "burnrate", "labels": {"app.kubernetes.io/name": "burnrate",
                                                     "app.kubernetes.io/component": "alerts"}},
         "spec": load_rules(),
     }
@@ -82,8 +83,19 @@ def test_promtool_check_rules():
 
 
 def test_promtool_unit_tests():
-    proc = subprocess.run([require("promtool"), "test", "rules", RULE_TESTS], capture_output=True, text=True)
+    proc = subprocess.run([require("promtool"), "test", "rules", RULE_TESTS, ROLLUP_TESTS],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_rollup_is_unit_tested_at_two_scrape_intervals():
+    records = {rule["record"] for group in load_rules()["groups"] for rule in group["rules"] if "record" in rule}
+    with open(ROLLUP_TESTS) as fh:
+        tests = yaml.safe_load(fh)["tests"]
+    assert sorted(test["interval"] for test in tests) == ["15s", "1m"]
+    for test in tests:
+        tested = {re.match(r"[\w:]+", case["expr"]).group() for case in test["promql_expr_test"]}
+        assert tested == records
 
 
 def test_every_alert_is_there_and_unit_tested_both_ways():

@@ -178,6 +178,9 @@ def test_the_alert_overrides_change_what_they_name_and_nothing_else():
         assert group["interval"] == "2s"
         assert len(group["rules"]) == len(shipped["rules"])
         for rule, before in zip(group["rules"], shipped["rules"]):
+            if "record" in before:
+                assert rule == before
+                continue
             name = before["alert"]
             assert rule.get("for") == ("5s" if "for" in before else None), name
             anchor = before["annotations"]["runbook_url"].split("#")[1]
