@@ -1,7 +1,8 @@
 """Synthetic fleets shaped like real clusters' Prometheus data, with exact ground truth.
 
-Written from the interface contract (CONTRACT.md beside the repository, sections 2, 3 and 5) and the public
-documentation of dcgm-exporter and kube-state-metrics ALONE: nothing here reads or imports the
+Written from the interface contract (CONTRACT.md beside the repository, sections 2, 3 and 5), the
+README's definition of the GPU-second counters, and the public documentation of dcgm-exporter and
+kube-state-metrics ALONE: nothing here reads or imports the
 analyzer, the agent, the exporter or the simulator, so that a test of the analyzer against these
 fleets does not share the analyzer's assumptions.
 
@@ -442,6 +443,35 @@ def _sample_gpu(node: Node, gpu: int, holds: list[_Hold], t: np.ndarray, start: 
                     sink.add("burnrate_gpu_allocation_share_ratio", held, t[mask], h.workload.share)
     if node.exporter in AGENT_EXPORTERS:
         sink.add("burnrate_gpu_up", device, t, 1.0)
+    if node.exporter == "agent":
+        _sample_gpu_time(node, device, holds, t, start, rng, sink)
+
+
+# The agent keeps a gone holder's GPU-second counters this long, so their last value is scraped
+# (its --forget-after default).
+KEEP_GONE_S = 300.0
+
+
+def _sample_gpu_time(node: Node, device: dict[str, str], holds: list[_Hold], t: np.ndarray, start: float,
+                     rng: np.random.Generator, sink: _Scraped) -> None:
+    """The GPU-second counters (README "Metrics"): the seconds the GPU was there since the agent
+    started, and each holder's share-weighted seconds, all idle or all busy as its workload is
+    (CONTRACT section 5). Each counts from 0 again after an agent restart."""
+    restart = _last_restart(node, t)
+    agent_start = start - rng.uniform(0.0, 1e6)
+    sink.add("burnrate_gpu_observed_seconds_total", device, t, t - np.maximum(agent_start, restart))
+    for h in holds:
+        w = h.workload
+        at = t[(t >= w.start) & (t < w.end + KEEP_GONE_S)]
+        at = at[_last_restart(node, at) < w.end]  # an agent restarted after the holder left never saw it
+        # the holder's seconds so far, from its start or the agent's last restart after it
+        since = np.maximum(w.start, _last_restart(node, at))
+        held = np.maximum(w.share * (np.minimum(at, w.end) - since), 0.0)
+        labels = {**device, **_pod_labels(node, h)}
+        idle = np.zeros(at.size) if w.busy else held
+        sink.add("burnrate_gpu_allocated_seconds_total", labels, at, held)
+        sink.add("burnrate_gpu_idle_seconds_total", labels, at, idle)
+        sink.add("burnrate_gpu_busy_seconds_total", labels, at, held - idle)
 
 
 def _sample_training(node: Node, h: _Hold, t: np.ndarray, rng: np.random.Generator, sink: _Scraped) -> None:

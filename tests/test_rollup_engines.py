@@ -1,0 +1,176 @@
+"""The roll-up recording rules over back-filled history, evaluated by each engine's own tool:
+Prometheus's (`promtool tsdb create-blocks-from rules`, which queries a running Prometheus and
+writes the results as blocks) and VictoriaMetrics' (`vmalert -replay`, which writes them back
+through remote write). The fleet is hand-written with tests/contract_fleet.py (from the contract
+and the README's counter definitions, not from the agent): 15, 30 and 60 s scrapes, a missed
+scrape, an agent restart, a time-sliced GPU, GPU Operator's label layout on one node. Per job,
+namespace and node, the roll-ups summed over the window give the truth, on both engines."""
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import subprocess
+import urllib.request
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, require
+from tests.contract_fleet import BASE_TIME, Node, Workload, backfill_prometheus, generate, import_victoria
+from tests.processes import prometheus, victoria_metrics
+
+pytestmark = pytest.mark.slow
+
+RULES = os.path.join(ROOT, "manifests", "alerts", "burnrate-rules.yaml")
+EVAL_S = 60.0   # the roll-up group's interval
+START = BASE_TIME + 200 * 86400.0   # in the past: VictoriaMetrics keeps no future samples
+END = START + 3 * 3600.0
+# Evaluated past the data's end, so that the last 5-minute windows are all counted.
+EVALUATED_TO = END + 600.0
+
+JOB = "cluster_hostname_namespace_training_job:burnrate_gpu_{}_seconds:rate5m"
+NODE = "cluster_hostname:burnrate_gpu_observed_seconds:rate5m"
+NAMESPACE = "cluster_namespace:burnrate_gpu_{}_seconds:rate5m"
+
+
+def fleet():
+    nodes = (Node("gpu-a", 8, "agent", 15.0, jitter_s=1.5, phase_s=3.0, missed=(START + 3600.0,)),
+             Node("gpu-b", 4, "agent", 60.0, phase_s=20.0, restarts=(START + 5400.0,),
+                  instance_type="g5.12xlarge", gpu_model="NVIDIA A10G"),
+             Node("gpu-c", 8, "agent", 30.0, phase_s=7.0, scrape_profile="exported",
+                  instance_type="p5.48xlarge", gpu_model="NVIDIA H100 80GB HBM3"))
+    workloads = (
+        Workload("ml", "llm", "training", "PyTorchJob", (("gpu-a", (0, 1, 2, 3)), ("gpu-c", (0, 1, 2, 3))),
+                 START + 1200.0, START + 8400.0, telemetry=True, tokens_per_step=1e5),
+        Workload("research", "nb", "interactive", "Notebook", (("gpu-a", (4,)),), START + 600.0, START + 10200.0,
+                 util_pct=0.0),
+        Workload("inference", "chat-api", "serving", "Deployment", (("gpu-b", (0,)),), START + 900.0,
+                 START + 9900.0, share=0.5),
+        Workload("inference", "rerank", "serving", "Deployment", (("gpu-b", (0,)),), START + 900.0,
+                 START + 9900.0, share=0.5, util_pct=0.0),
+        Workload("data", "embed", "batch", "Job", (("gpu-c", (4, 5)),), START + 1800.0, START + 7200.0),
+    )
+    return generate(nodes, workloads, START, END, seed=11)
+
+
+def rollup_rules(tmp_path) -> str:
+    """The shipped roll-up group, alone (the alerts need no back-filling)."""
+    with open(RULES) as fh:
+        groups = yaml.safe_load(fh)["groups"]
+    path = tmp_path / "rollups.yaml"
+    path.write_text(yaml.safe_dump({"groups": [g for g in groups if g["name"] == "burnrate-rollups"]}))
+    return str(path)
+
+
+def rfc3339(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def integrals(server, names: dict[str, str], by: str) -> dict[str, dict[tuple, float]]:
+    """Each roll-up summed over the window, times the evaluation interval: seconds."""
+    out = {}
+    window = f"{int(EVALUATED_TO - START + 3600)}s"
+    for key, name in names.items():
+        result = server.get("/api/v1/query", query=f"sum by ({by}) (sum_over_time({name}[{window}])) * {EVAL_S}",
+                            time=str(EVALUATED_TO))["result"]
+        out[key] = {tuple(r["metric"].get(label, "") for label in by.split(", ")): float(r["value"][1])
+                    for r in result}
+    return out
+
+
+def figures(server) -> dict[str, dict[tuple, float]]:
+    return {**integrals(server, {"job_allocated": JOB.format("allocated"), "job_idle": JOB.format("idle")},
+                        "namespace, training_job"),
+            **integrals(server, {"node_observed": NODE, "node_allocated": JOB.format("allocated"),
+                                 "node_idle": JOB.format("idle")}, "Hostname"),
+            **integrals(server, {"namespace_allocated": NAMESPACE.format("allocated"),
+                                 "namespace_idle": NAMESPACE.format("idle")}, "namespace")}
+
+
+def truth(f) -> dict[str, dict[tuple, float]]:
+    jobs = {(w.namespace, w.name): f.truth.job_gpu_hours[(w.namespace, w.name)] * 3600 for w in f.workloads}
+    idle = {(w.namespace, w.name): jobs[(w.namespace, w.name)] * (not w.busy) for w in f.workloads}
+    namespaces: dict[tuple, float] = {}
+    namespace_idle: dict[tuple, float] = {}
+    for (ns, _), seconds in jobs.items():
+        namespaces[(ns,)] = namespaces.get((ns,), 0.0) + seconds
+    for (ns, _), seconds in idle.items():
+        namespace_idle[(ns,)] = namespace_idle.get((ns,), 0.0) + seconds
+    per_node = f.truth.per_node
+    return {"job_allocated": jobs, "job_idle": idle,
+            "node_observed": {(n,): v["observed_gpu_hours"] * 3600 for n, v in per_node.items()},
+            "node_allocated": {(n,): v["allocated_gpu_hours"] * 3600 for n, v in per_node.items()},
+            "node_idle": {(n,): v["idle_gpu_hours"] * 3600 for n, v in per_node.items()},
+            "namespace_allocated": namespaces, "namespace_idle": namespace_idle}
+
+
+def margins(f) -> dict[str, dict[tuple, float]]:
+    """What the roll-ups may miss or add, in GPU-seconds: at each edge of a holding (a job's,
+    or the window's for the GPUs themselves) one scrape interval, and one for each missed
+    scrape or agent restart inside it. Tight enough to fail a rate() that VictoriaMetrics
+    computes over a series' start or end (2% of a job)."""
+    nodes = {n.name: n for n in f.nodes}
+
+    def edge(node: Node) -> float:
+        return 2 * (node.scrape_interval_s + node.jitter_s) + \
+            (len(node.missed) + len(node.restarts)) * node.scrape_interval_s
+
+    jobs, nss, node_held = {}, {}, {}
+    for w in f.workloads:
+        m = sum(w.share * len(g) * edge(nodes[n]) for n, g in w.placements)
+        jobs[(w.namespace, w.name)] = m
+        nss[(w.namespace,)] = nss.get((w.namespace,), 0.0) + m
+        for n, g in w.placements:
+            node_held[(n,)] = node_held.get((n,), 0.0) + w.share * len(g) * edge(nodes[n])
+    observed = {(n.name,): n.gpus * edge(n) for n in f.nodes}
+    return {"job_allocated": jobs, "job_idle": jobs, "node_observed": observed, "node_allocated": node_held,
+            "node_idle": node_held, "namespace_allocated": nss, "namespace_idle": nss}
+
+
+def assert_near_truth(got: dict, f, engine: str) -> None:
+    want, margin = truth(f), margins(f)
+    for key, expected in want.items():
+        # Rows with nothing in them may be absent (no idle holder on a node): zero.
+        assert set(got[key]) - set(expected) == set(), (engine, key, got[key])
+        for labels, seconds in expected.items():
+            assert got[key].get(labels, 0.0) == pytest.approx(seconds, abs=margin[key][labels] + 1e-6), \
+                (engine, key, labels)
+
+
+def test_the_rollups_give_the_truth_on_prometheus_and_on_victoria_metrics(tmp_path):
+    f = fleet()
+    rules = rollup_rules(tmp_path)
+    # Prometheus: the fleet back-filled, the rules evaluated over it by promtool into blocks of
+    # their own, then both read by a Prometheus started on them.
+    data = backfill_prometheus(f, tmp_path)
+    (tmp_path / "source").mkdir()
+    with prometheus(tmp_path / "source", storage=data) as prom:
+        proc = subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "rules",
+                               f"--start={int(START)}", f"--end={int(EVALUATED_TO)}", f"--url={prom.url}",
+                               f"--output-dir={tmp_path / 'recorded'}", f"--eval-interval={int(EVAL_S)}s", rules],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    for block in os.listdir(tmp_path / "recorded"):
+        shutil.move(str(tmp_path / "recorded" / block), data)
+    with prometheus(tmp_path, storage=data) as prom:
+        from_prometheus = figures(prom)
+
+    # VictoriaMetrics: the fleet imported, the rules replayed by vmalert into it.
+    with victoria_metrics(tmp_path) as vm:
+        import_victoria(f, vm.url)
+        proc = subprocess.run([require("vmalert"), f"-rule={rules}", f"-datasource.url={vm.url}",
+                               f"-remoteWrite.url={vm.url}", f"-replay.timeFrom={rfc3339(START)}",
+                               f"-replay.timeTo={rfc3339(EVALUATED_TO)}", "-replay.disableProgressBar",
+                               "-replay.rulesDelay=0s", f"-evaluationInterval={int(EVAL_S)}s",
+                               # a range query's step, in replay; its default (5m) would skip evaluations
+                               f"-datasource.queryStep={int(EVAL_S)}s",
+                               "-httpListenAddr=127.0.0.1:0"],
+                              capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        with urllib.request.urlopen(f"{vm.url}/internal/force_flush", timeout=60) as resp:
+            resp.read()
+        from_victoria = figures(vm)
+
+    assert_near_truth(from_prometheus, f, "prometheus")
+    assert_near_truth(from_victoria, f, "victoria-metrics")
