@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -141,6 +142,7 @@ def main() -> int:
     finally:
         agent.terminate()
         agent.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"burnrate agent: 8 simulated GPUs, 1 s interval, {args.seconds:.0f} s per phase, "
           f"{os.cpu_count()} CPUs; {series} series; {received:.0f} telemetry messages received; "
