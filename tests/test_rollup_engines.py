@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import shutil
 import subprocess
 import urllib.request
@@ -79,9 +80,24 @@ def integrals(server, names: dict[str, str], by: str) -> dict[str, dict[tuple, f
     return out
 
 
+def readme_job_hours(server) -> dict[str, dict[tuple, float]]:
+    """The README's two queries for each job's GPU-hours and idle GPU-hours, over this window
+    instead of a week, in seconds."""
+    with open(os.path.join(ROOT, "README.md")) as fh:
+        [block] = re.findall(r"```promql\n(.*?)```", fh.read(), flags=re.S)
+    window = f"{int(EVALUATED_TO - START + 3600)}s"
+    out = {}
+    for key, query in zip(("job_allocated", "job_idle"), block.strip().splitlines()):
+        assert "[7d]" in query
+        result = server.get("/api/v1/query", query=query.replace("[7d]", f"[{window}]"),
+                            time=str(EVALUATED_TO))["result"]
+        out[key] = {(r["metric"].get("namespace", ""), r["metric"].get("training_job", "")): 3600 * float(r["value"][1])
+                    for r in result}
+    return out
+
+
 def figures(server) -> dict[str, dict[tuple, float]]:
-    return {**integrals(server, {"job_allocated": JOB.format("allocated"), "job_idle": JOB.format("idle")},
-                        "namespace, training_job"),
+    return {**readme_job_hours(server),
             **integrals(server, {"node_observed": NODE, "node_allocated": JOB.format("allocated"),
                                  "node_idle": JOB.format("idle")}, "Hostname"),
             **integrals(server, {"namespace_allocated": NAMESPACE.format("allocated"),
