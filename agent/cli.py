@@ -27,7 +27,7 @@ from burnrate.exporter.render import Exposition
 from burnrate.exporter.server import MetricsServer
 
 from .gpu import GpuReader
-from .local import local_allocations
+from .local import LocalHolders
 from .sampler import Sampler
 from burnrate.exporter.snapshot import NodeInfo, Snapshot
 
@@ -147,11 +147,12 @@ def _attribution(args: argparse.Namespace, reader: GpuReader, telemetry, sampler
         return Attributor(args.node, args.kubelet_socket, kube, mig_devices=reader.mig_devices,
                           gpu_minors=reader.gpu_minors, refresh_s=args.refresh)
 
+    # Where the kernel names no rank's process, a rank silent for a few intervals has let go.
+    holders = LocalHolders(held_for_s=max(3 * args.interval, 5.0))
+
     def allocations():
         latest = sampler_ref[0].latest if sampler_ref else None
-        # A rank that stopped reporting for a few intervals has let go of its GPU.
-        return local_allocations(telemetry.ranks() if telemetry else (), latest.gpus if latest else (),
-                                 held_for_s=max(3 * args.interval, 5.0))
+        return holders(telemetry.ranks() if telemetry else (), latest.gpus if latest else ())
 
     return StaticAttributor(NodeInfo(args.node), allocations)
 

@@ -36,16 +36,31 @@ def running(pid: int, proc: str = "/proc") -> bool:
     return state not in (b"Z", b"X")
 
 
-def local_allocations(ranks: Iterable[RankState], gpus: Sequence[GpuReading], *,
-                      now: float | None = None, held_for_s: float = 30.0) -> list[Allocation]:
-    if not gpus:
-        return []
-    now = time.time() if now is None else now
-    by_index = {g.identity.index: g.identity.uuid for g in gpus}
-    held: dict[str, Allocation] = {}
-    for state in ranks:
-        uuid = by_index.get(gpu_index(state, len(gpus)))
-        if uuid is not None and (now - state.last_seen <= held_for_s or running(state.pid)):
-            k = state.key
-            held[uuid] = Allocation(uuid, uuid, PodRef(k.namespace, k.pod, CONTAINER, k.training_job))
-    return list(held.values())
+class LocalHolders:
+    """Who holds each GPU, from one collection to the next. The telemetry table forgets a rank
+    silent for its forget-after (5 minutes by default), shorter than a stall takes to be
+    one (10 minutes at least): a GPU whose rank was forgotten stays held while the process
+    that last drove it runs."""
+
+    def __init__(self, held_for_s: float = 30.0) -> None:
+        self.held_for_s = held_for_s
+        self._held: dict[str, tuple[Allocation, int]] = {}   # uuid -> (holder, its pid)
+
+    def __call__(self, ranks: Iterable[RankState], gpus: Sequence[GpuReading], *,
+                 now: float | None = None) -> list[Allocation]:
+        if not gpus:
+            return []
+        now = time.time() if now is None else now
+        by_index = {g.identity.index: g.identity.uuid for g in gpus}
+        held: dict[str, tuple[Allocation, int]] = {}
+        for state in ranks:
+            uuid = by_index.get(gpu_index(state, len(gpus)))
+            if uuid is not None and (now - state.last_seen <= self.held_for_s or running(state.pid)):
+                k = state.key
+                held[uuid] = (Allocation(uuid, uuid, PodRef(k.namespace, k.pod, CONTAINER, k.training_job)), state.pid)
+        present = set(by_index.values())
+        for uuid, (alloc, pid) in self._held.items():
+            if uuid not in held and uuid in present and running(pid):
+                held[uuid] = (alloc, pid)
+        self._held = held
+        return [alloc for alloc, _ in held.values()]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from burnrate.agent.local import local_allocations, running
+from burnrate.agent.local import LocalHolders, running
 from burnrate.exporter.snapshot import GpuIdentity, GpuReading, RankKey, RankState
 
 NOW = 1_800_000_000.0
@@ -28,8 +28,9 @@ def rank(r: int, *, silent_for: float, pid: int = 0) -> RankState:
     return RankState(RankKey("ml", f"w-{r}", "llm", r), {}, local_rank=r, last_seen=NOW - silent_for, pid=pid)
 
 
-def held(*ranks: RankState) -> dict[str, str]:
-    return {a.gpu_uuid: a.pod.pod for a in local_allocations(ranks, GPUS, now=NOW, held_for_s=5.0)}
+def held(*ranks: RankState, holders: LocalHolders | None = None) -> dict[str, str]:
+    holders = holders or LocalHolders(held_for_s=5.0)
+    return {a.gpu_uuid: a.pod.pod for a in holders(ranks, GPUS, now=NOW)}
 
 
 @pytest.fixture
@@ -51,6 +52,20 @@ def test_a_hung_rank_holds_its_gpu_while_its_process_runs(child):
     child.kill()
     child.wait()
     assert held(rank(0, silent_for=3600.0, pid=child.pid)) == {}
+
+
+def test_a_hung_rank_the_telemetry_table_forgot_keeps_its_gpu_while_its_process_runs(child):
+    """The table forgets a rank silent for 5 minutes; a stall takes 10 to be one. The GPU
+    stays with the process that drove it, and goes when that process does."""
+    holders = LocalHolders(held_for_s=5.0)
+    assert held(rank(0, silent_for=1.0, pid=child.pid), holders=holders) == {"GPU-0": "w-0"}
+    assert held(holders=holders) == {"GPU-0": "w-0"}
+    assert held(holders=holders) == {"GPU-0": "w-0"}
+    child.kill()
+    child.wait()
+    assert held(holders=holders) == {}
+    # And does not come back.
+    assert held(holders=holders) == {}
 
 
 def test_an_unreaped_rank_has_let_go(child):
