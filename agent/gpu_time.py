@@ -27,9 +27,16 @@ STALENESS_S = 300.0
 
 @dataclass
 class _Holder:
+    pod: PodRef
     allocated: float = 0.0
     idle: float = 0.0
     last_seen: float = 0.0
+
+
+def _series(pod: PodRef) -> tuple[str, str, str, str]:
+    """What names a holder's series: a pod made again under the same name (a StatefulSet's,
+    a restarted job's) continues its counters rather than start a second series like it."""
+    return pod.namespace, pod.pod, pod.container, pod.training_job
 
 
 @dataclass
@@ -37,7 +44,7 @@ class _Gpu:
     reading: GpuReading
     observed: float = 0.0
     last_seen: float = 0.0
-    holders: dict[PodRef, _Holder] = field(default_factory=dict)
+    holders: dict[tuple[str, str, str, str], _Holder] = field(default_factory=dict)
 
 
 class GpuClock:
@@ -67,19 +74,21 @@ class GpuClock:
         for alloc in allocations:
             entry = self._gpus.get(alloc.gpu_uuid)
             if entry is not None:
-                entry.holders.setdefault(alloc.pod, _Holder()).last_seen = now
+                holder = entry.holders.setdefault(_series(alloc.pod), _Holder(alloc.pod))
+                holder.pod, holder.last_seen = alloc.pod, now
         self._forget(now)
         return tuple(
             GpuSeconds(g.reading, g.observed, tuple(
-                HolderSeconds(pod, h.allocated, h.idle, h.allocated - h.idle) for pod, h in g.holders.items()))
+                HolderSeconds(h.pod, h.allocated, h.idle, h.allocated - h.idle) for h in g.holders.values()))
             for g in self._gpus.values())
 
     def _count(self, elapsed: float, gpus: Sequence[GpuReading], allocations: Sequence[Allocation]) -> None:
-        shares: dict[str, dict[PodRef, float]] = {}
+        shares: dict[str, dict[tuple[str, str, str, str], float]] = {}
         for alloc in allocations:
             held = shares.setdefault(alloc.gpu_uuid, {})
             # A pod listed twice for one GPU (two containers' device IDs) holds what both say.
-            held[alloc.pod] = held.get(alloc.pod, 0.0) + alloc.share
+            key = _series(alloc.pod)
+            held[key] = held.get(key, 0.0) + alloc.share
         for gpu in gpus:
             entry = self._gpus[gpu.identity.uuid]
             entry.observed += elapsed
@@ -89,8 +98,8 @@ class GpuClock:
             whole = max(sum(held.values()), 1.0)
             util = gpu.fields.get("gpu_util")
             idle = util is not None and util <= self._idle_pct
-            for pod, share in held.items():
-                holder = entry.holders[pod]
+            for key, share in held.items():
+                holder = entry.holders[key]
                 seconds = elapsed * share / whole
                 holder.allocated += seconds
                 if idle:
@@ -101,5 +110,5 @@ class GpuClock:
         for uuid in [u for u, g in self._gpus.items() if g.last_seen < cutoff]:
             del self._gpus[uuid]
         for entry in self._gpus.values():
-            for pod in [p for p, h in entry.holders.items() if h.last_seen < cutoff]:
-                del entry.holders[pod]
+            for key in [k for k, h in entry.holders.items() if h.last_seen < cutoff]:
+                del entry.holders[key]

@@ -74,6 +74,18 @@ def test_gone_gpus_and_holders_stay_until_keep_s_then_go():
     assert observed == {"GPU-0": 71.0} and held == {}
 
 
+def test_a_pod_made_again_under_its_name_continues_its_series():
+    """A StatefulSet's pod, or a job's pod restarted, comes back with a new UID and the same
+    labels: one series that keeps counting, never two alike."""
+    clock = GpuClock(interval_s=10, keep_s=300)
+    before, after = (PodRef("ml", "llm-worker-0", "trainer", "llm", uid=u) for u in ("uid-1", "uid-2"))
+    clock.advance(T0, [gpu(0, 90.0)], [Allocation("GPU-0", "GPU-0", before)])
+    clock.advance(T0 + 10, [gpu(0, 90.0)], [Allocation("GPU-0", "GPU-0", after)])
+    rows = clock.advance(T0 + 20, [gpu(0, 90.0)], [Allocation("GPU-0", "GPU-0", after)])
+    [entry] = rows
+    assert [(h.pod, h.allocated) for h in entry.holders] == [(after, 20.0)]
+
+
 # --- properties ----------------------------------------------------------------------------
 
 PODS = [PodRef("ml", f"w-{i}", "trainer", "llm") for i in range(3)]
