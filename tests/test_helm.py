@@ -175,7 +175,8 @@ def test_the_alert_overrides_change_what_they_name_and_nothing_else():
     spec = chart["PrometheusRule/burnrate/burnrate"]["spec"]
     assert [g["name"] for g in spec["groups"]] == [g["name"] for g in rules["groups"]]
     for group, shipped in zip(spec["groups"], rules["groups"]):
-        assert group["interval"] == "2s"
+        # The roll-ups keep their minute: a window's sum of them is seconds only at that interval.
+        assert group["interval"] == ("1m" if group["name"] == "burnrate-rollups" else "2s")
         assert len(group["rules"]) == len(shipped["rules"])
         for rule, before in zip(group["rules"], shipped["rules"]):
             if "record" in before:
@@ -296,6 +297,8 @@ def test_the_grafana_dashboards_are_the_manifests_files_with_the_labels_asked_fo
     ("prometheusRule.interval=fast", "/prometheusRule/interval"),
     ("prometheusRule.trainingStalledFloor=-1", "/prometheusRule/trainingStalledFloor"),
     ("prometheusRule.runbookURL=runbooks.md", "/prometheusRule/runbookURL"),
+    ("prometheusRule.for=30s1m", "/prometheusRule/for"),
+    ("prometheusRule.interval=1h1h", "/prometheusRule/interval"),
 ])
 @pytest.mark.parametrize("helm", HELMS)
 def test_bad_values_are_refused_with_a_message_naming_them(setting, where, helm):
