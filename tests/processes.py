@@ -31,6 +31,16 @@ def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = N
     raise TimeoutError(f"{url} did not answer within {timeout}s")
 
 
+def stop(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM, and SIGKILL if that is not heeded in time: a test leaves no process behind."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def agent(tmp_path, *extra: str):
     """`burnrate agent` as a user runs it; yields (base URL, telemetry socket path, process)."""
@@ -45,8 +55,7 @@ def agent(tmp_path, *extra: str):
         wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
         yield f"http://127.0.0.1:{port}", sock, proc
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc, 10)
         log.close()
 
 
@@ -64,8 +73,7 @@ def dashboard(tmp_path, recording: str | None, *extra: str):
         wait_http(f"http://127.0.0.1:{port}/", timeout=60, proc=proc, statuses=(200, 401))
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc, 10)
         log.close()
 
 
@@ -114,8 +122,7 @@ def prometheus(tmp_path, targets: list[str] = (), storage: str | None = None, ex
         wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc)
         yield Prometheus(f"http://127.0.0.1:{port}")
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop(proc, 20)
         log.close()
 
 
@@ -137,6 +144,5 @@ def victoria_metrics(tmp_path):
         wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
         yield Prometheus(f"http://127.0.0.1:{port}")
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop(proc, 20)
         log.close()

@@ -20,7 +20,7 @@ import yaml
 
 from tests import kube_tools
 from tests.conftest import PYTHON, ROOT, free_port, require
-from tests.processes import Prometheus, agent, prometheus, wait_http
+from tests.processes import Prometheus, agent, prometheus, stop, wait_http
 
 README = os.path.join(ROOT, "README.md")
 CHART = os.path.join(ROOT, "charts", "burnrate")
@@ -120,8 +120,7 @@ def alertmanager(tmp_path, hook: Webhook):
         wait_http(f"http://127.0.0.1:{port}/-/ready", proc=proc)
         yield f"127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop(proc, 20)
         log.close()
 
 
@@ -144,10 +143,9 @@ def train(sock: str, job: str, *args: str, log) -> subprocess.Popen:
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def stop(run: subprocess.Popen) -> float:
+def stop_training(run: subprocess.Popen) -> float:
     """SIGTERM, as Kubernetes stops a pod; when it has exited."""
-    run.terminate()
-    run.wait(60)
+    stop(run, 60)
     return time.time()
 
 
@@ -186,7 +184,7 @@ def test_a_stalled_and_a_diverging_run_are_paged_and_resolved(tmp_path):
         try:
             notification, firing = hook.wait("TrainingStalled", "llm-stalls", "firing", 150, why)
         finally:
-            stopped = stop(run)
+            stopped = stop_training(run)
         check_delivered(notification, firing, "TrainingStalled", "llm-stalls")
         # It fired because the steps stopped: not before the floor had passed since the last one.
         assert seconds(firing["startsAt"]) >= last_step(prom, "llm-stalls") + FLOOR_S
@@ -200,7 +198,7 @@ def test_a_stalled_and_a_diverging_run_are_paged_and_resolved(tmp_path):
         try:
             notification, firing = hook.wait("TrainingDiverging", "llm-diverges", "firing", 150, why)
         finally:
-            stopped = stop(run)
+            stopped = stop_training(run)
         check_delivered(notification, firing, "TrainingDiverging", "llm-diverges")
         assert firing["labels"]["signal"] == "non_finite"
         assert "non-finite loss or gradient norm on 2 rank(s)" in firing["annotations"]["summary"]
