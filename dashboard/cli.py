@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import time
 import sys
+import time
 
 from burnrate.exporter.errors import UserError
 from burnrate.exporter.listen import ensure_free, listen_address

@@ -124,6 +124,10 @@ COUNTS = [_Query("gpu", "sample_count", "DCGM_FI_DEV_GPU_UTIL", C.DEVICE_POD, "c
 COUNTS += [replace(q, scale=1.0) for q in _renamed(COUNTS)]
 # dcgm-exporter 4.8.3 renamed `Hostname` to `hostname`: both are asked for and merged.
 HOSTNAME_SPELLINGS = (L.HOSTNAME, "hostname")
+# A GPU exporter's utilization under both of dcgm-exporter's namings; with the agent's own
+# per-GPU series, what says a GPU was there.
+GPU_UTIL_NAMES = ("DCGM_FI_DEV_GPU_UTIL", C.DCGM_4_9_NAMES["DCGM_FI_DEV_GPU_UTIL"][0])
+GPU_SERIES = (*GPU_UTIL_NAMES, "burnrate_gpu_up")
 _LABELS_OF = {**{s.name: s.labels for s in C.CATALOG}, **{s.sample_name: s.labels for s in C.CATALOG},
               **{new: C.BY_NAME[old].labels for old, (new, _) in C.DCGM_4_9_NAMES.items()}}
 _KEYS = {"gpu": C.DEVICE, "alloc": C.DEVICE_POD, "rank": C.T, "node": L.NODE_INFO_LABELS,
@@ -260,7 +264,7 @@ class PrometheusSource:
     def opencost_prices(self, window: Window) -> dict[str, float]:
         """OpenCost's price of one GPU-hour per node, averaged over the window, where
         OpenCost runs in the cluster and this store scrapes it."""
-        span = f"{max(int(window.end - window.start), 1)}s"
+        span = _span(window)
         data = self._post("/api/v1/query", {"query": f"avg by (node) (avg_over_time("
                                                      f"node_gpu_hourly_cost{self._loose()}[{span}]))",
                                             "time": _num(window.end)})
@@ -274,7 +278,7 @@ class PrometheusSource:
     def owners(self, window: Window) -> pd.DataFrame:
         """Each pod's controller in the window, from kube-state-metrics where the same
         Prometheus scrapes it; a Deployment's pods name the Deployment, not its ReplicaSet."""
-        span = f"{max(int(window.end - window.start), 1)}s"
+        span = _span(window)
         pods = self._instant(f"max by (namespace, pod, owner_kind, owner_name) (last_over_time("
                              f"kube_pod_owner{self._loose(owner_is_controller='true')}[{span}]))", window.end)
         sets = self._instant(f"max by (namespace, replicaset, owner_kind, owner_name) (last_over_time("
@@ -293,9 +297,8 @@ class PrometheusSource:
         """The (namespace, pod) of every scrape target that exposes GPU series, where the
         scrape attaches them (`up` carries a target's labels): on that target's series they
         name the exporter, never a pod holding the GPU."""
-        span = f"{max(int(window.end - window.start), 1)}s"
-        exposing = " or ".join(f"last_over_time({selector(m, **self.scope)}[{span}])"
-                               for m in ("DCGM_FI_DEV_GPU_UTIL", C.DCGM_4_9_NAMES["DCGM_FI_DEV_GPU_UTIL"][0]))
+        span = _span(window)
+        exposing = " or ".join(f"last_over_time({selector(m, **self.scope)}[{span}])" for m in GPU_UTIL_NAMES)
         targets = self._instant(f"group by (namespace, pod) (last_over_time(up{self._loose()}[{span}]) * on (instance) "
                                 f"group_left () group by (instance) ({exposing}))", window.end)
         return {(m["namespace"], m["pod"]) for m in targets if m.get("namespace") and m.get("pod")}
@@ -303,11 +306,9 @@ class PrometheusSource:
     def clusters(self, window: Window, label: str) -> list[str]:
         """The values of `label` on GPU exporters' series in the window ("" for series
         without it): more than one means the store holds several clusters."""
-        span = f"{max(int(window.end - window.start), 1)}s"
+        span = _span(window)
         selector(**{label: ""})
-        present = " or ".join(f"last_over_time({selector(m)}[{span}])"
-                              for m in ("DCGM_FI_DEV_GPU_UTIL", C.DCGM_4_9_NAMES["DCGM_FI_DEV_GPU_UTIL"][0],
-                                        "burnrate_gpu_up"))
+        present = " or ".join(f"last_over_time({selector(m)}[{span}])" for m in GPU_SERIES)
         return sorted({m.get(label, "") for m in self._instant(f"group by ({label}) ({present})", window.end)})
 
     def _loose(self, **labels: str) -> str:
@@ -326,8 +327,7 @@ class PrometheusSource:
         coarsest step: a year's window over a day of data is read at the day's step."""
         step = step_for(window, self.min_step_s)
         present = " or ".join(f"present_over_time({selector(m, **self.scope)}[{int(step * 1000) - 1}ms])"
-                              for m in ("DCGM_FI_DEV_GPU_UTIL", C.DCGM_4_9_NAMES["DCGM_FI_DEV_GPU_UTIL"][0],
-                                        "burnrate_gpu_up"))
+                              for m in GPU_SERIES)
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         if last < first:
             return None
@@ -338,6 +338,11 @@ class PrometheusSource:
         # A point holds the samples of the step before it; after the last point of
         # the grid, data may run on to the window's end.
         return Window(max(window.start, min(times) - step), window.end if max(times) >= last else max(times))
+
+
+def _span(window: Window) -> str:
+    """The whole window as a range selector's duration (at least a second)."""
+    return f"{max(int(window.end - window.start), 1)}s"
 
 
 def _holder(expr: str) -> str:
