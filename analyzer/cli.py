@@ -45,6 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "`all` for one report per cluster")
     parser.add_argument("--cluster-label", default="cluster", metavar="LABEL",
                         help="the label naming each series' cluster (default cluster)")
+    fleet = parser.add_argument_group("fleet mode (a store whose ruler keeps the shipped roll-ups)")
+    fleet.add_argument("--fleet", action="store_true",
+                       help="read the roll-ups for the whole fleet and per-GPU series only for the jobs and "
+                            "nodes they flag (Prometheus only)")
+    fleet.add_argument("--rollup-interval", type=float, metavar="S",
+                       help="the roll-up group's evaluation interval (default: from the store's rules API, else 60)")
     auth = parser.add_argument_group("Prometheus connection")
     auth.add_argument("--bearer-token-file", metavar="FILE", help="send the token in this file as a bearer token")
     auth.add_argument("--basic-auth-user", metavar="USER", help="HTTP basic auth user")
@@ -195,12 +201,31 @@ def one_source(args: argparse.Namespace):
     return _source(args, cluster)
 
 
+def report_of(args: argparse.Namespace, source, catalog: Catalog, config: DetectorConfig, advice: AdviceConfig,
+              overrides: dict[str, str]):
+    """One analysis: per GPU, or in fleet mode from the roll-ups and the series they flag."""
+    from .report import analyze
+    from .sources import PrometheusError
+
+    if not args.fleet:
+        return analyze(load_frames(args, source), catalog, config, advice, overrides)
+    from .fleet import analyze_fleet
+    try:
+        return analyze_fleet(source, window_of(args), catalog, config, advice, overrides, args.rollup_interval)
+    except (PrometheusError, OSError, ValueError) as exc:
+        raise UserError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     """`stop` ends `--serve` (the command runs until interrupted without it)."""
-    from .report import analyze, render_clusters, render_csv, render_json, render_table
+    from .report import render_clusters, render_csv, render_json, render_table
 
     if args.checkpoint_seconds is not None and args.checkpoint_seconds <= 0:
         raise UserError("--checkpoint-seconds must be positive")
+    if args.fleet and args.prometheus is None:
+        raise UserError("--fleet reads a store's roll-ups: it needs --prometheus URL")
+    if args.rollup_interval is not None and args.rollup_interval <= 0:
+        raise UserError("--rollup-interval must be positive")
     catalog = catalog_of(args)
     advice = AdviceConfig(checkpoint_seconds=args.checkpoint_seconds)
     overrides = overrides_of(args)
@@ -211,13 +236,13 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
             raise UserError("--interval must be positive")
         if args.cluster == "all":
             raise UserError("--serve exports one report: name its cluster with --cluster NAME")
-        return serve(lambda: analyze(load_frames(args, one_source(args)), catalog, config, advice, overrides),
+        return serve(lambda: report_of(args, one_source(args), catalog, config, advice, overrides),
                      args.listen, args.interval, stop)
     render = {"table": render_table, "json": render_json, "csv": render_csv}[args.format]
     if args.cluster != "all":
-        sys.stdout.write(render(analyze(load_frames(args, one_source(args)), catalog, config, advice, overrides)))
+        sys.stdout.write(render(report_of(args, one_source(args), catalog, config, advice, overrides)))
         return 0
-    reports = {cluster or "": analyze(load_frames(args, _source(args, cluster or "")), catalog, config, advice,
-                                      overrides) for cluster in clusters_of(args)}
+    reports = {cluster or "": report_of(args, _source(args, cluster or ""), catalog, config, advice, overrides)
+               for cluster in clusters_of(args)}
     sys.stdout.write(render_clusters(reports, args.format))
     return 0

@@ -89,31 +89,31 @@ class GpuPrices:
 def gpu_prices(views: Views, catalog: Catalog) -> GpuPrices:
     labels = views.gpu.keys
     nodes = views.nodes
-    actual = np.full(len(labels), np.nan)
-    on_demand = np.full(len(labels), np.nan)
-    spot = np.full(len(labels), np.nan)
-    capacity = np.full(len(labels), "unknown", dtype=object)
-    basis = np.full(len(labels), "", dtype=object)
-    observed = views.frames.gpu_hour_prices
-    for i, (host, model) in enumerate(zip(labels["Hostname"], labels["modelName"])):
-        itype, cap, node_model = "", "unknown", ""
-        if host in nodes.index:
-            node = nodes.loc[host]
-            itype, cap, node_model = node["instance_type"], node["capacity_type"], node["gpu_model"]
-        rate = catalog.rate(host, itype, model) or catalog.rate(host, itype, node_model)
-        capacity[i] = cap
-        if rate is not None:
-            actual[i] = _nan(rate.at(cap))
-            on_demand[i] = _nan(rate.at(ON_DEMAND))
-            spot[i] = _nan(rate.at(SPOT))
-            basis[i] = rate.basis
-        # OpenCost's price is what the node really costs (negotiated, spot); only a
-        # user's own per-node price outranks it. The list prices stay the comparison.
-        if host in observed and basis[i] != "node":
-            actual[i], basis[i] = observed[host], "opencost"
-            if cap in (ON_DEMAND, SPOT):
-                (on_demand if cap == ON_DEMAND else spot)[i] = observed[host]
-    return GpuPrices(actual, on_demand, spot, capacity, basis)
+    rows = [node_price(catalog, host, model, *(nodes.loc[host, ["instance_type", "capacity_type", "gpu_model"]]
+                                               if host in nodes.index else ("", "unknown", "")),
+                       views.frames.gpu_hour_prices.get(host))
+            for host, model in zip(labels["Hostname"], labels["modelName"])]
+    columns = list(zip(*rows)) or [()] * 5
+    return GpuPrices(*(np.array(c, dtype=float) for c in columns[:3]), *(np.array(c, dtype=object) for c in columns[3:]))
+
+
+def node_price(catalog: Catalog, host: str, model: str, instance_type: str, capacity: str, node_model: str,
+               observed: float | None) -> tuple[float, float, float, str, str]:
+    """One GPU-hour on a node: (actual, on-demand, spot, capacity type, basis), NaN where unknown."""
+    actual = on_demand = spot = np.nan
+    basis = ""
+    rate = catalog.rate(host, instance_type, model) or catalog.rate(host, instance_type, node_model)
+    if rate is not None:
+        actual, on_demand, spot, basis = _nan(rate.at(capacity)), _nan(rate.at(ON_DEMAND)), _nan(rate.at(SPOT)), rate.basis
+    # OpenCost's price is what the node really costs (negotiated, spot); only a
+    # user's own per-node price outranks it. The list prices stay the comparison.
+    if observed is not None and basis != "node":
+        actual, basis = observed, "opencost"
+        if capacity == ON_DEMAND:
+            on_demand = observed
+        elif capacity == SPOT:
+            spot = observed
+    return actual, on_demand, spot, capacity, basis
 
 
 def _nan(value: float | None) -> float:
@@ -258,6 +258,20 @@ def _checkpoint_interval(v: Views, rows: np.ndarray | None) -> float | None:
     return float(np.median(np.diff(seen))) if len(seen) > 2 else None
 
 
+def checkpoint_advice(gpus: float, nodes: int, observed: float | None, config: AdviceConfig) -> dict[str, object]:
+    """The job's expected time between interruptions on spot and Young's checkpoint interval;
+    capacity advice, where the job allows it, is added by the caller."""
+    mtbf_s = 3600 / (gpus * HARDWARE_FAILURES_PER_GPU_HOUR
+                     + nodes * config.spot_interruptions_per_node_month / 730.0) if gpus > 0 else None
+    return {
+        "observed_checkpoint_interval_s": observed,
+        "mtbf_hours_on_spot": round(mtbf_s / 3600, 1) if mtbf_s else None,
+        "checkpoint_interval_s": (round(young_interval(config.checkpoint_seconds, mtbf_s))
+                                  if config.checkpoint_seconds and mtbf_s else None),
+        "capacity": None,
+    }
+
+
 def _advice(v: Views, job: dict, prices: GpuPrices, gpu_row: np.ndarray, rank_rows: np.ndarray | None,
             config: AdviceConfig, workload_class: str) -> dict[str, object]:
     rows = job["rows"]
@@ -268,15 +282,7 @@ def _advice(v: Views, job: dict, prices: GpuPrices, gpu_row: np.ndarray, rank_ro
     g = g[g >= 0]
     hosts = {v.gpu.keys["Hostname"].iloc[i] for i in g}
     observed = _checkpoint_interval(v, rank_rows)
-    mtbf_s = 3600 / (gpus * HARDWARE_FAILURES_PER_GPU_HOUR
-                     + len(hosts) * config.spot_interruptions_per_node_month / 730.0) if gpus > 0 else None
-    out: dict[str, object] = {
-        "observed_checkpoint_interval_s": observed,
-        "mtbf_hours_on_spot": round(mtbf_s / 3600, 1) if mtbf_s else None,
-        "checkpoint_interval_s": (round(young_interval(config.checkpoint_seconds, mtbf_s))
-                                  if config.checkpoint_seconds and mtbf_s else None),
-        "capacity": None,
-    }
+    out = checkpoint_advice(gpus, len(hosts), observed, config)
     if not len(g) or hours <= 0:
         return out
     # An interruption costs a job without checkpoints all its work, and a server or a

@@ -134,6 +134,7 @@ class Workload:
     telemetry: bool = False  # training ranks report burnrate_train_* (CONTRACT sections 2 and 3)
     tokens_per_step: float = 0  # the whole job's tokens per optimizer step
     step_s: float = 1.0
+    data_wait: float = 0.05  # share of each step the ranks wait for data
 
     @property
     def busy(self) -> bool:
@@ -489,7 +490,7 @@ def _sample_training(node: Node, h: _Hold, t: np.ndarray, rng: np.random.Generat
     counters = {
         "burnrate_train_steps_total": since,
         "burnrate_train_step_seconds_total": since * w.step_s,
-        "burnrate_train_data_wait_seconds_total": since * w.step_s * 0.05,
+        "burnrate_train_data_wait_seconds_total": since * w.step_s * w.data_wait,
         "burnrate_train_compute_seconds_total": since * w.step_s * 0.85,
         "burnrate_train_samples_total": since * SAMPLES_PER_RANK_STEP,
         "burnrate_train_tokens_total": since * w.tokens_per_step / w.world_size,

@@ -17,6 +17,7 @@ training job from the pod's name, and `Frames.missing` names what is absent.
 from __future__ import annotations
 
 import base64
+import copy
 import math
 import re
 import ssl
@@ -176,6 +177,16 @@ class PrometheusSource:
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
         self._http = PrometheusHTTP(self.url, self._headers, timeout_s, context)
+        self.hosts: tuple[str, ...] | None = None
+
+    def on_hosts(self, hosts: Sequence[str]) -> "PrometheusSource":
+        """The same store, each node's series read for these nodes only (fleet mode's
+        drill-down). Where the data begins and ends is still the whole store's, so a
+        window is read at the step a whole-fleet read would take."""
+        narrowed = copy.copy(self)
+        narrowed.hosts = tuple(sorted(set(hosts)))
+        narrowed._lock = threading.Lock()
+        return narrowed
 
     # --- HTTP --------------------------------------------------------------------
     def _post(self, path: str, params: Mapping[str, str]) -> dict:
@@ -219,7 +230,15 @@ class PrometheusSource:
     def promql(self, q: _Query, step: float) -> str:
         labels = {k: v for k, v in self.matchers.items() if k in _LABELS_OF[q.metric]}
         labels.update(q.extra or {})
-        inner = f"{q.over_time}_over_time({selector(q.metric, **self.scope, **labels)}[{int(step * 1000) - 1}ms])"
+        chosen = selector(q.metric, **self.scope, **labels)
+        span = f"[{int(step * 1000) - 1}ms]"
+        if self.hosts is not None and L.HOSTNAME in _LABELS_OF[q.metric]:
+            # Either spelling of the node label (dcgm-exporter 4.8.3 writes `hostname`).
+            hosts = "|".join(re.escape(h) for h in self.hosts) or "$^"
+            inner = "(" + " or ".join(f"{q.over_time}_over_time({matching(chosen, name, hosts)}{span})"
+                                      for name in HOSTNAME_SPELLINGS) + ")"
+        else:
+            inner = f"{q.over_time}_over_time({chosen}{span})"
         if L.POD in q.by:
             inner = _holder(inner)
         by = q.by + (("hostname",) if L.HOSTNAME in q.by else ())
@@ -319,8 +338,19 @@ class PrometheusSource:
         return "{" + ",".join(matchers) + "}"
 
     def _instant(self, promql: str, at: float) -> list[dict[str, str]]:
+        return [series["metric"] for series in self.query(promql, at)]
+
+    def query(self, promql: str, at: float) -> list[dict]:
+        """An instant query's series (`metric`, `value`); nothing where it answers no vector."""
         data = self._post("/api/v1/query", {"query": promql, "time": _num(at)})
-        return [series["metric"] for series in data.get("result", [])] if data.get("resultType") == "vector" else []
+        return data.get("result", []) if data.get("resultType") == "vector" else []
+
+    def rule_groups(self) -> list[dict]:
+        """The store's rule groups (`/api/v1/rules`); none where it has no rules API."""
+        try:
+            return self._get("/api/v1/rules", {"type": "record"}).get("groups", [])
+        except PrometheusError:
+            return []
 
     def data_range(self, window: Window) -> Window | None:
         """Where in the window any GPU has samples, from one query at the window's
@@ -338,6 +368,12 @@ class PrometheusSource:
         # A point holds the samples of the step before it; after the last point of
         # the grid, data may run on to the window's end.
         return Window(max(window.start, min(times) - step), window.end if max(times) >= last else max(times))
+
+
+def matching(chosen: str, name: str, pattern: str) -> str:
+    """A selector with one more matcher, a regular expression."""
+    body = chosen[:-1]
+    return f'{body}{"" if body.endswith("{") else ","}{name}=~"{escape(pattern)}"}}'
 
 
 def _span(window: Window) -> str:
@@ -458,10 +494,9 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
 
     owned = _owner_names(owners)
     gpu = _label_jobs(table("gpu", gpu_frame) if columns is None or "gpu" in columns else empty_table("gpu"), owned)
-    # Nodes whose GPUs have no burnrate_gpu_up run dcgm-exporter alone.
     agent_rows = gpu["up"].notna().to_numpy() if "up" in gpu else np.zeros(len(gpu), bool)
     hosts = set(gpu[L.HOSTNAME].astype(str))
-    dcgm_nodes = sorted(hosts - set(gpu[L.HOSTNAME].astype(str)[agent_rows]))
+    dcgm_nodes = dcgm_only(gpu)
     if "xid_total" in gpu.columns:
         # An agent counts XIDs from zero: no series yet means none happened; dcgm-exporter cannot say.
         xid = gpu["xid_total"].to_numpy()
@@ -479,6 +514,12 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
     tables = {"gpu": gpu, "alloc": alloc, "rank": rank, "node": node, "pod_cpu": table("pod_cpu"), "xid": table("xid")}
     return Frames(window=window, step_s=step, missing=missing_signals(gpu, rank, node, dcgm_nodes, len(hosts)),
                   simulated=is_simulated(gpu), **tables)
+
+
+def dcgm_only(gpu: pd.DataFrame) -> list[str]:
+    """Nodes whose GPUs have no burnrate_gpu_up: they run dcgm-exporter alone."""
+    agent_rows = gpu["up"].notna().to_numpy() if "up" in gpu else np.zeros(len(gpu), bool)
+    return sorted(set(gpu[L.HOSTNAME].astype(str)) - set(gpu[L.HOSTNAME].astype(str)[agent_rows]))
 
 
 def _not_exporters(gpu: pd.DataFrame, exporter_pods: set[tuple[str, str]]) -> pd.DataFrame:

@@ -1,0 +1,260 @@
+"""The roll-ups a store's ruler keeps (the `burnrate-rollups` group of the shipped
+rules), read for a whole window in a handful of instant queries, whatever the fleet's size.
+
+A roll-up `x:rate5m` is evaluated every `interval` seconds over the 5 minutes before, so
+its samples summed over a window and multiplied by the interval are the seconds of the
+window (each second is in five evaluations, each weighing a fifth). Sums are taken at the
+window's end plus half of those 5 minutes, so the window's edges lose and gain alike.
+
+Flags are necessary conditions: a job or node no flag names can have no finding, so its
+figures may come from the roll-ups alone. Each is written from its detector's thresholds
+with a margin, and a stretch "at least L long" is looked for as a window of L/2 at steps of
+L/2 (any run of L holds one), which keeps each query to about one evaluation per stored
+point.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from burnrate.exporter import labels as L
+
+from ..detectors import DetectorConfig
+from ..frames import Window
+from .prometheus import GPU_SERIES, HOSTNAME_SPELLINGS, PrometheusSource, matching, selector
+
+GROUP = "burnrate-rollups"
+DEFAULT_INTERVAL_S = 60.0
+RATE_WINDOW_S = 300.0
+JOB_ALLOCATED = "cluster_hostname_namespace_training_job:burnrate_gpu_allocated_seconds:rate5m"
+JOB_IDLE = "cluster_hostname_namespace_training_job:burnrate_gpu_idle_seconds:rate5m"
+NODE_OBSERVED = "cluster_hostname:burnrate_gpu_observed_seconds:rate5m"
+STEPS = "cluster_namespace_training_job:burnrate_train_steps:max_rate5m"
+STEP_SECONDS = "cluster_namespace_training_job:burnrate_train_step_seconds:rate5m"
+DATA_WAIT = "cluster_namespace_training_job:burnrate_train_data_wait_seconds:rate5m"
+TOKENS = "cluster_namespace_training_job:burnrate_train_tokens:rate5m"
+MFU = "cluster_namespace_training_job:burnrate_train_mfu_ratio:avg"
+LOSS = "cluster_namespace_training_job:burnrate_train_loss:median"
+GRAD_NORM = "cluster_namespace_training_job:burnrate_train_grad_norm:median"
+NONFINITE = "cluster_namespace_training_job:burnrate_train_nonfinite_ranks:count"
+STRAGGLE = "cluster_namespace_training_job:burnrate_train_compute_per_step_seconds:max_over_median5m"
+XID = "cluster_hostname:burnrate_gpu_xid_errors:increase5m"
+DOWN = "cluster_hostname:burnrate_gpu_down:count"
+THERMAL = "cluster_hostname:dcgm_fi_dev_clock_throttle_reasons_thermal:count"
+READ = (JOB_ALLOCATED, JOB_IDLE, NODE_OBSERVED, STEPS, STEP_SECONDS, DATA_WAIT, TOKENS, MFU, LOSS, GRAD_NORM,
+        NONFINITE, STRAGGLE, XID, DOWN, THERMAL)
+# Thresholds are met by the roll-ups with this much to spare: they average over 5 minutes
+# and their ranks' median is a mean where the detector takes a median, so a finding near
+# its threshold is looked at per GPU rather than missed.
+MARGIN = 0.8
+JOB = ("cluster", L.NAMESPACE, L.TRAINING_JOB)
+NODE = ("cluster", L.HOSTNAME)
+Job = tuple[str, str]
+
+
+@dataclass
+class RollUps:
+    """One window's roll-ups: seconds per job × node, per node, training totals per job,
+    and what each flag named (job -> reasons, node -> reasons)."""
+
+    interval_s: float
+    interval_basis: str
+    allocated: dict[tuple[Job, str, str], float] = field(default_factory=dict)   # (job, host, model) -> s
+    idle: dict[tuple[Job, str, str], float] = field(default_factory=dict)
+    observed: dict[tuple[str, str], float] = field(default_factory=dict)          # (host, model) -> s
+    evaluations: dict[str, float] = field(default_factory=dict)                    # host -> evaluations seen
+    steps: dict[Job, float] = field(default_factory=dict)
+    tokens: dict[Job, float] = field(default_factory=dict)
+    mfu: dict[Job, float] = field(default_factory=dict)
+    gpus: dict[Job, float] = field(default_factory=dict)                           # most held at once
+    node_info: dict[str, dict[str, str]] = field(default_factory=dict)
+    flagged_jobs: dict[Job, set[str]] = field(default_factory=dict)
+    flagged_nodes: dict[str, set[str]] = field(default_factory=dict)
+    lifetime_s: dict[str, float] = field(default_factory=dict)                     # host -> seconds its GPUs were there
+
+    @property
+    def hosts(self) -> set[str]:
+        return {host for host, _ in self.observed}
+
+    def nodes_of(self, job: Job) -> set[str]:
+        return {host for (j, host, _) in self.allocated if j == job}
+
+    def jobs_on(self, hosts: set[str]) -> set[Job]:
+        return {j for (j, host, _) in self.allocated if host in hosts}
+
+
+class RollUpReader:
+    """`interval_s` is the roll-up group's evaluation interval where the store has no rules
+    API to ask (VictoriaMetrics without vmalert's proxy): None asks it, else takes 60 s."""
+
+    def __init__(self, source: PrometheusSource, config: DetectorConfig = DetectorConfig(),
+                 interval_s: float | None = None) -> None:
+        self.source = source
+        self.config = config
+        self._interval = interval_s
+
+    def interval(self) -> tuple[float, str]:
+        if self._interval is not None:
+            return self._interval, "given"
+        for group in self.source.rule_groups():
+            if group.get("name") == GROUP and isinstance(group.get("interval"), (int, float)):
+                return float(group["interval"]), "the store's rules API"
+        return DEFAULT_INTERVAL_S, f"not found in the store's rules API: {DEFAULT_INTERVAL_S:g} s, the shipped rules', assumed"
+
+    def read(self, window: Window, bucket_s: float) -> RollUps:
+        interval, basis = self.interval()
+        out = RollUps(interval, basis)
+        self._window, self._interval_s = window, interval
+        self._at = window.end + RATE_WINDOW_S / 2
+        self._range = f"{max(int(round(window.end - window.start)), 1)}s"
+        for target, metric in ((out.allocated, JOB_ALLOCATED), (out.idle, JOB_IDLE)):
+            for (_, namespace, name, host, model), s in self._sums(metric, JOB + (L.HOSTNAME, L.MODEL_NAME)).items():
+                target[((namespace, name), host, model)] = s
+        for (_, host, model), s in self._sums(NODE_OBSERVED, NODE + (L.MODEL_NAME,)).items():
+            out.observed[(host, model)] = out.observed.get((host, model), 0.0) + s
+        for key, n in self._values(f"sum by (cluster, Hostname) (count_over_time({self._sel(NODE_OBSERVED)}"
+                                   f"[{self._range}]))", NODE).items():
+            out.evaluations[key[1]] = out.evaluations.get(key[1], 0.0) + n
+        out.steps = _jobs(self._sums(STEPS, JOB))
+        out.tokens = _jobs(self._sums(TOKENS, JOB))
+        out.mfu = _jobs(self._values(f"avg_over_time(({self._sel(MFU)} and on (cluster, namespace, training_job) "
+                                     f"{self._sel(STEPS)} > 0)[{self._range}:{self._step(interval)}])", JOB))
+        out.gpus = _jobs(self._values(f"max_over_time(sum by (cluster, namespace, training_job) "
+                                      f"({self._sel(JOB_ALLOCATED)})[{self._range}:{self._step(interval)}])", JOB))
+        out.node_info = self._node_info()
+        self._flag(out, bucket_s)
+        return out
+
+    # --- queries ---------------------------------------------------------------------
+    def _sel(self, metric: str) -> str:
+        return selector(metric, **self.source.scope)
+
+    def _step(self, seconds: float) -> str:
+        return f"{max(int(round(seconds)), 1)}s"
+
+    def _values(self, promql: str, by: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+        out = {}
+        for series in self.source.query(promql, self._at):
+            value = float(series["value"][1])
+            if math.isfinite(value):
+                out[tuple(series["metric"].get(n, "") for n in by)] = value
+        return out
+
+    def _sums(self, metric: str, by: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+        """Seconds (or counts) in the window: each evaluation stands for `interval` of them."""
+        return self._values(f"sum by ({', '.join(by)}) (sum_over_time({self._sel(metric)}[{self._range}]))"
+                            f" * {self._interval_s:g}", by)
+
+    def _names(self, promql: str, by: tuple[str, ...]) -> set[tuple[str, ...]]:
+        return {tuple(series["metric"].get(n, "") for n in by) for series in self.source.query(promql, self._at)}
+
+    def _node_info(self) -> dict[str, dict[str, str]]:
+        info = {}
+        for series in self.source.query(f"last_over_time({self._sel('burnrate_node_info')}[{self._range}:5m])",
+                                        self._at):
+            labels = series["metric"]
+            if labels.get(L.HOSTNAME):
+                info[labels[L.HOSTNAME]] = {n: labels.get(n, "") for n in L.NODE_INFO_LABELS}
+        return info
+
+    def _stretch(self, condition: str, minutes: float) -> str:
+        """`condition` held at every evaluation of some stretch of `minutes` (a subquery's
+        points are counted: a series that is absent for a while did not hold)."""
+        half = max(minutes * 60 / 2, self._interval_s)
+        need = max(int(half // self._interval_s), 1)
+        return (f"max_over_time((count_over_time(({condition})[{self._step(half)}:{self._step(self._interval_s)}]) "
+                f">= {need})[{self._range}:{self._step(half)}])")
+
+    def _flag(self, out: RollUps, bucket_s: float) -> None:
+        c, m = self.config, MARGIN
+        jobs, nodes = out.flagged_jobs, out.flagged_nodes
+        rate = RATE_WINDOW_S / 60
+
+        def job(reason: str, promql: str) -> None:
+            for key in self._names(promql, JOB):
+                jobs.setdefault((key[1], key[2]), set()).add(reason)
+
+        def node(reason: str, promql: str) -> None:
+            for key in self._names(promql, NODE):
+                nodes.setdefault(key[1], set()).add(reason)
+
+        job("idle GPUs", self._stretch(f"{self._sel(JOB_IDLE)} > 0", c.idle_gpu.min_minutes - rate - 1))
+        job("holds GPUs without stepping", self._stretch(
+            f"(sum by (cluster, namespace, training_job) ({self._sel(JOB_ALLOCATED)}) > 0) "
+            f"unless on (cluster, namespace, training_job) ({self._sel(STEPS)} > 0)",
+            c.stalled.floor_minutes - rate - 1))
+        job("non-finite loss or gradient", f"max_over_time({self._sel(NONFINITE)}[{self._range}])")
+        history = f"{int(c.diverging.history_minutes)}m"
+        for reason, metric, ratio in (("loss spike", LOSS, c.diverging.loss_ratio),
+                                      ("gradient norm spike", GRAD_NORM, c.diverging.grad_ratio)):
+            job(reason, f"max_over_time(({self._sel(metric)} / avg_over_time({self._sel(metric)}[{history}] "
+                        f"offset {self._step(self._interval_s)}))[{self._range}:{self._step(self._interval_s)}]) "
+                        f">= {ratio * m:g}")
+        job("data wait", f"max_over_time(({self._sel(DATA_WAIT)} / {self._sel(STEP_SECONDS)})"
+                         f"[{self._range}:{self._step(self._interval_s)}]) >= {c.dataloader_starvation.warning_share * m:g}")
+        slowdown = c.straggler.slowdown
+        # With two ranks the detector compares with the faster one, the roll-up with their mean.
+        job("slow rank", f"max_over_time({self._sel(STRAGGLE)}[{self._range}]) >= "
+                         f"{min(slowdown, 2 * slowdown / (1 + slowdown)) * (1 - (1 - m) / 4):g}")
+        floor = c.low_mfu.floor / m
+        for key, value in out.mfu.items():
+            if value < floor:
+                jobs.setdefault(key, set()).add("low MFU")
+        free = (f"sum by (cluster, Hostname) ({self._sel(NODE_OBSERVED)}) - (sum by (cluster, Hostname) "
+                f"({self._sel(JOB_ALLOCATED)}) or 0 * sum by (cluster, Hostname) ({self._sel(NODE_OBSERVED)}))")
+        node("unallocated GPUs", self._stretch(f"{free} > 0.5", c.unallocated_gpu.min_minutes - rate - 1))
+        node("XID errors", f"max_over_time({self._sel(XID)}[{self._range}]) > 0")
+        node("GPUs down", f"max_over_time({self._sel(DOWN)}[{self._range}]) > 0")
+        node("thermal throttling", f"max_over_time({self._sel(THERMAL)}[{self._range}]) > 0")
+        # Only a training loop's telemetry clears a job: serving and notebooks (underused_gpu)
+        # and jobs read from their GPUs alone (sawtooth, busier GPU) are looked at per GPU.
+        training = {(k[1], k[2]) for k in self._names(
+            f"group by (cluster, namespace, training_job) (count_over_time({self._sel(STEPS)}[{self._range}]))", JOB)}
+        for (j, host, _) in out.allocated:
+            if j not in training:
+                jobs.setdefault(j, set()).add("no trainer telemetry")
+        for j in training - {j for (j, _, _) in out.allocated}:
+            jobs.setdefault(j, set()).add("telemetry without GPU roll-ups")
+        self._coverage(out, bucket_s)
+
+    def _coverage(self, out: RollUps, bucket_s: float) -> None:
+        """Nodes whose GPUs report in stretches their roll-ups do not cover (dcgm-exporter
+        alone, an older agent, a ruler that stopped) are read per GPU."""
+        w = self._window
+        step = self._step(bucket_s)
+        present = " or ".join(f"present_over_time({selector(m, **self.source.scope)}[{step}])" for m in GPU_SERIES)
+        gpus = self._buckets(f"count by (Hostname, hostname) ({present})", w, bucket_s)
+        rolled = self._buckets(f"count by (Hostname) (present_over_time({self._sel(NODE_OBSERVED)}[{step}]))",
+                               w, bucket_s)
+        for host, seen in gpus.items():
+            out.lifetime_s[host] = min((max(seen) - min(seen) + bucket_s), w.end - w.start)
+            # A bucket at each edge may hold GPU samples before the first evaluation or after the last.
+            if len(seen - rolled.get(host, set())) > 2 or host not in rolled:
+                out.flagged_nodes.setdefault(host, set()).add("GPUs without roll-ups")
+
+    def _buckets(self, promql: str, w: Window, bucket_s: float) -> dict[str, set[float]]:
+        first = math.ceil(w.start / bucket_s) * bucket_s
+        last = max(math.ceil(w.end / bucket_s) * bucket_s, first)
+        out: dict[str, set[float]] = {}
+        for series in self.source.query_range(promql, first, last, bucket_s):
+            host = next((series["metric"][n] for n in HOSTNAME_SPELLINGS if series["metric"].get(n)), "")
+            if host:
+                out.setdefault(host, set()).update(float(t) for t, _ in series["values"])
+        return out
+
+    def telemetry_nodes(self, jobs: set[Job]) -> set[str]:
+        """The nodes whose ranks report for jobs the GPU roll-ups do not name."""
+        if not jobs:
+            return set()
+        names = "|".join(sorted(re.escape(j[1]) for j in jobs))
+        ranks = matching(selector("burnrate_train_steps_total", **self.source.scope), L.TRAINING_JOB, names)
+        promql = f"group by (Hostname) (last_over_time({ranks}[{self._range}:5m]))"
+        return {s["metric"].get(L.HOSTNAME, "") for s in self.source.query(promql, self._at)} - {""}
+
+
+def _jobs(values: dict[tuple[str, ...], float]) -> dict[Job, float]:
+    out: dict[Job, float] = {}
+    for key, value in values.items():
+        out[(key[1], key[2])] = out.get((key[1], key[2]), 0.0) + value
+    return out
