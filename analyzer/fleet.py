@@ -136,7 +136,7 @@ def _job_cost(rollups: RollUps, job: Job, prices: dict[str, tuple], advice: Advi
     cost, on_demand = dollars(0), dollars(1)
     caps = {prices[h][3] for h, s in held.items() if s > 0}
     steps, tokens = rollups.steps.get(job), rollups.tokens.get(job) or None
-    gpus = round(rollups.gpus.get(job, 0.0), 2)
+    gpus = round(rollups.gpus.get(job, 0.0), 4)
     waste = {kind: 0.0 for kind in KINDS if kind != "unallocated_gpu"}
     return JobCost(
         namespace=job[0], training_job=job[1], gpus=gpus, gpu_hours=hours,

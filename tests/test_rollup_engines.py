@@ -7,28 +7,21 @@ scrape, an agent restart, a time-sliced GPU, GPU Operator's label layout on one 
 namespace and node, the roll-ups summed over the window give the truth, on both engines."""
 from __future__ import annotations
 
-import datetime
 import os
 import re
-import shutil
-import subprocess
-import urllib.request
 
 import pytest
-import yaml
 
-from tests.conftest import ROOT, require
+from tests.conftest import ROOT
 from tests.contract_fleet import BASE_TIME, Node, Workload, backfill_prometheus, generate, import_victoria
 from tests.processes import prometheus, victoria_metrics
+from tests.rollup_stores import AFTER_S, EVAL_S, evaluate_in_prometheus, replay_in_victoria, rollup_rules
 
 pytestmark = pytest.mark.slow
 
-RULES = os.path.join(ROOT, "manifests", "alerts", "burnrate-rules.yaml")
-EVAL_S = 60.0   # the roll-up group's interval
 START = BASE_TIME + 200 * 86400.0   # in the past: VictoriaMetrics keeps no future samples
 END = START + 3 * 3600.0
-# Evaluated past the data's end, so that the last 5-minute windows are all counted.
-EVALUATED_TO = END + 600.0
+EVALUATED_TO = END + AFTER_S
 
 JOB = "cluster_hostname_namespace_training_job:burnrate_gpu_{}_seconds:rate5m"
 NODE = "cluster_hostname:burnrate_gpu_observed_seconds:rate5m"
@@ -53,19 +46,6 @@ def fleet():
         Workload("data", "embed", "batch", "Job", (("gpu-c", (4, 5)),), START + 1800.0, START + 7200.0),
     )
     return generate(nodes, workloads, START, END, seed=11)
-
-
-def rollup_rules(tmp_path) -> str:
-    """The shipped roll-up group, alone (the alerts need no back-filling)."""
-    with open(RULES) as fh:
-        groups = yaml.safe_load(fh)["groups"]
-    path = tmp_path / "rollups.yaml"
-    path.write_text(yaml.safe_dump({"groups": [g for g in groups if g["name"] == "burnrate-rollups"]}))
-    return str(path)
-
-
-def rfc3339(t: float) -> str:
-    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def integrals(server, names: dict[str, str], by: str) -> dict[str, dict[tuple, float]]:
@@ -160,32 +140,14 @@ def test_the_rollups_give_the_truth_on_prometheus_and_on_victoria_metrics(tmp_pa
     # Prometheus: the fleet back-filled, the rules evaluated over it by promtool into blocks of
     # their own, then both read by a Prometheus started on them.
     data = backfill_prometheus(f, tmp_path)
-    (tmp_path / "source").mkdir()
-    with prometheus(tmp_path / "source", storage=data) as prom:
-        proc = subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "rules",
-                               f"--start={int(START)}", f"--end={int(EVALUATED_TO)}", f"--url={prom.url}",
-                               f"--output-dir={tmp_path / 'recorded'}", f"--eval-interval={int(EVAL_S)}s", rules],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    for block in os.listdir(tmp_path / "recorded"):
-        shutil.move(str(tmp_path / "recorded" / block), data)
+    evaluate_in_prometheus(tmp_path, data, rules, START, END)
     with prometheus(tmp_path, storage=data) as prom:
         from_prometheus = figures(prom)
 
     # VictoriaMetrics: the fleet imported, the rules replayed by vmalert into it.
     with victoria_metrics(tmp_path) as vm:
         import_victoria(f, vm.url)
-        proc = subprocess.run([require("vmalert"), f"-rule={rules}", f"-datasource.url={vm.url}",
-                               f"-remoteWrite.url={vm.url}", f"-replay.timeFrom={rfc3339(START)}",
-                               f"-replay.timeTo={rfc3339(EVALUATED_TO)}", "-replay.disableProgressBar",
-                               "-replay.rulesDelay=0s", f"-evaluationInterval={int(EVAL_S)}s",
-                               # a range query's step, in replay; its default (5m) would skip evaluations
-                               f"-datasource.queryStep={int(EVAL_S)}s",
-                               "-httpListenAddr=127.0.0.1:0"],
-                              capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        with urllib.request.urlopen(f"{vm.url}/internal/force_flush", timeout=60) as resp:
-            resp.read()
+        replay_in_victoria(tmp_path, vm.url, rules, START, END)
         from_victoria = figures(vm)
 
     assert_near_truth(from_prometheus, f, "prometheus")

@@ -30,6 +30,7 @@ RATE_WINDOW_S = 300.0
 JOB_ALLOCATED = "cluster_hostname_namespace_training_job:burnrate_gpu_allocated_seconds:rate5m"
 JOB_IDLE = "cluster_hostname_namespace_training_job:burnrate_gpu_idle_seconds:rate5m"
 NODE_OBSERVED = "cluster_hostname:burnrate_gpu_observed_seconds:rate5m"
+JOB_SHARE = "cluster_namespace_training_job:burnrate_gpu_allocation_share:sum"
 STEPS = "cluster_namespace_training_job:burnrate_train_steps:max_rate5m"
 STEP_SECONDS = "cluster_namespace_training_job:burnrate_train_step_seconds:rate5m"
 DATA_WAIT = "cluster_namespace_training_job:burnrate_train_data_wait_seconds:rate5m"
@@ -42,7 +43,7 @@ STRAGGLE = "cluster_namespace_training_job:burnrate_train_compute_per_step_secon
 XID = "cluster_hostname:burnrate_gpu_xid_errors:increase5m"
 DOWN = "cluster_hostname:burnrate_gpu_down:count"
 THERMAL = "cluster_hostname:dcgm_fi_dev_clock_throttle_reasons_thermal:count"
-READ = (JOB_ALLOCATED, JOB_IDLE, NODE_OBSERVED, STEPS, STEP_SECONDS, DATA_WAIT, TOKENS, MFU, LOSS, GRAD_NORM,
+READ = (JOB_ALLOCATED, JOB_IDLE, NODE_OBSERVED, JOB_SHARE, STEPS, STEP_SECONDS, DATA_WAIT, TOKENS, MFU, LOSS, GRAD_NORM,
         NONFINITE, STRAGGLE, XID, DOWN, THERMAL)
 # Thresholds are met by the roll-ups with this much to spare: they average over 5 minutes
 # and their ranks' median is a mean where the detector takes a median, so a finding near
@@ -120,8 +121,7 @@ class RollUpReader:
         out.tokens = _jobs(self._sums(TOKENS, JOB))
         out.mfu = _jobs(self._values(f"avg_over_time(({self._sel(MFU)} and on (cluster, namespace, training_job) "
                                      f"{self._sel(STEPS)} > 0)[{self._range}:{self._step(interval)}])", JOB))
-        out.gpus = _jobs(self._values(f"max_over_time(sum by (cluster, namespace, training_job) "
-                                      f"({self._sel(JOB_ALLOCATED)})[{self._range}:{self._step(interval)}])", JOB))
+        out.gpus = _jobs(self._values(f"max_over_time({self._sel(JOB_SHARE)}[{self._range}])", JOB))
         out.node_info = self._node_info()
         self._flag(out, bucket_s)
         return out

@@ -1,0 +1,62 @@
+"""The shipped roll-ups evaluated over back-filled history by each engine's own tool:
+Prometheus's (`promtool tsdb create-blocks-from rules`, which queries a running Prometheus and
+writes the results as blocks) and VictoriaMetrics' (`vmalert -replay`, which writes them back
+through remote write)."""
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import subprocess
+import urllib.request
+
+import yaml
+
+from tests.conftest import ROOT, require
+from tests.processes import prometheus
+
+RULES = os.path.join(ROOT, "manifests", "alerts", "burnrate-rules.yaml")
+EVAL_S = 60.0   # the roll-up group's interval
+# Evaluated past the data's end, so that the last 5-minute windows are all counted.
+AFTER_S = 600.0
+
+
+def rollup_rules(tmp_path) -> str:
+    """The shipped roll-up group, alone (the alerts need no back-filling)."""
+    with open(RULES) as fh:
+        groups = yaml.safe_load(fh)["groups"]
+    path = tmp_path / "rollups.yaml"
+    path.write_text(yaml.safe_dump({"groups": [g for g in groups if g["name"] == "burnrate-rollups"]}))
+    return str(path)
+
+
+def rfc3339(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def evaluate_in_prometheus(tmp_path, data: str, rules: str, start: float, end: float) -> None:
+    """The roll-ups over the blocks in `data`, added to them as blocks of their own."""
+    (tmp_path / "source").mkdir()
+    with prometheus(tmp_path / "source", storage=data) as prom:
+        proc = subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "rules",
+                               f"--start={int(start)}", f"--end={int(end + AFTER_S)}", f"--url={prom.url}",
+                               f"--output-dir={tmp_path / 'recorded'}", f"--eval-interval={int(EVAL_S)}s", rules],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    for block in os.listdir(tmp_path / "recorded"):
+        shutil.move(str(tmp_path / "recorded" / block), data)
+
+
+def replay_in_victoria(tmp_path, url: str, rules: str, start: float, end: float) -> None:
+    """The roll-ups over what VictoriaMetrics at `url` holds, written back into it by vmalert."""
+    proc = subprocess.run([require("vmalert"), f"-rule={rules}", f"-datasource.url={url}",
+                           f"-remoteWrite.url={url}", f"-replay.timeFrom={rfc3339(start)}",
+                           f"-replay.timeTo={rfc3339(end + AFTER_S)}", "-replay.disableProgressBar",
+                           "-replay.rulesDelay=0s", f"-evaluationInterval={int(EVAL_S)}s",
+                           # a range query's step, in replay; its default (5m) would skip evaluations
+                           f"-datasource.queryStep={int(EVAL_S)}s",
+                           "-httpListenAddr=127.0.0.1:0"],
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=60) as resp:
+        resp.read()

@@ -1,0 +1,222 @@
+"""Fleet mode against real stores: the roll-ups evaluated by each engine's own tool over
+back-filled history (tests/rollup_stores.py), then `analyze --fleet` beside the per-GPU path on
+the same store. The findings are the same; the jobs read per GPU are the same to the last
+digit; the jobs costed from roll-ups are the same within what counters and samples may differ
+by at the edges of a holding (one scrape interval each).
+
+Two fleets: one hand-written from the contract (tests/contract_fleet.py: quiet and faulty
+jobs, a dcgm-exporter-only node, GPU Operator's label layout, 15 to 60 s scrapes, an agent
+restart, a missed scrape), and one from `burnrate simulate`, whose GPU-second counters are
+the agent's own counting replayed over its samples (tests/recorded_counters.py)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from burnrate.analyzer.fleet import analyze_fleet, drill_nodes
+from burnrate.analyzer.frames import Window
+from burnrate.analyzer.openmetrics import write_openmetrics
+from burnrate.analyzer.pricing import load_catalog
+from burnrate.analyzer.report import Report, analyze, to_document
+from burnrate.analyzer.sources import PrometheusSource
+from burnrate.analyzer.sources.rollups import RollUps
+from burnrate.analyzer.views import ANALYSIS_COLUMNS
+from burnrate.simulator.simulate import Spec, simulate
+from tests.conftest import require
+from tests.contract_fleet import BASE_TIME, Node, Workload, backfill_prometheus, generate, import_victoria
+from tests.processes import prometheus, victoria_metrics
+from tests.recorded_counters import gpu_time_openmetrics
+from tests.rollup_stores import evaluate_in_prometheus, replay_in_victoria, rollup_rules
+
+START = BASE_TIME + 210 * 86400.0   # in the past: VictoriaMetrics keeps no future samples
+END = START + 4 * 3600.0
+WINDOW = Window(START - 3600.0, END + 3600.0)
+GPUS = tuple(range(8))
+
+
+def hand_written():
+    nodes = tuple(Node(f"gpu-{i}", 8, "agent", 15.0, phase_s=float(i)) for i in range(4)) + (
+        Node("gpu-4", 8, "agent", 30.0, phase_s=7.0, scrape_profile="exported", jitter_s=2.0,
+             instance_type="p5.48xlarge", gpu_model="NVIDIA H100 80GB HBM3"),
+        Node("gpu-5", 4, "agent", 60.0, phase_s=20.0, restarts=(START + 5400.0,), missed=(START + 7200.0,),
+             instance_type="g5.12xlarge", gpu_model="NVIDIA A10G"),
+        Node("gpu-6", 8, "agent", 15.0, capacity_type="spot"),
+        Node("dcgm-0", 8, "dcgm-4.8.3", 30.0))
+    quiet = {"telemetry": True, "tokens_per_step": 1e5, "data_wait": 0.01}
+    workloads = (
+        # Quiet training jobs: costed from roll-ups.
+        Workload("ml", "pretrain", "training", "PyTorchJob", (("gpu-0", GPUS), ("gpu-1", GPUS)),
+                 START + 600.0, END - 600.0, **quiet),
+        Workload("ml", "finetune", "training", "PyTorchJob", (("gpu-4", GPUS),), START + 900.0, END - 300.0,
+                 **quiet),
+        Workload("ml", "sweep", "training", "PyTorchJob", (("gpu-5", (0, 1, 2, 3)),), START + 300.0, END - 900.0,
+                 **quiet),
+        Workload("ml", "spot-run", "training", "PyTorchJob", (("gpu-6", GPUS),), START, END, **quiet),
+        # A starving job, an idle notebook beside free GPUs, a server on a dcgm-exporter-only node.
+        Workload("ml", "starved", "training", "PyTorchJob", (("gpu-2", GPUS),), START + 600.0, END - 600.0,
+                 telemetry=True, tokens_per_step=1e5, data_wait=0.3),
+        Workload("research", "nb", "interactive", "Notebook", (("gpu-3", (0,)),), START + 600.0, END - 600.0,
+                 util_pct=0.0),
+        Workload("inference", "api", "serving", "Deployment", (("dcgm-0", (0, 1)),), START + 600.0, END - 600.0),
+    )
+    return generate(nodes, workloads, START, END, seed=5)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """The hand-written fleet in Prometheus (rules loaded, so its rules API names the roll-ups'
+    interval) and in VictoriaMetrics (no rules API: the interval is given)."""
+    tmp = tmp_path_factory.mktemp("fleet")
+    f = hand_written()
+    rules = rollup_rules(tmp)
+    data = backfill_prometheus(f, tmp)
+    evaluate_in_prometheus(tmp, data, rules, START, END)
+    (tmp / "vm").mkdir()
+    with prometheus(tmp, storage=data, config=f"rule_files: [{rules!r}]\n") as prom, \
+            victoria_metrics(tmp / "vm") as vm:
+        import_victoria(f, vm.url)
+        replay_in_victoria(tmp / "vm", vm.url, rules, START, END)
+        yield prom.url, vm.url
+
+
+def both(url: str, interval_s: float | None = None) -> tuple[Report, Report]:
+    source = PrometheusSource(url, min_step_s=15.0)
+    catalog = load_catalog()
+    return (analyze(source.frames(WINDOW, ANALYSIS_COLUMNS), catalog),
+            analyze_fleet(source, WINDOW, catalog, interval_s=interval_s))
+
+
+def from_rollups(report: Report) -> set[tuple[str, str]]:
+    return {(j.namespace, j.training_job) for j in report.jobs
+            if j.advice.get("capacity_basis") == "costed from roll-ups, where checkpoints are not seen"}
+
+
+def assert_same(per_gpu: Report, fleet: Report, edge_s: float) -> None:
+    """`edge_s`: GPU-seconds counters and samples may differ by per GPU and holding edge."""
+    a, b = to_document(per_gpu), to_document(fleet)
+    assert b["findings"] == a["findings"]
+    assert a["findings"], "a fleet without findings proves nothing"
+    assert b["missing_signals"] == a["missing_signals"]
+    assert b["simulated"] == a["simulated"]
+    jobs_a = {(j["namespace"], j["training_job"]): j for j in a["jobs"]}
+    jobs_b = {(j["namespace"], j["training_job"]): j for j in b["jobs"]}
+    assert set(jobs_b) == set(jobs_a)
+    rolled = from_rollups(fleet)
+    assert rolled and rolled != set(jobs_a), "both ways of reading must be exercised"
+    for key, want in jobs_a.items():
+        got = jobs_b[key]
+        if key not in rolled:
+            assert got == want, key
+            continue
+        margin = 2 * want["gpus"] * edge_s / 3600
+        assert got["gpu_hours"] == pytest.approx(want["gpu_hours"], abs=margin), key
+        # The same edges, as a share of the job's time, bound its dollars, steps and tokens.
+        for field in ("cost_dollars", "on_demand_cost_dollars", "steps", "tokens"):
+            expected = want[field] if want[field] is None else pytest.approx(want[field], rel=margin / want["gpu_hours"] + 1e-4)
+            assert got[field] == expected, (key, field)
+        assert got["mfu"] == (want["mfu"] if want["mfu"] is None else pytest.approx(want["mfu"], abs=0.005)), key
+        for field in ("gpus", "capacity_type", "class", "class_basis", "waste_dollars"):
+            assert got[field] == want[field], (key, field)
+        # Checkpoints are seen per rank only: what rests on them is left out, and says so.
+        assert got["advice"] == {**{k: want["advice"][k] for k in ("mtbf_hours_on_spot", "checkpoint_interval_s")},
+                                 "observed_checkpoint_interval_s": None, "capacity": None,
+                                 "capacity_basis": "costed from roll-ups, where checkpoints are not seen"}, key
+    acc_a, acc_b = a["accounting"], b["accounting"]
+    gpus = sum(j["gpus"] for j in a["jobs"])
+    for field in ("observed_gpu_hours", "allocated_gpu_hours", "idle_gpu_hours", "unallocated_gpu_hours"):
+        assert acc_b[field] == pytest.approx(acc_a[field], abs=2 * gpus * edge_s / 3600 + 1e-3), field
+    assert acc_b["coverage"] == pytest.approx(acc_a["coverage"], abs=0.01)
+    assert set(acc_b["nodes"]) == set(acc_a["nodes"])
+    for host, figures in acc_a["nodes"].items():
+        for field in ("gpu_hour_dollars", "price_basis"):
+            assert acc_b["nodes"][host][field] == figures[field], (host, field)
+
+
+def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(stores):
+    per_gpu, fleet = both(stores[0])
+    assert_same(per_gpu, fleet, edge_s=60.0)
+    assert from_rollups(fleet) == {("ml", "pretrain"), ("ml", "finetune"), ("ml", "sweep"), ("ml", "spot-run")}
+    [basis] = [n for n in fleet.notes if n.startswith("fleet mode:")]
+    assert basis.startswith("fleet mode: 3 of 8 nodes read per GPU for ")
+    assert "every 60 s (the store's rules API)" in basis
+    for reason in ("GPUs without roll-ups", "idle GPUs", "data wait", "no trainer telemetry"):
+        assert reason in basis
+
+
+def test_on_victoria_metrics_fleet_mode_equals_prometheus(stores):
+    """The second engine: vmalert's roll-ups read from VictoriaMetrics give Prometheus's report."""
+    per_gpu, fleet = both(stores[1], interval_s=60.0)
+    assert_same(per_gpu, fleet, edge_s=60.0)
+    _, on_prometheus = both(stores[0])
+    assert to_document(fleet)["findings"] == to_document(on_prometheus)["findings"]
+    assert from_rollups(fleet) == from_rollups(on_prometheus)
+    for ours, theirs in zip(fleet.jobs, on_prometheus.jobs):
+        assert ours.gpu_hours == pytest.approx(theirs.gpu_hours, abs=2 * theirs.gpus * 60.0 / 3600), ours.training_job
+    assert any("every 60 s (given)" in n for n in fleet.notes)
+    # Without the interval and without a rules API, the assumption is stated.
+    assumed = analyze_fleet(PrometheusSource(stores[1], min_step_s=15.0), WINDOW, load_catalog())
+    assert any("not found in the store's rules API: 60 s, the shipped rules', assumed" in n for n in assumed.notes)
+
+
+def test_the_cli_reads_a_fleet_as_a_user_types_it(stores):
+    proc = subprocess.run([sys.executable, "-m", "burnrate", "analyze", "--prometheus", stores[0], "--fleet",
+                           "--start", str(WINDOW.start), "--end", str(WINDOW.end), "--scrape-interval", "15"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "note: fleet mode: 3 of 8 nodes read per GPU" in proc.stdout
+    assert "ml/pretrain" in proc.stdout and "dataloader_starvation" in proc.stdout
+
+
+def test_fleet_needs_a_store():
+    proc = subprocess.run([sys.executable, "-m", "burnrate", "analyze", "--recording", ".", "--fleet"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["burnrate analyze: error: --fleet reads a store's roll-ups: "
+                                                "it needs --prometheus URL"]
+
+
+def test_a_simulated_fleet_is_found_and_costed_alike(tmp_path):
+    end = START + 3 * 3600.0
+    recording = str(tmp_path / "rec")
+    simulate(recording, Spec(nodes=8, gpus_per_node=8, hours=3.0, step_s=15.0, seed=7, end=end))
+    text = tmp_path / "fleet.om"
+    with open(text, "w", encoding="utf-8") as fh:
+        write_openmetrics(recording, fh)
+    body = text.read_text()
+    text.write_text(body[:-len("# EOF\n")] + gpu_time_openmetrics(recording, 15.0) + "# EOF\n")
+    data = str(tmp_path / "tsdb")
+    subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(text), data],
+                   check=True, capture_output=True, timeout=300)
+    rules = rollup_rules(tmp_path)
+    evaluate_in_prometheus(tmp_path, data, rules, end - 3 * 3600.0, end)
+    with prometheus(tmp_path, storage=data, config=f"rule_files: [{rules!r}]\n") as prom:
+        source = PrometheusSource(prom.url, min_step_s=15.0)
+        window = Window(end - 4 * 3600.0, end + 600.0)
+        per_gpu = analyze(source.frames(window, ANALYSIS_COLUMNS), load_catalog())
+        fleet = analyze_fleet(source, window, load_catalog())
+    assert_same(per_gpu, fleet, edge_s=15.0)
+
+
+def test_the_nodes_read_per_gpu_hold_each_job_whole():
+    """A flagged node brings every node of each job on it, and theirs in turn."""
+    rollups = RollUps(60.0, "given")
+    for job, hosts in ((("ml", "a"), ("n1", "n2")), (("ml", "b"), ("n2", "n3")), (("ml", "c"), ("n4",)),
+                       (("ml", "d"), ("n5", "n6"))):
+        for host in hosts:
+            rollups.allocated[(job, host, "A100")] = 3600.0
+    rollups.flagged_nodes["n1"] = {"XID errors"}
+    rollups.flagged_jobs[("ml", "d")] = {"data wait"}
+    assert drill_nodes(rollups) == {"n1", "n2", "n3", "n5", "n6"}
+    assert drill_nodes(rollups, {"n4"}) == {"n1", "n2", "n3", "n4", "n5", "n6"}
+
+
+def test_every_rollup_fleet_mode_reads_is_shipped():
+    import yaml
+    from burnrate.analyzer.sources.rollups import GROUP, READ
+    from tests.rollup_stores import RULES
+
+    with open(RULES) as fh:
+        [group] = [g for g in yaml.safe_load(fh)["groups"] if g["name"] == GROUP]
+    assert set(READ) <= {rule["record"] for rule in group["rules"]}
