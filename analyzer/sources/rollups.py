@@ -193,10 +193,13 @@ class RollUpReader:
                         f">= {ratio * m:g}")
         job("data wait", f"max_over_time(({self._sel(DATA_WAIT)} / {self._sel(STEP_SECONDS)})"
                          f"[{self._range}:{self._step(self._interval_s)}]) >= {c.dataloader_starvation.warning_share * m:g}")
+        # With two ranks the detector compares with the faster one, the roll-up with their mean:
+        # jobs of up to two GPUs (a rank each, as torchrun starts them) meet a lower bar.
         slowdown = c.straggler.slowdown
-        # With two ranks the detector compares with the faster one, the roll-up with their mean.
-        job("slow rank", f"max_over_time({self._sel(STRAGGLE)}[{self._range}]) >= "
-                         f"{min(slowdown, 2 * slowdown / (1 + slowdown)) * (1 - (1 - m) / 4):g}")
+        for key, ratio in _jobs(self._values(f"max_over_time({self._sel(STRAGGLE)}[{self._range}])", JOB)).items():
+            bar = slowdown if out.gpus.get(key, 0.0) > 2 else 2 * slowdown / (1 + slowdown)
+            if ratio >= 1 + (bar - 1) * m:
+                jobs.setdefault(key, set()).add("slow rank")
         floor = c.low_mfu.floor / m
         for key, value in out.mfu.items():
             if value < floor:

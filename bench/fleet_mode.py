@@ -1,0 +1,279 @@
+"""Fleet mode against the per-GPU path, side by side in one run, on real stores.
+
+1. Per-GPU path vs fleet mode on one Prometheus: a simulated fleet (`burnrate simulate`, 15 s)
+   back-filled with promtool, with the GPU-second counters the agent would have exposed
+   (the agent's own counting replayed over the samples), the shipped roll-ups evaluated over
+   it by `promtool tsdb create-blocks-from rules`.
+2. Fleet mode alone at fleet scale on VictoriaMetrics: a week of roll-up series for N GPUs
+   (what the ruler would have written), imported directly; no per-GPU series are stored, so
+   this measures reading and flagging the roll-ups, not the drill-down (measured in part 1).
+
+Each analysis runs in a fresh process, so its peak RSS is its own; the store's CPU seconds
+are read from /proc before and after.
+
+    .venv/bin/python bench/fleet_mode.py [--gpus 1024] [--hours 24] [--fleet-gpus 10000] [--fleet-days 7]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fleets import END, GPUS_PER_NODE, cached_fleet  # noqa: E402  bench/ is on sys.path when run as a script
+
+EVAL_S = 60.0
+
+
+def measure(url: str, start: float, end: float, fleet: bool, interval: float | None) -> dict[str, float]:
+    """Runs in the child: one analysis, timed."""
+    from burnrate.analyzer.fleet import analyze_fleet
+    from burnrate.analyzer.frames import Window
+    from burnrate.analyzer.pricing import load_catalog
+    from burnrate.analyzer.report import analyze, render_json
+    from burnrate.analyzer.sources import PrometheusSource
+    from burnrate.analyzer.views import ANALYSIS_COLUMNS
+
+    source = PrometheusSource(url, min_step_s=15.0, timeout_s=600.0)
+    window = Window(start, end)
+    began = time.monotonic()
+    if fleet:
+        report = analyze_fleet(source, window, load_catalog(), interval_s=interval)
+    else:
+        report = analyze(source.frames(window, ANALYSIS_COLUMNS), load_catalog())
+    render_json(report)
+    basis = next((n for n in report.notes if n.startswith("fleet mode:")), "")
+    return {"total_s": time.monotonic() - began, "findings": len(report.findings), "jobs": len(report.jobs),
+            "gpu_hours": sum(j.gpu_hours for j in report.jobs),
+            "drilled": basis.split(" nodes read per GPU")[0].removeprefix("fleet mode: ") if basis else "all",
+            "peak_rss_gb": _peak_rss_gb()}
+
+
+def _peak_rss_gb() -> float:
+    """This process's high-water mark (ru_maxrss would carry the parent's over exec)."""
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 2**20
+
+
+def run_child(url: str, start: float, end: float, fleet: bool, server: psutil.Process,
+              interval: float | None = None) -> dict[str, float]:
+    before = sum(server.cpu_times()[:2])
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps([url, start, end, fleet, interval])],
+                         capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["store_cpu_s"] = sum(server.cpu_times()[:2]) - before
+    return result
+
+
+def wait(url: str, proc: subprocess.Popen) -> None:
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit(f"{url}: the store exited ({proc.returncode})")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"{url}: not ready")
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rollup_rules(root: Path) -> Path:
+    import yaml
+    with open(Path(__file__).resolve().parents[1] / "manifests" / "alerts" / "burnrate-rules.yaml") as fh:
+        groups = yaml.safe_load(fh)["groups"]
+    path = root / "rollups.yaml"
+    path.write_text(yaml.safe_dump({"groups": [g for g in groups if g["name"] == "burnrate-rollups"]}))
+    return path
+
+
+def prometheus(root: Path, data: Path, rules: Path | None = None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    config = root / f"prometheus-{port}.yml"
+    config.write_text("global: {scrape_interval: 1m}\n" + (f"rule_files: [{str(rules)!r}]\n" if rules else ""))
+    proc = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--query.max-samples=200000000",
+                             "--storage.tsdb.retention.time=100y"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait(url + "/-/ready", proc)
+    return proc, url
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def per_gpu_vs_fleet(root: Path, cache: str, gpus: int, hours: float) -> list[tuple[str, dict]]:
+    from burnrate.analyzer.openmetrics import write_openmetrics
+    from tests.recorded_counters import gpu_time_openmetrics
+
+    recording = cached_fleet(cache, gpus, hours)
+    began = time.monotonic()
+    text = root / "fleet.om"
+    with open(text, "w", encoding="utf-8") as fh:
+        samples = write_openmetrics(recording, fh)
+    body = text.read_text()
+    text.write_text(body[:-len("# EOF\n")] + gpu_time_openmetrics(recording, 15.0) + "# EOF\n")
+    del body
+    data = root / "tsdb"
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(text), str(data)],
+                   check=True, capture_output=True)
+    size_gb = text.stat().st_size / 2**30
+    text.unlink()
+    print(f"  back-filled {samples:,} samples ({size_gb:.1f} GB of text) in {time.monotonic() - began:.0f} s",
+          file=sys.stderr)
+    start, end = END - hours * 3600.0, END
+    rules = rollup_rules(root)
+    began = time.monotonic()
+    proc, url = prometheus(root, data)
+    try:
+        subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(start)}",
+                        f"--end={int(end + 600)}", f"--url={url}", f"--output-dir={root / 'recorded'}",
+                        f"--eval-interval={int(EVAL_S)}s", str(rules)], check=True, capture_output=True)
+    finally:
+        stop(proc)
+    for block in os.listdir(root / "recorded"):
+        shutil.move(str(root / "recorded" / block), data)
+    print(f"  roll-ups evaluated in {time.monotonic() - began:.0f} s", file=sys.stderr)
+    proc, url = prometheus(root, data, rules)
+    try:
+        server = psutil.Process(proc.pid)
+        window = (start - 60.0, end + 60.0)
+        return [("per-GPU", run_child(url, *window, False, server)),
+                ("fleet", run_child(url, *window, True, server))]
+    finally:
+        stop(proc)
+
+
+def rollup_lines(gpus: int, days: float, end: float, seed: int = 0):
+    """A week of the roll-ups the ruler writes for `gpus` GPUs on 8-GPU nodes: jobs of 8 to 64
+    GPUs that run for the whole window, a few of them starving or idle, as JSON import lines."""
+    rng = np.random.default_rng(seed)
+    times = np.arange(end - days * 86400.0, end + 1, EVAL_S)
+    stamps = "[" + ",".join(str(int(t * 1000)) for t in times) + "]"
+
+    def line(name: str, labels: dict[str, str], value: float) -> str:
+        values = "[" + ",".join([f"{value:.6g}"] * len(times)) + "]"
+        return f'{{"metric": {json.dumps({"__name__": name, **labels})}, "values": {values}, "timestamps": {stamps}}}\n'
+
+    model = "NVIDIA H100 80GB HBM3"
+    nodes = gpus // GPUS_PER_NODE
+    node = 0
+    job = 0
+    from burnrate.analyzer.sources import rollups as R
+    while node < nodes:
+        size = int(min(rng.choice([1, 1, 2, 4, 8]), nodes - node))
+        name = {"namespace": f"team-{job % 20}", "training_job": f"run-{job}"}
+        fault = rng.random()
+        for n in range(size):
+            host = {"Hostname": f"node-{node + n:05d}", "modelName": model}
+            yield line(R.JOB_ALLOCATED, {**name, **host}, 8.0)
+            yield line(R.JOB_IDLE, {**name, **host}, 8.0 if fault < 0.02 else 0.0)
+            yield line(R.NODE_OBSERVED, host, 8.0)
+        yield line(R.JOB_SHARE, name, 8.0 * size)
+        for metric, value in ((R.STEPS, 2.0), (R.STEP_SECONDS, 16.0 * size), (R.TOKENS, 2e6 * size),
+                              (R.MFU, 0.42), (R.LOSS, 2.1), (R.GRAD_NORM, 0.9), (R.STRAGGLE, 1.03)):
+            yield line(metric, name, value)
+        yield line(R.DATA_WAIT, name, (0.3 if 0.02 <= fault < 0.04 else 0.01) * 16.0 * size)
+        node += size
+        job += 1
+
+
+def fleet_at_scale(root: Path, gpus: int, days: float) -> list[tuple[str, dict]]:
+    port = free_port()
+    proc = subprocess.Popen(["victoria-metrics", f"-httpListenAddr=127.0.0.1:{port}",
+                             f"-storageDataPath={root / 'vmdata'}", "-retentionPeriod=100y",
+                             "-search.disableCache", "-search.latencyOffset=0s", "-search.maxPointsPerTimeseries=100000",
+                             "-search.maxSamplesPerQuery=2000000000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait(url + "/health", proc)
+        end = time.time() // 3600 * 3600 - 3600
+        began = time.monotonic()
+        batch: list[str] = []
+        series = 0
+        for text in rollup_lines(gpus, days, end):
+            batch.append(text)
+            if len(batch) >= 200:
+                series += len(batch)
+                _post(url, batch)
+                batch = []
+        series += len(batch)
+        _post(url, batch)
+        with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=600) as resp:
+            resp.read()
+        points = series * int(days * 86400 / EVAL_S + 1)
+        print(f"  imported {series:,} roll-up series, {points:,} points, in {time.monotonic() - began:.0f} s",
+              file=sys.stderr)
+        server = psutil.Process(proc.pid)
+        return [("fleet (roll-ups only)", run_child(url, end - days * 86400.0, end, True, server, EVAL_S))]
+    finally:
+        stop(proc)
+
+
+def _post(url: str, lines: list[str]) -> None:
+    if lines:
+        request = urllib.request.Request(f"{url}/api/v1/import", data="".join(lines).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=600) as resp:
+            resp.read()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=1024, help="GPUs of the per-GPU vs fleet comparison")
+    parser.add_argument("--hours", type=float, default=24.0)
+    parser.add_argument("--fleet-gpus", type=int, default=10000, help="GPUs of the fleet-scale run (0: skip)")
+    parser.add_argument("--fleet-days", type=float, default=7.0)
+    parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "burnrate-bench"),
+                        help="where simulated recordings are kept between runs")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(*json.loads(args.child))))
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="burnrate-bench-fleet-") as tmp:
+        if args.gpus:
+            part = Path(tmp) / "prometheus"
+            part.mkdir()
+            rows += [(f"{args.gpus} GPUs × {args.hours:g} h", "Prometheus", *row)
+                     for row in per_gpu_vs_fleet(part, args.cache, args.gpus, args.hours)]
+        if args.fleet_gpus:
+            part = Path(tmp) / "victoria"
+            part.mkdir()
+            rows += [(f"{args.fleet_gpus} GPUs × {args.fleet_days:g} d", "VictoriaMetrics", *row)
+                     for row in fleet_at_scale(part, args.fleet_gpus, args.fleet_days)]
+    print("| fleet | store | path | nodes read per GPU | total s | peak RSS GB | store CPU s | findings | jobs |"
+          " GPU-hours |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for fleet, store, path, r in rows:
+        print(f"| {fleet} | {store} | {path} | {r['drilled']} | {r['total_s']:.1f} | {r['peak_rss_gb']:.2f} | "
+              f"{r['store_cpu_s']:.1f} | {r['findings']} | {r['jobs']} | {r['gpu_hours']:,.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
