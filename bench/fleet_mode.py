@@ -266,11 +266,10 @@ def main() -> int:
             part.mkdir()
             rows += [(f"{args.fleet_gpus} GPUs × {args.fleet_days:g} d", "VictoriaMetrics", *row)
                      for row in fleet_at_scale(part, args.fleet_gpus, args.fleet_days)]
-    print("| fleet | store | path | nodes read per GPU | total s | peak RSS GB | store CPU s | findings | jobs |"
-          " GPU-hours |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| run | store | nodes read per GPU | total s | peak RSS GB | store CPU s | findings | jobs | GPU-hours |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for fleet, store, path, r in rows:
-        print(f"| {fleet} | {store} | {path} | {r['drilled']} | {r['total_s']:.1f} | {r['peak_rss_gb']:.2f} | "
+        print(f"| {path}, {fleet} | {store} | {r['drilled']} | {r['total_s']:.1f} | {r['peak_rss_gb']:.2f} | "
               f"{r['store_cpu_s']:.1f} | {r['findings']} | {r['jobs']} | {r['gpu_hours']:,.1f} |")
     return 0
 

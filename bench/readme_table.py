@@ -115,6 +115,10 @@ ROWS = (
     Row("MFU, tiny model on CPU (the target, 45%, is for an H100)", "MFU", cell("tiny", "MFU"), "%"),
     Row("analyze 1,024 GPUs x 7 days: time", "Analyzer", cell("1024", "total s"), "s", 10),
     Row("analyze 1,024 GPUs x 7 days: peak memory", "Analyzer", cell("1024", "peak RSS GB"), "GB", 4),
+    Row("fleet mode, 10,000 GPUs x 7 days of roll-ups: time", "Fleet mode",
+        cell("fleet (roll-ups only), 10000 GPUs × 7 d", "total s"), "s", 30),
+    Row("fleet mode, 10,000 GPUs x 7 days of roll-ups: peak memory", "Fleet mode",
+        cell("fleet (roll-ups only), 10000 GPUs × 7 d", "peak RSS GB"), "GB", 4),
     Row("dashboard, slowest page once the analysis is cached", "Dashboard", largest("build s"), "s", 2),
 )
 

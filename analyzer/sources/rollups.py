@@ -230,8 +230,11 @@ class RollUpReader:
         gpus = self._buckets(f"count by (Hostname, hostname) ({present})", w, bucket_s)
         rolled = self._buckets(f"count by (Hostname) (present_over_time({self._sel(NODE_OBSERVED)}[{step}]))",
                                w, bucket_s)
-        for host, seen in gpus.items():
+        # Where the per-GPU series are gone (a store that keeps roll-ups longer than raw
+        # samples), a node's lifetime is where its roll-ups are.
+        for host, seen in {**rolled, **gpus}.items():
             out.lifetime_s[host] = min((max(seen) - min(seen) + bucket_s), w.end - w.start)
+        for host, seen in gpus.items():
             # A bucket at each edge may hold GPU samples before the first evaluation or after the last.
             if len(seen - rolled.get(host, set())) > 2 or host not in rolled:
                 out.flagged_nodes.setdefault(host, set()).add("GPUs without roll-ups")
