@@ -285,6 +285,18 @@ def _advice(v: Views, job: dict, prices: GpuPrices, gpu_row: np.ndarray, rank_ro
     out = checkpoint_advice(gpus, len(hosts), observed, config)
     if not len(g) or hours <= 0:
         return out
+    od = float(np.mean(prices.on_demand[g])) if np.isfinite(prices.on_demand[g]).all() else None
+    spot = float(np.mean(prices.spot[g])) if np.isfinite(prices.spot[g]).all() else None
+    return capacity_advice(out, hours, gpus, len(hosts), od, spot, {prices.capacity[i] for i in g},
+                           workload_class, config)
+
+
+def capacity_advice(out: dict[str, object], hours: float, gpus: float, nodes: int, on_demand: float | None,
+                    spot: float | None, capacities: set[str], workload_class: str,
+                    config: AdviceConfig) -> dict[str, object]:
+    """Spot or on-demand for a job that held `gpus` on `nodes` for `hours`, added to its
+    checkpoint advice (`checkpoint_advice`) where its class, checkpoints and prices allow."""
+    observed = out["observed_checkpoint_interval_s"]
     # An interruption costs a job without checkpoints all its work, and a server or a
     # notebook its users: spot is advised only to a training job seen checkpointing.
     if workload_class != TRAINING or observed is None:
@@ -292,11 +304,9 @@ def _advice(v: Views, job: dict, prices: GpuPrices, gpu_row: np.ndarray, rank_ro
                                  + (f"this is {workload_class}" if workload_class != TRAINING
                                     else "no checkpoint of this job was seen"))
         return out
-    od = float(np.mean(prices.on_demand[g])) if np.isfinite(prices.on_demand[g]).all() else None
-    spot = float(np.mean(prices.spot[g])) if np.isfinite(prices.spot[g]).all() else None
-    if od is None or spot is None or any(prices.capacity[i] not in ("spot", "on-demand") for i in g):
+    if on_demand is None or spot is None or not capacities <= {SPOT, ON_DEMAND}:
         return out
     # Work lost per interruption: half a checkpoint interval; with none seen, half the run.
     interval = observed or out["checkpoint_interval_s"] or hours * 3600
-    out.update(spot_or_on_demand(hours, gpus, len(hosts), spot, od, float(interval) / 2, config))
+    out.update(spot_or_on_demand(hours, gpus, nodes, spot, on_demand, float(interval) / 2, config))
     return out

@@ -19,7 +19,7 @@ from typing import Mapping
 from burnrate.exporter.labels import SIMULATED
 
 from .accounting import Accounting
-from .cost import AdviceConfig, JobCost, checkpoint_advice, node_price
+from .cost import AdviceConfig, JobCost, capacity_advice, checkpoint_advice, node_price
 from .detectors import DetectorConfig
 from .findings import KINDS
 from .frames import Window
@@ -89,8 +89,8 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
         notes.append(f"no price for nodes {', '.join(unpriced_hosts[:5])}{' …' if len(unpriced_hosts) > 5 else ''}"
                      " (read from roll-ups): their dollars are null (add them to a --pricing file)")
     if jobs:
-        notes.append(f"{len(jobs)} jobs costed from roll-ups: no checkpoint or capacity advice for them "
-                     "(read per GPU without --fleet)")
+        notes.append(f"{len(jobs)} jobs costed from roll-ups: their checkpoint interval is the mean between "
+                     "checkpoints seen each minute (per GPU, the median of every one)")
     simulated = report.simulated or any(SIMULATED in model for _, model in rollups.observed)
     return replace(report, jobs=sorted(report.jobs + jobs, key=lambda j: (j.namespace, j.training_job)),
                    missing=tuple(missing), notes=notes, accounting=accounting,
@@ -136,20 +136,37 @@ def _job_cost(rollups: RollUps, job: Job, prices: dict[str, tuple], advice: Advi
         return None if any(rate != rate for _, rate in used) else sum(h * rate for h, rate in used)
 
     cost, on_demand = dollars(0), dollars(1)
-    caps = {prices[h][3] for h, s in held.items() if s > 0}
+    caps = {str(prices[h][3]) for h, s in held.items() if s > 0}
     steps, tokens = rollups.steps.get(job), rollups.tokens.get(job) or None
     gpus = round(rollups.gpus.get(job, 0.0), 4)
     waste = {kind: 0.0 for kind in KINDS if kind != "unallocated_gpu"}
     return JobCost(
         namespace=job[0], training_job=job[1], gpus=gpus, gpu_hours=hours,
-        capacity_type=caps.pop() if len(caps) == 1 else ("mixed" if caps else "unknown"),
+        capacity_type=next(iter(caps)) if len(caps) == 1 else ("mixed" if caps else "unknown"),
         cost_dollars=cost, on_demand_cost_dollars=on_demand, steps=steps, tokens=tokens,
         cost_per_step=cost / steps if cost is not None and steps else None,
         cost_per_billion_tokens=cost / (tokens / 1e9) if cost is not None and tokens else None,
         mfu=rollups.mfu.get(job), waste_dollars=waste,
-        advice={**checkpoint_advice(gpus, len(held), None, advice),
-                "capacity_basis": "costed from roll-ups, where checkpoints are not seen"},
+        advice=_advice(rollups, job, gpus, {h: s for h, s in held.items() if s > 0}, prices, caps, advice),
         workload_class=TRAINING, class_basis="trainer telemetry")
+
+
+def _advice(rollups: RollUps, job: Job, gpus: float, held: dict[str, float], prices: dict[str, tuple],
+            caps: set[str], config: AdviceConfig) -> dict[str, object]:
+    """As the per-GPU path advises (analyzer.cost), from the job's roll-ups: its hours are its
+    GPU-hours over its GPUs (a roll-up over 5 minutes runs on past the job's end), and prices
+    are averaged over its nodes by the GPU-time it spent on each."""
+    out = checkpoint_advice(gpus, len(held), rollups.checkpoint_interval_s.get(job), config)
+    total = sum(held.values())
+    hours = total / 3600 / gpus if gpus > 0 else 0.0
+    if not held or hours <= 0:
+        return out
+
+    def mean(column: int) -> float | None:
+        rates = [(s, prices[h][column]) for h, s in held.items()]
+        return None if any(r != r for _, r in rates) else sum(s * r for s, r in rates) / total
+
+    return capacity_advice(out, hours, gpus, len(held), mean(1), mean(2), caps, TRAINING, config)
 
 
 def _accounting(drilled: Accounting | None, rollups: RollUps, hosts: list[str],

@@ -36,6 +36,7 @@ STEP_SECONDS = "cluster_namespace_training_job:burnrate_train_step_seconds:rate5
 DATA_WAIT = "cluster_namespace_training_job:burnrate_train_data_wait_seconds:rate5m"
 TOKENS = "cluster_namespace_training_job:burnrate_train_tokens:rate5m"
 MFU = "cluster_namespace_training_job:burnrate_train_mfu_ratio:avg"
+CHECKPOINT = "cluster_namespace_training_job:burnrate_train_last_checkpoint_timestamp_seconds:max"
 LOSS = "cluster_namespace_training_job:burnrate_train_loss:median"
 GRAD_NORM = "cluster_namespace_training_job:burnrate_train_grad_norm:median"
 NONFINITE = "cluster_namespace_training_job:burnrate_train_nonfinite_ranks:count"
@@ -43,7 +44,7 @@ STRAGGLE = "cluster_namespace_training_job:burnrate_train_compute_per_step_secon
 XID = "cluster_hostname:burnrate_gpu_xid_errors:increase5m"
 DOWN = "cluster_hostname:burnrate_gpu_down:count"
 THERMAL = "cluster_hostname:dcgm_fi_dev_clock_throttle_reasons_thermal:count"
-READ = (JOB_ALLOCATED, JOB_IDLE, NODE_OBSERVED, JOB_SHARE, STEPS, STEP_SECONDS, DATA_WAIT, TOKENS, MFU, LOSS, GRAD_NORM,
+READ = (JOB_ALLOCATED, JOB_IDLE, NODE_OBSERVED, JOB_SHARE, STEPS, STEP_SECONDS, DATA_WAIT, TOKENS, MFU, CHECKPOINT, LOSS, GRAD_NORM,
         NONFINITE, STRAGGLE, XID, DOWN, THERMAL)
 # Thresholds are met by the roll-ups with this much to spare: they average over 5 minutes
 # and their ranks' median is a mean where the detector takes a median, so a finding near
@@ -69,6 +70,7 @@ class RollUps:
     tokens: dict[Job, float] = field(default_factory=dict)
     mfu: dict[Job, float] = field(default_factory=dict)
     gpus: dict[Job, float] = field(default_factory=dict)                           # most held at once
+    checkpoint_interval_s: dict[Job, float] = field(default_factory=dict)
     node_info: dict[str, dict[str, str]] = field(default_factory=dict)
     flagged_jobs: dict[Job, set[str]] = field(default_factory=dict)
     flagged_nodes: dict[str, set[str]] = field(default_factory=dict)
@@ -122,6 +124,7 @@ class RollUpReader:
         out.mfu = _jobs(self._values(f"avg_over_time(({self._sel(MFU)} and on (cluster, namespace, training_job) "
                                      f"{self._sel(STEPS)} > 0)[{self._range}:{self._step(interval)}])", JOB))
         out.gpus = _jobs(self._values(f"max_over_time({self._sel(JOB_SHARE)}[{self._range}])", JOB))
+        out.checkpoint_interval_s = self._checkpoints(interval)
         out.node_info = self._node_info()
         self._flag(out, bucket_s)
         return out
@@ -148,6 +151,17 @@ class RollUpReader:
 
     def _names(self, promql: str, by: tuple[str, ...]) -> set[tuple[str, ...]]:
         return {tuple(series["metric"].get(n, "") for n in by) for series in self.source.query(promql, self._at)}
+
+    def _checkpoints(self, interval: float) -> dict[Job, float]:
+        """Each job's time between checkpoints: from the first checkpoint seen in the window to
+        the last over the checkpoints in between (its mean, where the per-rank path takes the
+        median; the same for a job that checkpoints on a schedule), where three were seen."""
+        saved = f"({self._sel(CHECKPOINT)} > 0)[{self._range}:{self._step(interval)}]"
+        first = _jobs(self._values(f"min_over_time({saved})", JOB))
+        last = _jobs(self._values(f"max_over_time({saved})", JOB))
+        count = _jobs(self._values(f"changes({saved}) + 1", JOB))
+        return {job: (last[job] - first[job]) / (n - 1) for job, n in count.items()
+                if n > 2 and job in first and job in last}
 
     def _node_info(self) -> dict[str, dict[str, str]]:
         info = {}
