@@ -9,7 +9,7 @@ out, while NaN losses and gradient norms are kept as NaN.
 """
 from __future__ import annotations
 
-from typing import IO
+from typing import IO, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -83,13 +83,19 @@ def _family_type(spec: C.MetricSpec) -> tuple[str, str]:
     return spec.name, "gauge"
 
 
-def write_openmetrics(root: str, out: IO[str], window: Window | None = None) -> int:
-    """Writes the recording at `root` to `out`; returns the number of samples written."""
+def write_openmetrics(root: str, out: IO[str], window: Window | None = None,
+                      columns: Mapping[str, Sequence[str]] | None = None, end: bool = True) -> int:
+    """Writes the recording at `root` to `out`; returns the number of samples written.
+    `columns` keeps only those value columns per table (and the series that stand for a
+    constant: allocation, node info), e.g. the analysis' own (analyzer.views.ANALYSIS_COLUMNS);
+    `end=False` leaves out `# EOF`, for more families to follow."""
     written = 0
     tables: dict[str, pd.DataFrame] = {}
     families: dict[str, list[_Family]] = {}
     for family in _families():
-        families.setdefault(family[1].name, []).append(family)
+        table, _, column = family[:3]
+        if columns is None or table in columns and (isinstance(column, float) or column in columns[table]):
+            families.setdefault(family[1].name, []).append(family)
     for name, parts in families.items():
         spec = parts[0][1]
         family_name, kind = _family_type(spec)
@@ -111,6 +117,7 @@ def write_openmetrics(root: str, out: IO[str], window: Window | None = None) -> 
             out.write("\n".join(lines.tolist()))
             out.write("\n")
             written += len(lines)
-    out.write("# EOF\n")
+    if end:
+        out.write("# EOF\n")
     return written
 

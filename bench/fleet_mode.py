@@ -1,9 +1,9 @@
 """Fleet mode against the per-GPU path, side by side in one run, on real stores.
 
 1. Per-GPU path vs fleet mode on one Prometheus: a simulated fleet (`burnrate simulate`, 15 s)
-   back-filled with promtool, with the GPU-second counters the agent would have exposed
-   (the agent's own counting replayed over the samples), the shipped roll-ups evaluated over
-   it by `promtool tsdb create-blocks-from rules`.
+   back-filled with promtool (the series the analysis reads, and the GPU-second counters the
+   agent would have exposed: its own counting replayed over the samples), the shipped roll-ups
+   evaluated over it by `promtool tsdb create-blocks-from rules`; kept in the cache directory.
 2. Fleet mode alone at fleet scale on VictoriaMetrics: a week of roll-up series for N GPUs
    (what the ruler would have written), imported directly; no per-GPU series are stored, so
    this measures reading and flagging the roll-ups, not the drill-down (measured in part 1).
@@ -125,42 +125,55 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def per_gpu_vs_fleet(root: Path, cache: str, gpus: int, hours: float) -> list[tuple[str, dict]]:
+def stored_fleet(cache: str, gpus: int, hours: float) -> Path:
+    """The simulated fleet back-filled into Prometheus blocks with its roll-ups, kept in the
+    cache between runs: what the analysis reads (`ANALYSIS_COLUMNS`) and the counters."""
     from burnrate.analyzer.openmetrics import write_openmetrics
-    from tests.recorded_counters import gpu_time_openmetrics
+    from burnrate.analyzer.views import ANALYSIS_COLUMNS
+    from tests.recorded_counters import write_gpu_time
 
+    root = Path(cache) / f"prometheus-{gpus}gpus-{hours:g}h"
+    data = root / "tsdb"
+    if (root / "ready").exists():
+        return data
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
     recording = cached_fleet(cache, gpus, hours)
     began = time.monotonic()
     text = root / "fleet.om"
     with open(text, "w", encoding="utf-8") as fh:
-        samples = write_openmetrics(recording, fh)
-    body = text.read_text()
-    text.write_text(body[:-len("# EOF\n")] + gpu_time_openmetrics(recording, 15.0) + "# EOF\n")
-    del body
-    data = root / "tsdb"
+        samples = write_openmetrics(recording, fh, columns=ANALYSIS_COLUMNS, end=False)
+        samples += write_gpu_time(recording, fh, 15.0)
+        fh.write("# EOF\n")
+    written = time.monotonic() - began
     subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(text), str(data)],
                    check=True, capture_output=True)
     size_gb = text.stat().st_size / 2**30
     text.unlink()
-    print(f"  back-filled {samples:,} samples ({size_gb:.1f} GB of text) in {time.monotonic() - began:.0f} s",
-          file=sys.stderr)
-    start, end = END - hours * 3600.0, END
-    rules = rollup_rules(root)
+    print(f"  back-filled {samples:,} samples ({size_gb:.1f} GB of text, written in {written:.0f} s) "
+          f"in {time.monotonic() - began:.0f} s", file=sys.stderr)
     began = time.monotonic()
+    rules = rollup_rules(root)
     proc, url = prometheus(root, data)
     try:
-        subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(start)}",
-                        f"--end={int(end + 600)}", f"--url={url}", f"--output-dir={root / 'recorded'}",
+        subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(END - hours * 3600)}",
+                        f"--end={int(END + 600)}", f"--url={url}", f"--output-dir={root / 'recorded'}",
                         f"--eval-interval={int(EVAL_S)}s", str(rules)], check=True, capture_output=True)
     finally:
         stop(proc)
     for block in os.listdir(root / "recorded"):
         shutil.move(str(root / "recorded" / block), data)
     print(f"  roll-ups evaluated in {time.monotonic() - began:.0f} s", file=sys.stderr)
-    proc, url = prometheus(root, data, rules)
+    (root / "ready").touch()
+    return data
+
+
+def per_gpu_vs_fleet(root: Path, cache: str, gpus: int, hours: float) -> list[tuple[str, dict]]:
+    data = stored_fleet(cache, gpus, hours)
+    proc, url = prometheus(root, data, rollup_rules(root))
     try:
         server = psutil.Process(proc.pid)
-        window = (start - 60.0, end + 60.0)
+        window = (END - hours * 3600.0 - 60.0, END + 60.0)
         return [("per-GPU", run_child(url, *window, False, server)),
                 ("fleet", run_child(url, *window, True, server))]
     finally:

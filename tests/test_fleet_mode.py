@@ -27,7 +27,7 @@ from burnrate.simulator.simulate import Spec, simulate
 from tests.conftest import require
 from tests.contract_fleet import BASE_TIME, Node, Workload, backfill_prometheus, generate, import_victoria
 from tests.processes import prometheus, victoria_metrics
-from tests.recorded_counters import gpu_time_openmetrics
+from tests.recorded_counters import write_gpu_time
 from tests.rollup_stores import evaluate_in_prometheus, replay_in_victoria, rollup_rules
 
 START = BASE_TIME + 210 * 86400.0   # in the past: VictoriaMetrics keeps no future samples
@@ -187,9 +187,9 @@ def test_a_simulated_fleet_is_found_and_costed_alike(tmp_path):
     simulate(recording, Spec(nodes=8, gpus_per_node=8, hours=3.0, step_s=15.0, seed=7, end=end))
     text = tmp_path / "fleet.om"
     with open(text, "w", encoding="utf-8") as fh:
-        write_openmetrics(recording, fh)
-    body = text.read_text()
-    text.write_text(body[:-len("# EOF\n")] + gpu_time_openmetrics(recording, 15.0) + "# EOF\n")
+        write_openmetrics(recording, fh, columns=ANALYSIS_COLUMNS, end=False)
+        write_gpu_time(recording, fh, 15.0)
+        fh.write("# EOF\n")
     data = str(tmp_path / "tsdb")
     subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(text), data],
                    check=True, capture_output=True, timeout=300)
