@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -136,22 +137,25 @@ def stored_fleet(cache: str, gpus: int, hours: float) -> Path:
     data = root / "tsdb"
     if (root / "ready").exists():
         return data
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    recording = cached_fleet(cache, gpus, hours)
+    shutil.rmtree(data, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     text = root / "fleet.om"
-    with open(text, "w", encoding="utf-8") as fh:
-        samples = write_openmetrics(recording, fh, columns=ANALYSIS_COLUMNS, end=False)
-        samples += write_gpu_time(recording, fh, 15.0)
-        fh.write("# EOF\n")
-    written = time.monotonic() - began
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(text), str(data)],
-                   check=True, capture_output=True)
-    size_gb = text.stat().st_size / 2**30
+    if not _complete(text):
+        recording = cached_fleet(cache, gpus, hours)
+        with open(text, "w", encoding="utf-8") as fh:
+            write_openmetrics(recording, fh, columns=ANALYSIS_COLUMNS, end=False)
+            write_gpu_time(recording, fh, 15.0)
+            fh.write("# EOF\n")
+        print(f"  wrote {text.stat().st_size / 2**30:.1f} GB of OpenMetrics in {time.monotonic() - began:.0f} s",
+              file=sys.stderr)
+    began = time.monotonic()
+    # promtool reads the whole text once per block: one block for the whole fleet is one read.
+    span = f"{2 * math.ceil(hours / 2) + 2:d}h"
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", f"--max-block-duration={span}",
+                    str(text), str(data)], check=True, capture_output=True)
     text.unlink()
-    print(f"  back-filled {samples:,} samples ({size_gb:.1f} GB of text, written in {written:.0f} s) "
-          f"in {time.monotonic() - began:.0f} s", file=sys.stderr)
+    print(f"  back-filled in {time.monotonic() - began:.0f} s", file=sys.stderr)
     began = time.monotonic()
     rules = rollup_rules(root)
     proc, url = prometheus(root, data)
@@ -166,6 +170,15 @@ def stored_fleet(cache: str, gpus: int, hours: float) -> Path:
     print(f"  roll-ups evaluated in {time.monotonic() - began:.0f} s", file=sys.stderr)
     (root / "ready").touch()
     return data
+
+
+def _complete(text: Path) -> bool:
+    """A text written to its end by an earlier run."""
+    if not text.exists() or text.stat().st_size < 6:
+        return False
+    with open(text, "rb") as fh:
+        fh.seek(-6, os.SEEK_END)
+        return fh.read() == b"# EOF\n"
 
 
 def per_gpu_vs_fleet(root: Path, cache: str, gpus: int, hours: float) -> list[tuple[str, dict]]:
