@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import os
 import shutil
 import subprocess
@@ -34,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleets import END, GPUS_PER_NODE, cached_fleet  # noqa: E402  bench/ is on sys.path when run as a script
 
 EVAL_S = 60.0
+# The analyzer's target is 4 GB; an analysis that needs more than this fails rather than swap.
+CHILD_MEMORY_GB = 16.0
 
 
 def measure(url: str, start: float, end: float, fleet: bool, interval: float | None) -> dict[str, float]:
@@ -67,11 +70,19 @@ def _peak_rss_gb() -> float:
 
 
 def run_child(url: str, start: float, end: float, fleet: bool, server: psutil.Process,
-              interval: float | None = None) -> dict[str, float]:
-    before = sum(server.cpu_times()[:2])
+              interval: float | None = None) -> dict[str, float | str]:
+    """One analysis in a fresh process whose address space is capped at CHILD_MEMORY_GB, so that
+    one that does not fit fails alone (the row says so) instead of taking the machine with it."""
+    before, began = sum(server.cpu_times()[:2]), time.monotonic()
+    cap = int(CHILD_MEMORY_GB * 2**30)
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps([url, start, end, fleet, interval])],
-                         capture_output=True, text=True, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+                         capture_output=True, text=True,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (cap, cap)))
+    if out.returncode == 0:
+        result: dict[str, float | str] = json.loads(out.stdout.strip().splitlines()[-1])
+    else:
+        last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        result = {"total_s": time.monotonic() - began, "failed": last[:80], "drilled": "all" if not fleet else "?"}
     result["store_cpu_s"] = sum(server.cpu_times()[:2]) - before
     return result
 
@@ -295,6 +306,10 @@ def main() -> int:
     print("| run | store | nodes read per GPU | total s | peak RSS GB | store CPU s | findings | jobs | GPU-hours |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for fleet, store, path, r in rows:
+        if "failed" in r:
+            print(f"| {path}, {fleet} | {store} | {r['drilled']} | failed after {r['total_s']:.0f} s: {r['failed']} | "
+                  f"> {CHILD_MEMORY_GB:g} (cap) | {r['store_cpu_s']:.1f} | - | - | - |")
+            continue
         print(f"| {path}, {fleet} | {store} | {r['drilled']} | {r['total_s']:.1f} | {r['peak_rss_gb']:.2f} | "
               f"{r['store_cpu_s']:.1f} | {r['findings']} | {r['jobs']} | {r['gpu_hours']:,.1f} |")
     return 0
