@@ -87,7 +87,7 @@ def account(v: Views, idle_util_pct: float = IdleConfig().util_max_pct) -> Accou
     hosts = gpu.keys["Hostname"].to_numpy() if gpu.size else np.zeros(0, object)
     names, host_of = np.unique(hosts.astype(str), return_inverse=True)
     by_host = {k: np.bincount(host_of, weights=x, minlength=len(names)) for k, x in per_gpu.items()}
-    per_node = {str(host): _figures(*(by_host[k][i] for k in ("observed", "allocated", "idle", "lifetime")))
+    per_node = {str(host): node_figures(*(by_host[k][i] for k in ("observed", "allocated", "idle", "lifetime")))
                 for i, host in enumerate(names)}
     orphan = float(orphan_seconds.sum())
     observed_s, allocated_total = float(per_gpu["observed"].sum()) + orphan, float(per_gpu["allocated"].sum()) + orphan
@@ -101,7 +101,7 @@ def account(v: Views, idle_util_pct: float = IdleConfig().util_max_pct) -> Accou
         row_gpu_hours=row_seconds / 3600, per_node=per_node)
 
 
-def _figures(observed: float, allocated: float, idle: float, lifetime: float) -> dict[str, float | None]:
+def node_figures(observed: float, allocated: float, idle: float, lifetime: float) -> dict[str, float | None]:
     return {"observed_gpu_hours": observed / 3600, "allocated_gpu_hours": allocated / 3600,
             "unallocated_gpu_hours": (observed - allocated) / 3600, "busy_gpu_hours": (allocated - idle) / 3600,
             "idle_gpu_hours": idle / 3600, "coverage": min(observed / lifetime, 1.0) if lifetime > 0 else None}

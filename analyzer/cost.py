@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -97,9 +98,19 @@ def gpu_prices(views: Views, catalog: Catalog) -> GpuPrices:
     return GpuPrices(*(np.array(c, dtype=float) for c in columns[:3]), *(np.array(c, dtype=object) for c in columns[3:]))
 
 
+class NodePrice(NamedTuple):
+    """One GPU-hour on a node, NaN where unknown."""
+
+    actual: float           # at the node's capacity type
+    on_demand: float
+    spot: float
+    capacity: str
+    basis: str              # node, opencost, instance_type, gpu_model or ""
+
+
 def node_price(catalog: Catalog, host: str, model: str, instance_type: str, capacity: str, node_model: str,
-               observed: float | None) -> tuple[float, float, float, str, str]:
-    """One GPU-hour on a node: (actual, on-demand, spot, capacity type, basis), NaN where unknown."""
+               observed: float | None) -> NodePrice:
+    """What one GPU-hour on the node costs: `observed` is OpenCost's price for it, if any."""
     actual = on_demand = spot = np.nan
     basis = ""
     rate = catalog.rate(host, instance_type, model) or catalog.rate(host, instance_type, node_model)
@@ -113,7 +124,7 @@ def node_price(catalog: Catalog, host: str, model: str, instance_type: str, capa
             on_demand = observed
         elif capacity == SPOT:
             spot = observed
-    return actual, on_demand, spot, capacity, basis
+    return NodePrice(actual, on_demand, spot, capacity, basis)
 
 
 def _nan(value: float | None) -> float:
@@ -161,8 +172,8 @@ def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = 
     jobs: dict[tuple[str, str], dict] = {}
     for job, rows in rows_of.items():
         hours = float(hours_by_row[rows].sum())
-        cost = _sum_known(hours_by_row[rows] * actual[rows], hours_by_row[rows])
-        od = _sum_known(hours_by_row[rows] * on_demand[rows], hours_by_row[rows])
+        cost = sum_known(hours_by_row[rows] * actual[rows], hours_by_row[rows])
+        od = sum_known(hours_by_row[rows] * on_demand[rows], hours_by_row[rows])
         caps = {prices.capacity[g] for g in gpu_row[rows] if g >= 0}
         jobs[job] = {"rows": rows, "gpu_hours": hours, "cost": cost, "on_demand": od,
                      "gpus": float(share[rows].sum(axis=0).max()) if len(rows) else 0.0,
@@ -194,7 +205,7 @@ def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = 
     return out, priced
 
 
-def _sum_known(dollars: np.ndarray, hours: np.ndarray) -> float | None:
+def sum_known(dollars: np.ndarray, hours: np.ndarray) -> float | None:
     """Total dollars, or None when any GPU-hour of the job has no price."""
     used = hours > 0
     if not used.any():

@@ -13,13 +13,16 @@ The report says which nodes were read which way and why.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Mapping
 
+import numpy as np
+
 from burnrate.exporter.labels import SIMULATED
 
-from .accounting import Accounting
-from .cost import AdviceConfig, JobCost, capacity_advice, checkpoint_advice, node_price
+from .accounting import Accounting, node_figures
+from .cost import AdviceConfig, JobCost, NodePrice, capacity_advice, checkpoint_advice, node_price, sum_known
 from .detectors import DetectorConfig
 from .findings import KINDS
 from .frames import Window
@@ -53,7 +56,7 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
                   progress: Progress | None = None) -> Report:
     window = within(window, source.data_range(window), source.min_step_s)
     reader = RollUpReader(source, config, interval_s)
-    interval, _ = reader.interval()
+    interval, _ = reader.interval
     # Coverage is checked per bucket: at least the roll-ups' 5-minute window, at most 500 a window.
     bucket = max(source.step_for(window), RATE_WINDOW_S, 5 * interval, (window.end - window.start) / 500)
     rollups = reader.read(window, bucket)
@@ -108,50 +111,44 @@ def _basis(rollups: RollUps, drilled: set[str], everyone: set[str]) -> str:
             f"{rollups.interval_s:g} s ({rollups.interval_basis})")
 
 
-def _price(rollups: RollUps, catalog: Catalog, host: str, observed: float | None) -> tuple:
+def _price(rollups: RollUps, catalog: Catalog, host: str, observed: float | None) -> NodePrice:
     info = rollups.node_info.get(host, {})
-    models = sorted({model for h, model in rollups.observed if h == host}
-                    | {model for _, h, model in rollups.allocated if h == host})
-    return node_price(catalog, host, models[0] if models else "", info.get("instance_type", ""),
+    return node_price(catalog, host, _model(rollups, host), info.get("instance_type", ""),
                       info.get("capacity_type", "") or "unknown", info.get("gpu_model", ""), observed)
 
 
-def _why_unpriced(rollups: RollUps, catalog: Catalog, host: str, prices: dict[str, tuple]) -> str | None:
-    if prices[host][0] == prices[host][0]:      # not NaN
+def _model(rollups: RollUps, host: str) -> str:
+    models = rollups.models_on(host)
+    return models[0] if models else ""
+
+
+def _why_unpriced(rollups: RollUps, catalog: Catalog, host: str, prices: dict[str, NodePrice]) -> str | None:
+    if math.isfinite(prices[host].actual):
         return None
     info = rollups.node_info.get(host, {})
-    models = sorted({model for h, model in rollups.observed if h == host}) or [info.get("gpu_model", "")]
-    return catalog.why_unpriced(host, info.get("instance_type", ""), models[0] or info.get("gpu_model", ""))
+    return catalog.why_unpriced(host, info.get("instance_type", ""), _model(rollups, host) or info.get("gpu_model", ""))
 
 
-def _job_cost(rollups: RollUps, job: Job, prices: dict[str, tuple], advice: AdviceConfig) -> JobCost:
-    held = {}
-    for (j, host, _), seconds in rollups.allocated.items():
-        if j == job:
-            held[host] = held.get(host, 0.0) + seconds
-    hours = sum(held.values()) / 3600
-
-    def dollars(column: int) -> float | None:
-        used = [(s / 3600, prices[h][column]) for h, s in held.items() if s > 0]
-        return None if any(rate != rate for _, rate in used) else sum(h * rate for h, rate in used)
-
-    cost, on_demand = dollars(0), dollars(1)
-    caps = {str(prices[h][3]) for h, s in held.items() if s > 0}
+def _job_cost(rollups: RollUps, job: Job, prices: dict[str, NodePrice], advice: AdviceConfig) -> JobCost:
+    held = rollups.held_by(job)
+    hours = np.array([held[h] / 3600 for h in held])
+    cost = sum_known(hours * np.array([prices[h].actual for h in held]), hours)
+    on_demand = sum_known(hours * np.array([prices[h].on_demand for h in held]), hours)
+    caps = {prices[h].capacity for h in held}
     steps, tokens = rollups.steps.get(job), rollups.tokens.get(job) or None
     gpus = round(rollups.gpus.get(job, 0.0), 4)
-    waste = {kind: 0.0 for kind in KINDS if kind != "unallocated_gpu"}
     return JobCost(
-        namespace=job[0], training_job=job[1], gpus=gpus, gpu_hours=hours,
+        namespace=job[0], training_job=job[1], gpus=gpus, gpu_hours=float(hours.sum()),
         capacity_type=next(iter(caps)) if len(caps) == 1 else ("mixed" if caps else "unknown"),
         cost_dollars=cost, on_demand_cost_dollars=on_demand, steps=steps, tokens=tokens,
         cost_per_step=cost / steps if cost is not None and steps else None,
         cost_per_billion_tokens=cost / (tokens / 1e9) if cost is not None and tokens else None,
-        mfu=rollups.mfu.get(job), waste_dollars=waste,
-        advice=_advice(rollups, job, gpus, {h: s for h, s in held.items() if s > 0}, prices, caps, advice),
+        mfu=rollups.mfu.get(job), waste_dollars={kind: 0.0 for kind in KINDS if kind != "unallocated_gpu"},
+        advice=_advice(rollups, job, gpus, held, prices, caps, advice),
         workload_class=TRAINING, class_basis="trainer telemetry")
 
 
-def _advice(rollups: RollUps, job: Job, gpus: float, held: dict[str, float], prices: dict[str, tuple],
+def _advice(rollups: RollUps, job: Job, gpus: float, held: dict[str, float], prices: dict[str, NodePrice],
             caps: set[str], config: AdviceConfig) -> dict[str, object]:
     """As the per-GPU path advises (analyzer.cost), from the job's roll-ups: its hours are its
     GPU-hours over its GPUs (a roll-up over 5 minutes runs on past the job's end), and prices
@@ -162,40 +159,42 @@ def _advice(rollups: RollUps, job: Job, gpus: float, held: dict[str, float], pri
     if not held or hours <= 0:
         return out
 
-    def mean(column: int) -> float | None:
-        rates = [(s, prices[h][column]) for h, s in held.items()]
-        return None if any(r != r for _, r in rates) else sum(s * r for s, r in rates) / total
+    def mean(rate: str) -> float | None:
+        rates = [(s, getattr(prices[h], rate)) for h, s in held.items()]
+        return None if not all(math.isfinite(r) for _, r in rates) else sum(s * r for s, r in rates) / total
 
-    return capacity_advice(out, hours, gpus, len(held), mean(1), mean(2), caps, TRAINING, config)
+    return capacity_advice(out, hours, gpus, len(held), mean("on_demand"), mean("spot"), caps, TRAINING, config)
 
 
 def _accounting(drilled: Accounting | None, rollups: RollUps, hosts: list[str],
-                prices: dict[str, tuple]) -> Accounting | None:
-    per_node = dict(drilled.per_node) if drilled else {}
-    observed = allocated = idle = life = 0.0
-    for host in hosts:
-        o = sum(s for (h, _), s in rollups.observed.items() if h == host)
-        a = sum(s for (_, h, _), s in rollups.allocated.items() if h == host)
-        i = sum(s for (_, h, _), s in rollups.idle.items() if h == host)
-        lifetime = rollups.lifetime_s.get(host, 0.0)
-        coverage = min(rollups.evaluations.get(host, 0.0) * rollups.interval_s / lifetime, 1.0) if lifetime else None
-        rate = prices[host]
-        per_node[host] = {"observed_gpu_hours": o / 3600, "allocated_gpu_hours": a / 3600,
-                          "unallocated_gpu_hours": (o - a) / 3600, "busy_gpu_hours": (a - i) / 3600,
-                          "idle_gpu_hours": i / 3600, "coverage": coverage,
-                          "gpu_hour_dollars": None if rate[0] != rate[0] else float(rate[0]),
-                          "price_basis": rate[4] or None}
-        observed, allocated, idle = observed + o, allocated + a, idle + i
-        life += o / coverage if coverage else 0.0
+                prices: dict[str, NodePrice]) -> Accounting | None:
+    """The per-GPU path's accounting with the nodes read from roll-ups added; a node's
+    coverage is the evaluations seen over the time its GPUs were there."""
     if drilled is None:
         return None
+    per_node = dict(drilled.per_node)
+    observed, allocated, idle = (rollups.per_host(x) for x in (rollups.observed, rollups.allocated, rollups.idle))
+    seen = {host: rollups.evaluations.get(host, 0.0) * rollups.interval_s for host in hosts}
+    # In GPU-seconds, as analyzer.accounting counts a lifetime: observed over coverage.
+    life = {host: observed.get(host, 0.0) * rollups.lifetime_s.get(host, 0.0) / seen[host] if seen[host] else 0.0
+            for host in hosts}
+    for host in hosts:
+        price = prices[host]
+        per_node[host] = {**node_figures(observed.get(host, 0.0), allocated.get(host, 0.0), idle.get(host, 0.0),
+                                         life[host]),
+                          "gpu_hour_dollars": float(price.actual) if math.isfinite(price.actual) else None,
+                          "price_basis": price.basis or None}
+
+    def total(seconds: dict[str, float]) -> float:
+        return sum(seconds.get(host, 0.0) for host in hosts) / 3600
+
     drilled_life = drilled.observed_gpu_hours / drilled.coverage if drilled.coverage else 0.0
-    total_observed = drilled.observed_gpu_hours + observed / 3600
-    total_life = drilled_life + life / 3600
-    return replace(drilled, observed_gpu_hours=total_observed,
-                   allocated_gpu_hours=drilled.allocated_gpu_hours + allocated / 3600,
-                   unallocated_gpu_hours=drilled.unallocated_gpu_hours + (observed - allocated) / 3600,
-                   busy_gpu_hours=drilled.busy_gpu_hours + (allocated - idle) / 3600,
-                   idle_gpu_hours=drilled.idle_gpu_hours + idle / 3600,
-                   coverage=min(total_observed / total_life, 1.0) if total_life > 0 else drilled.coverage,
+    all_observed = drilled.observed_gpu_hours + total(observed)
+    all_life = drilled_life + sum(life.values()) / 3600
+    return replace(drilled, observed_gpu_hours=all_observed,
+                   allocated_gpu_hours=drilled.allocated_gpu_hours + total(allocated),
+                   unallocated_gpu_hours=drilled.unallocated_gpu_hours + total(observed) - total(allocated),
+                   busy_gpu_hours=drilled.busy_gpu_hours + total(allocated) - total(idle),
+                   idle_gpu_hours=drilled.idle_gpu_hours + total(idle),
+                   coverage=min(all_observed / all_life, 1.0) if all_life > 0 else drilled.coverage,
                    per_node=per_node)

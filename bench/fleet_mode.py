@@ -33,6 +33,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleets import END, GPUS_PER_NODE, cached_fleet  # noqa: E402  bench/ is on sys.path when run as a script
+from tests.conftest import free_port  # noqa: E402  the repository root, inserted above
+from tests.rollup_stores import rollup_rules  # noqa: E402
 
 EVAL_S = 60.0
 # The analyzer's target is 4 GB; an analysis that needs more than this fails rather than swap.
@@ -97,22 +99,6 @@ def wait(url: str, proc: subprocess.Popen) -> None:
         except OSError:
             time.sleep(0.2)
     raise SystemExit(f"{url}: not ready")
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rollup_rules(root: Path) -> Path:
-    import yaml
-    with open(Path(__file__).resolve().parents[1] / "manifests" / "alerts" / "burnrate-rules.yaml") as fh:
-        groups = yaml.safe_load(fh)["groups"]
-    path = root / "rollups.yaml"
-    path.write_text(yaml.safe_dump({"groups": [g for g in groups if g["name"] == "burnrate-rollups"]}))
-    return path
 
 
 def prometheus(root: Path, data: Path, rules: Path | None = None) -> tuple[subprocess.Popen, str]:

@@ -499,7 +499,7 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
 
     owned = _owner_names(owners)
     gpu = _label_jobs(table("gpu", gpu_frame) if columns is None or "gpu" in columns else empty_table("gpu"), owned)
-    agent_rows = gpu["up"].notna().to_numpy() if "up" in gpu else np.zeros(len(gpu), bool)
+    agent_rows = _agent_rows(gpu)
     hosts = set(gpu[L.HOSTNAME].astype(str))
     dcgm_nodes = dcgm_only(gpu)
     if "xid_total" in gpu.columns:
@@ -521,10 +521,15 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
                   simulated=is_simulated(gpu), **tables)
 
 
+def _agent_rows(gpu: pd.DataFrame) -> np.ndarray:
+    """The device rows an agent wrote: only it exports burnrate_gpu_up."""
+    return gpu["up"].notna().to_numpy() if "up" in gpu else np.zeros(len(gpu), bool)
+
+
 def dcgm_only(gpu: pd.DataFrame) -> list[str]:
     """Nodes whose GPUs have no burnrate_gpu_up: they run dcgm-exporter alone."""
-    agent_rows = gpu["up"].notna().to_numpy() if "up" in gpu else np.zeros(len(gpu), bool)
-    return sorted(set(gpu[L.HOSTNAME].astype(str)) - set(gpu[L.HOSTNAME].astype(str)[agent_rows]))
+    hosts = gpu[L.HOSTNAME].astype(str)
+    return sorted(set(hosts) - set(hosts[_agent_rows(gpu)]))
 
 
 def _not_exporters(gpu: pd.DataFrame, exporter_pods: set[tuple[str, str]]) -> pd.DataFrame:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from burnrate.exporter import labels as L
 
@@ -81,10 +82,48 @@ class RollUps:
         return {host for host, _ in self.observed}
 
     def nodes_of(self, job: Job) -> set[str]:
-        return {host for (j, host, _) in self.allocated if j == job}
+        return self._held[0].get(job, set())
 
     def jobs_on(self, hosts: set[str]) -> set[Job]:
-        return {j for (j, host, _) in self.allocated if host in hosts}
+        by_host = self._held[1]
+        return set().union(*(by_host.get(h, ()) for h in hosts))
+
+    def held_by(self, job: Job) -> dict[str, float]:
+        """The job's GPU-seconds on each node where it held any."""
+        return self._held[2].get(job, {})
+
+    def models_on(self, host: str) -> list[str]:
+        """The GPU models the node's roll-ups name."""
+        return sorted(self._models.get(host, ()))
+
+    @cached_property
+    def _held(self) -> tuple[dict[Job, set[str]], dict[str, set[Job]], dict[Job, dict[str, float]]]:
+        """Who held GPUs where, indexed both ways (built once the window is read)."""
+        nodes: dict[Job, set[str]] = {}
+        jobs: dict[str, set[Job]] = {}
+        seconds: dict[Job, dict[str, float]] = {}
+        for (job, host, _), s in self.allocated.items():
+            nodes.setdefault(job, set()).add(host)
+            jobs.setdefault(host, set()).add(job)
+            if s > 0:
+                seconds.setdefault(job, {})[host] = seconds.get(job, {}).get(host, 0.0) + s
+        return nodes, jobs, seconds
+
+    @cached_property
+    def _models(self) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for host, model in self.observed:
+            out.setdefault(host, set()).add(model)
+        for _, host, model in self.allocated:
+            out.setdefault(host, set()).add(model)
+        return out
+
+    def per_host(self, seconds: dict) -> dict[str, float]:
+        """`observed`, `allocated` or `idle` summed per node."""
+        out: dict[str, float] = {}
+        for key, s in seconds.items():
+            out[key[-2]] = out.get(key[-2], 0.0) + s    # (…, host, model)
+        return out
 
 
 class RollUpReader:
@@ -97,7 +136,9 @@ class RollUpReader:
         self.config = config
         self._interval = interval_s
 
+    @cached_property
     def interval(self) -> tuple[float, str]:
+        """The roll-ups' evaluation interval and where it came from."""
         if self._interval is not None:
             return self._interval, "given"
         for group in self.source.rule_groups():
@@ -106,7 +147,7 @@ class RollUpReader:
         return DEFAULT_INTERVAL_S, f"not found in the store's rules API: {DEFAULT_INTERVAL_S:g} s, the shipped rules', assumed"
 
     def read(self, window: Window, bucket_s: float) -> RollUps:
-        interval, basis = self.interval()
+        interval, basis = self.interval
         out = RollUps(interval, basis)
         self._window, self._interval_s = window, interval
         self._at = window.end + RATE_WINDOW_S / 2
