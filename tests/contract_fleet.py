@@ -17,6 +17,8 @@ import json
 import math
 import re
 import subprocess
+import time
+import urllib.parse
 import urllib.request
 import uuid
 import zlib
@@ -627,6 +629,23 @@ def import_victoria(fleet: Fleet, url: str, batch: int = 500) -> None:
             resp.read()
     with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=60) as resp:
         resp.read()
+    _await_series(fleet, url)
+
+
+def _await_series(fleet: Fleet, url: str, timeout_s: float = 30.0) -> None:
+    """Until VictoriaMetrics finds every imported series: a flush makes the samples searchable,
+    but the index entries of series it has never seen may follow a moment later, on a busy
+    machine later still."""
+    expected = len({(s.name, tuple(sorted(s.labels.items()))) for s in fleet.series if s.t.size})
+    query = urllib.parse.urlencode({"query": f'count(last_over_time({{__name__=~".+"}}[{int(fleet.end - fleet.start) + 60}s]))',
+                                    "time": f"{fleet.end + 30:.3f}"})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=60) as resp:
+            result = json.loads(resp.read())["data"]["result"]
+        if result and int(float(result[0]["value"][1])) >= expected:
+            return
+        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------------------------------------
