@@ -3,11 +3,14 @@ roll-up flags something.
 
 1. The roll-ups (analyzer.sources.rollups) give every job's and node's GPU-seconds and
    the flags: the jobs and nodes where some detector could fire.
-2. The nodes to read per GPU are the flagged ones, those of flagged jobs, and those with
-   GPUs the roll-ups do not cover; then every node of any job on them, until no job is
-   split between the two sides. Those nodes are analysed exactly as the per-GPU path does.
-3. Every other job (one with trainer telemetry that no flag names) and node is costed
-   from its roll-ups at its node's price; it has no finding, by the flags' construction.
+2. The nodes to read per GPU, and over which part of the window: a flagged node around
+   where its flags held, the nodes of a flagged job over that job's life, and nodes with
+   GPUs the roll-ups never cover over all of it; then every job on those nodes in those
+   parts, on all its nodes over all its life, until no job is split between the two sides.
+   What is read is analysed exactly as the per-GPU path does.
+3. Every other job (one with trainer telemetry that no flag names) is costed from its
+   roll-ups at its node's price; it has no finding, by the flags' construction. Nodes read
+   over part of the window are accounted from their roll-ups, as are the rest.
 
 The report says which nodes were read which way and why.
 """
@@ -37,25 +40,62 @@ from .workloads import TRAINING
 Job = tuple[str, str]
 
 
-def drill_nodes(rollups: RollUps, extra: set[str] = frozenset()) -> set[str]:
-    """The nodes to read per GPU: flagged, holding a flagged job, or named in `extra`;
-    closed so that each job is read whole or not at all."""
-    nodes = set(rollups.flagged_nodes) | set(extra)
+def drill_plan(rollups: RollUps, window: Window, context_s: float, extra: set[str] = frozenset()) -> dict[str, Window]:
+    """Each node to read per GPU and the part of the window to read it over: where its flags
+    held with `context_s` either side, the lives of flagged jobs on their nodes, all of it for
+    `extra` nodes; closed so that each job is read whole or not at all. Spans are known to a
+    roll-up bucket, so each reaches a bucket further."""
+    plan: dict[str, tuple[float, float]] = {}
+    bucket = rollups.bucket_s
+
+    def grow(host: str, a: float, b: float) -> bool:
+        old = plan.get(host)
+        a, b = max(a, window.start), min(b, window.end)
+        plan[host] = (a, b) if old is None else (min(old[0], a), max(old[1], b))
+        return plan[host] != old
+
+    def life(job: Job) -> tuple[float, float]:
+        a, b = rollups.job_spans.get(job, (window.start, window.end))
+        return a - bucket, b + bucket
+
+    for host, reasons in rollups.flagged_nodes.items():
+        for a, b in rollups.node_spans.get(host) or [(window.start, window.end)]:
+            grow(host, a - bucket - context_s, b + bucket + context_s)
+    for host in extra:
+        grow(host, window.start, window.end)
     for job in rollups.flagged_jobs:
-        nodes |= rollups.nodes_of(job)
-    while True:
-        more = set().union(*(rollups.nodes_of(job) for job in rollups.jobs_on(nodes))) - nodes
-        if not more:
-            return nodes
-        nodes |= more
+        for host in rollups.nodes_of(job):
+            grow(host, *life(job))
+    changed = True
+    while changed:
+        changed = False
+        for host, (a, b) in list(plan.items()):
+            for job in rollups.jobs_on({host}):
+                start, end = life(job)
+                if start <= b and end >= a:
+                    for other in rollups.nodes_of(job):
+                        changed |= grow(other, start, end)
+    return {host: Window(a, b) for host, (a, b) in plan.items()}
+
+
+def _read_jobs(rollups: RollUps, plan: dict[str, Window]) -> set[Job]:
+    """The jobs whose life meets the part of some node read per GPU: read whole, by the plan's closure."""
+    bucket = rollups.bucket_s
+    out = set()
+    for job in rollups.jobs_on(set(plan)):
+        start, end = rollups.job_spans.get(job, (-math.inf, math.inf))
+        if any(start - bucket <= plan[h].end and end + bucket >= plan[h].start
+               for h in rollups.nodes_of(job) if h in plan):
+            out.add(job)
+    return out
 
 
 def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
                   config: DetectorConfig = DetectorConfig(), advice: AdviceConfig = AdviceConfig(),
                   class_overrides: Mapping[str, str] | None = None, interval_s: float | None = None,
                   progress: Progress | None = None) -> Report:
-    window = within(window, source.data_range(window), source.min_step_s)
     reader = RollUpReader(source, config, interval_s)
+    window = within(window, source.data_range(window, reader.reported(window)), source.min_step_s)
     interval, _ = reader.interval
     # Coverage is checked per bucket: at least the roll-ups' 5-minute window, at most 500 a window.
     bucket = max(source.step_for(window), RATE_WINDOW_S, 5 * interval, (window.end - window.start) / 500)
@@ -65,12 +105,19 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
         if job[0] in overridden:
             rollups.flagged_jobs.setdefault(job, set()).add("workload class set for its namespace")
     unplaced = {job for job, why in rollups.flagged_jobs.items() if "telemetry without GPU roll-ups" in why}
-    drilled = drill_nodes(rollups, reader.telemetry_nodes(unplaced))
-    frames = source.on_hosts(drilled).frames(window, ANALYSIS_COLUMNS, progress)
+    context_s = 60 * (config.unallocated_gpu.min_minutes + config.episodes.gap_minutes)
+    plan = drill_plan(rollups, window, context_s, reader.telemetry_nodes(unplaced))
+    parts: dict[Window, list[str]] = {}
+    for host, part in plan.items():
+        parts.setdefault(part, []).append(host)
+    frames = source.frames(window, ANALYSIS_COLUMNS, progress, reads=parts)
     report = analyze(frames, catalog, config, advice, class_overrides)
-    read = {(j.namespace, j.training_job) for j in report.jobs} | rollups.jobs_on(drilled)
+    drilled = set(plan)
+    read = {(j.namespace, j.training_job) for j in report.jobs} | _read_jobs(rollups, plan)
     cleared = sorted({job for job, _, _ in rollups.allocated} - read - set(rollups.flagged_jobs))
-    cleared_nodes = sorted(rollups.hosts - drilled)
+    # A node read over part of the window is accounted from its roll-ups, like one not read at all.
+    partly = {h for h, part in plan.items() if part.start > window.start or part.end < window.end}
+    cleared_nodes = sorted(rollups.hosts - drilled | partly)
     prices = {host: _price(rollups, catalog, host, frames.gpu_hour_prices.get(host)) for host in
               rollups.hosts | {h for _, h, _ in rollups.allocated}}
     jobs = [_job_cost(rollups, job, prices, advice) for job in cleared]
@@ -78,7 +125,7 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
                  "reason": "; ".join(f"{h}: {why}" for h in sorted(rollups.nodes_of((j.namespace, j.training_job)))
                                      if (why := _why_unpriced(rollups, catalog, h, prices)))}
                 for j in jobs if j.cost_dollars is None]
-    accounting = _accounting(report.accounting, rollups, cleared_nodes, prices)
+    accounting = _accounting(report.accounting, rollups, cleared_nodes, prices, partly)
     everyone = rollups.hosts | drilled
     missing = list(missing_signals(frames.gpu, frames.rank, frames.node, dcgm_only(frames.gpu), len(everyone))
                    if len(frames.gpu) else report.missing)
@@ -86,7 +133,7 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
         missing = [m for m in missing if m != TRAINING_TELEMETRY]
     if rollups.node_info:
         missing = [m for m in missing if m != NODE_PRICING_LABELS]
-    notes = [_basis(rollups, drilled, everyone)] + report.notes
+    notes = [_basis(rollups, plan, everyone, window)] + report.notes
     unpriced_hosts = sorted(h for h in cleared_nodes if _why_unpriced(rollups, catalog, h, prices))
     if unpriced_hosts:
         notes.append(f"no price for nodes {', '.join(unpriced_hosts[:5])}{' …' if len(unpriced_hosts) > 5 else ''}"
@@ -100,13 +147,15 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
                    unpriced_jobs=report.unpriced_jobs + unpriced, simulated=simulated)
 
 
-def _basis(rollups: RollUps, drilled: set[str], everyone: set[str]) -> str:
+def _basis(rollups: RollUps, plan: dict[str, Window], everyone: set[str], window: Window) -> str:
     reasons: dict[str, int] = {}
     for why in list(rollups.flagged_nodes.values()) + list(rollups.flagged_jobs.values()):
         for reason in why:
             reasons[reason] = reasons.get(reason, 0) + 1
     named = ", ".join(f"{reason} ({n})" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
-    return (f"fleet mode: {len(drilled)} of {len(everyone)} nodes read per GPU"
+    read = sum(part.end - part.start for part in plan.values()) / max(len(everyone) * (window.end - window.start), 1)
+    return (f"fleet mode: {len(plan)} of {len(everyone)} nodes read per GPU"
+            + (f", over {100 * read:.2g}% of the fleet's node-hours" if plan else "")
             + (f" for {named}" if named else "") + f"; the rest from roll-ups evaluated every "
             f"{rollups.interval_s:g} s ({rollups.interval_basis})")
 
@@ -167,11 +216,13 @@ def _advice(rollups: RollUps, job: Job, gpus: float, held: dict[str, float], pri
 
 
 def _accounting(drilled: Accounting | None, rollups: RollUps, hosts: list[str],
-                prices: dict[str, NodePrice]) -> Accounting | None:
-    """The per-GPU path's accounting with the nodes read from roll-ups added; a node's
-    coverage is the evaluations seen over the time its GPUs were there."""
+                prices: dict[str, NodePrice], partly: set[str] = frozenset()) -> Accounting | None:
+    """The per-GPU path's accounting with the nodes read from roll-ups added (those read per
+    GPU over `partly` part of the window taken out first); a node's coverage is the
+    evaluations seen over the time its GPUs were there."""
     if drilled is None:
         return None
+    drilled = _without(drilled, partly)
     per_node = dict(drilled.per_node)
     observed, allocated, idle = (rollups.per_host(x) for x in (rollups.observed, rollups.allocated, rollups.idle))
     seen = {host: rollups.evaluations.get(host, 0.0) * rollups.interval_s for host in hosts}
@@ -198,3 +249,22 @@ def _accounting(drilled: Accounting | None, rollups: RollUps, hosts: list[str],
                    idle_gpu_hours=drilled.idle_gpu_hours + total(idle),
                    coverage=min(all_observed / all_life, 1.0) if all_life > 0 else drilled.coverage,
                    per_node=per_node)
+
+
+def _without(accounting: Accounting, hosts: set[str]) -> Accounting:
+    """`accounting` less these nodes' figures."""
+    gone = [accounting.per_node[h] for h in hosts if h in accounting.per_node]
+    if not gone:
+        return accounting
+
+    def less(name: str) -> float:
+        return getattr(accounting, name) - sum(float(f.get(name) or 0.0) for f in gone)
+
+    life = accounting.observed_gpu_hours / accounting.coverage if accounting.coverage else 0.0
+    life -= sum(float(f["observed_gpu_hours"]) / float(f["coverage"]) for f in gone if f.get("coverage"))
+    observed = less("observed_gpu_hours")
+    return replace(accounting, observed_gpu_hours=observed, allocated_gpu_hours=less("allocated_gpu_hours"),
+                   unallocated_gpu_hours=less("unallocated_gpu_hours"), busy_gpu_hours=less("busy_gpu_hours"),
+                   idle_gpu_hours=less("idle_gpu_hours"),
+                   coverage=min(observed / life, 1.0) if life > 0 else None,
+                   per_node={h: f for h, f in accounting.per_node.items() if h not in hosts})

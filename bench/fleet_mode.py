@@ -16,6 +16,7 @@ are read from /proc before and after.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import resource
@@ -62,6 +63,7 @@ def measure(url: str, start: float, end: float, fleet: bool, interval: float | N
     return {"total_s": time.monotonic() - began, "findings": len(report.findings), "jobs": len(report.jobs),
             "gpu_hours": sum(j.gpu_hours for j in report.jobs),
             "drilled": basis.split(" nodes read per GPU")[0].removeprefix("fleet mode: ") if basis else "all",
+            "found": sorted({f"{f.kind}:{f.training_job}" for f in report.findings}),
             "peak_rss_gb": _peak_rss_gb()}
 
 
@@ -224,16 +226,25 @@ def rollup_lines(gpus: int, days: float, end: float, seed: int = 0):
         job += 1
 
 
-def fleet_at_scale(root: Path, gpus: int, days: float) -> list[tuple[str, dict]]:
+@contextlib.contextmanager
+def victoria(data: Path, root: Path | None = None):
+    """VictoriaMetrics on `data`; yields its URL (and the process, for its CPU seconds)."""
     port = free_port()
     proc = subprocess.Popen(["victoria-metrics", f"-httpListenAddr=127.0.0.1:{port}",
-                             f"-storageDataPath={root / 'vmdata'}", "-retentionPeriod=100y",
+                             f"-storageDataPath={data}", "-retentionPeriod=100y",
                              "-search.disableCache", "-search.latencyOffset=0s", "-search.maxPointsPerTimeseries=100000",
-                             "-search.maxSamplesPerQuery=2000000000"],
+                             "-search.maxSamplesPerQuery=2000000000", "-search.maxUniqueTimeseries=10000000"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         wait(url + "/health", proc)
+        yield url, proc
+    finally:
+        stop(proc)
+
+
+def fleet_at_scale(root: Path, gpus: int, days: float) -> list[tuple[str, dict]]:
+    with victoria(root / "vmdata") as (url, proc):
         end = time.time() // 3600 * 3600 - 3600
         began = time.monotonic()
         batch: list[str] = []
@@ -253,8 +264,26 @@ def fleet_at_scale(root: Path, gpus: int, days: float) -> list[tuple[str, dict]]
               file=sys.stderr)
         server = psutil.Process(proc.pid)
         return [("fleet (roll-ups only)", run_child(url, end - days * 86400.0, end, True, server, EVAL_S))]
-    finally:
-        stop(proc)
+
+
+def week_at_full_resolution(root: Path, cache: str, gpus: int, days: float) -> list[tuple[str, dict]]:
+    """A contract-generated training fleet at 15 s, raw series and roll-ups, on VictoriaMetrics."""
+    from contract_week import stored_week
+
+    def vm(data: Path):
+        return _url_only(victoria(data))
+
+    data, truth = stored_week(cache, gpus, days, rollup_rules(root), vm)
+    with victoria(data) as (url, proc):
+        row = run_child(url, truth["start"], truth["end"], True, psutil.Process(proc.pid), EVAL_S)
+    row["truth"] = truth
+    return [("fleet", row)]
+
+
+@contextlib.contextmanager
+def _url_only(store):
+    with store as (url, _):
+        yield url
 
 
 def _post(url: str, lines: list[str]) -> None:
@@ -270,6 +299,8 @@ def main() -> int:
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--fleet-gpus", type=int, default=10000, help="GPUs of the fleet-scale run (0: skip)")
     parser.add_argument("--fleet-days", type=float, default=7.0)
+    parser.add_argument("--week-gpus", type=int, default=1024,
+                        help="GPUs of the week of raw series at 15 s (0: skip)")
     parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "burnrate-bench"),
                         help="where simulated recordings are kept between runs")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -289,6 +320,11 @@ def main() -> int:
             part.mkdir()
             rows += [(f"{args.fleet_gpus} GPUs × {args.fleet_days:g} d", "VictoriaMetrics", *row)
                      for row in fleet_at_scale(part, args.fleet_gpus, args.fleet_days)]
+        if args.week_gpus:
+            part = Path(tmp) / "week"
+            part.mkdir()
+            rows += [(f"{args.week_gpus} GPUs × 7 d at 15 s", "VictoriaMetrics", *row)
+                     for row in week_at_full_resolution(part, args.cache, args.week_gpus, 7.0)]
     print("| run | store | nodes read per GPU | total s | peak RSS GB | store CPU s | findings | jobs | GPU-hours |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for fleet, store, path, r in rows:
@@ -298,6 +334,15 @@ def main() -> int:
             continue
         print(f"| {path}, {fleet} | {store} | {r['drilled']} | {r['total_s']:.1f} | {r['peak_rss_gb']:.2f} | "
               f"{r['store_cpu_s']:.1f} | {r['findings']} | {r['jobs']} | {r['gpu_hours']:,.1f} |")
+    for fleet, _, path, r in rows:
+        if "truth" in r and "found" in r:
+            truth, found = r["truth"], set(r["found"])
+            idle = sum(f"idle_gpu:{j}" in found for j in truth["idle"])
+            starving = sum(f"dataloader_starvation:{j}" in found for j in truth["starving"])
+            print(f"\n{fleet}, {path}: planted idle jobs found {idle} of {len(truth['idle'])}, starving jobs "
+                  f"{starving} of {len(truth['starving'])}; {len(found)} findings in all; jobs "
+                  f"{r['jobs']} of {truth['jobs']}; job GPU-hours {r['gpu_hours']:,.1f} against "
+                  f"{truth['job_gpu_hours']:,.1f} held ({100 * (r['gpu_hours'] / truth['job_gpu_hours'] - 1):+.2f}%)")
     return 0
 
 

@@ -614,7 +614,7 @@ def backfill_prometheus(fleet: Fleet, tmp_path: Path) -> str:
     return str(blocks)
 
 
-def _import_lines(series: list[Series]) -> bytes:
+def import_lines(series: list[Series]) -> bytes:
     return "".join(json.dumps({"metric": {"__name__": s.name, **s.labels}, "values": s.v.tolist(),
                                "timestamps": np.round(s.t * 1000).astype(np.int64).tolist()}) + "\n"
                    for s in series).encode()
@@ -623,7 +623,7 @@ def _import_lines(series: list[Series]) -> bytes:
 def import_victoria(fleet: Fleet, url: str, batch: int = 500) -> None:
     """POST the fleet to VictoriaMetrics' JSON-lines import, then flush so queries see it at once."""
     for i in range(0, len(fleet.series), batch):
-        request = urllib.request.Request(f"{url}/api/v1/import", data=_import_lines(fleet.series[i:i + batch]),
+        request = urllib.request.Request(f"{url}/api/v1/import", data=import_lines(fleet.series[i:i + batch]),
                                          method="POST")
         with urllib.request.urlopen(request, timeout=60) as resp:
             resp.read()

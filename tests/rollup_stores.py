@@ -47,7 +47,7 @@ def evaluate_in_prometheus(tmp_path, data: str, rules: str, start: float, end: f
         shutil.move(str(tmp_path / "recorded" / block), data)
 
 
-def replay_in_victoria(tmp_path, url: str, rules: str, start: float, end: float) -> None:
+def replay_in_victoria(tmp_path, url: str, rules: str, start: float, end: float, timeout_s: float = 300) -> None:
     """The roll-ups over what VictoriaMetrics at `url` holds, written back into it by vmalert."""
     proc = subprocess.run([require("vmalert"), f"-rule={rules}", f"-datasource.url={url}",
                            f"-remoteWrite.url={url}", f"-replay.timeFrom={rfc3339(start)}",
@@ -56,7 +56,7 @@ def replay_in_victoria(tmp_path, url: str, rules: str, start: float, end: float)
                            # a range query's step, in replay; its default (5m) would skip evaluations
                            f"-datasource.queryStep={int(EVAL_S)}s",
                            "-httpListenAddr=127.0.0.1:0"],
-                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+                          capture_output=True, text=True, timeout=timeout_s, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=60) as resp:
         resp.read()

@@ -15,13 +15,13 @@ import sys
 
 import pytest
 
-from burnrate.analyzer.fleet import analyze_fleet, drill_nodes
+from burnrate.analyzer.fleet import analyze_fleet, drill_plan
 from burnrate.analyzer.frames import Window
 from burnrate.analyzer.openmetrics import write_openmetrics
 from burnrate.analyzer.pricing import load_catalog
 from burnrate.analyzer.report import Report, analyze, to_document
 from burnrate.analyzer.sources import PrometheusSource
-from burnrate.analyzer.sources.rollups import RollUps
+from burnrate.analyzer.sources.rollups import RollUpReader, RollUps
 from burnrate.analyzer.views import ANALYSIS_COLUMNS
 from burnrate.simulator.simulate import Spec, simulate
 from tests.conftest import require
@@ -143,8 +143,18 @@ def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(sto
     assert_same(per_gpu, fleet, edge_s=60.0)
     assert from_rollups(fleet) == {("ml", "pretrain"), ("ml", "finetune"), ("ml", "sweep"), ("ml", "spot-run")}
     [basis] = [n for n in fleet.notes if n.startswith("fleet mode:")]
-    assert basis.startswith("fleet mode: 3 of 8 nodes read per GPU for ")
+    assert basis.startswith("fleet mode: 3 of 8 nodes read per GPU, over ")
+    # The dcgm-exporter node and the notebook's (free GPUs beside it) over the whole 6-hour
+    # window of 8 nodes; the starving job's over its life, about 4 hours.
+    share = float(basis.split(", over ")[1].split("%")[0])
+    assert (6 + 6 + 3.5) / 48 * 100 < share < (6 + 6 + 5) / 48 * 100, basis
+    assert "of the fleet's node-hours for " in basis
     assert "every 60 s (the store's rules API)" in basis
+    # Where the data begins and ends, read only near the ends of the roll-ups' count.
+    source = PrometheusSource(stores[0], min_step_s=15.0)
+    seen = RollUpReader(source).reported(WINDOW)
+    assert seen is not None and START < seen.start < seen.end < END
+    assert source.data_range(WINDOW, seen) == source.data_range(WINDOW)
     for reason in ("GPUs without roll-ups", "idle GPUs", "data wait", "no trainer telemetry"):
         assert reason in basis
 
@@ -203,17 +213,30 @@ def test_a_simulated_fleet_is_found_and_costed_alike(tmp_path):
     assert_same(per_gpu, fleet, edge_s=15.0)
 
 
-def test_the_nodes_read_per_gpu_hold_each_job_whole():
-    """A flagged node brings every node of each job on it, and theirs in turn."""
-    rollups = RollUps(60.0, "given")
-    for job, hosts in ((("ml", "a"), ("n1", "n2")), (("ml", "b"), ("n2", "n3")), (("ml", "c"), ("n4",)),
-                       (("ml", "d"), ("n5", "n6"))):
+def test_the_parts_read_per_gpu_hold_each_job_whole():
+    """A flagged node is read around where its flag held, and brings every job on it in that
+    part, whole and on all its nodes, and theirs in turn; jobs outside stay with the roll-ups."""
+    h, bucket, context = 3600.0, 300.0, 1800.0
+    window = Window(0.0, 24 * h)
+    rollups = RollUps(60.0, "given", bucket_s=bucket)
+    for job, hosts, life in ((("ml", "a"), ("n1", "n2"), (0.0, 4 * h)), (("ml", "b"), ("n2", "n3"), (3 * h, 10 * h)),
+                             (("ml", "c"), ("n1",), (12 * h, 20 * h)), (("ml", "d"), ("n5", "n6"), (6 * h, 8 * h)),
+                             (("ml", "e"), ("n4",), (0.0, 24 * h))):
         for host in hosts:
-            rollups.allocated[(job, host, "A100")] = 3600.0
+            rollups.allocated[(job, host, "A100")] = life[1] - life[0]
+        rollups.job_spans[job] = life
     rollups.flagged_nodes["n1"] = {"XID errors"}
+    rollups.node_spans["n1"] = [(h, h + bucket)]
     rollups.flagged_jobs[("ml", "d")] = {"data wait"}
-    assert drill_nodes(rollups) == {"n1", "n2", "n3", "n5", "n6"}
-    assert drill_nodes(rollups, {"n4"}) == {"n1", "n2", "n3", "n4", "n5", "n6"}
+    a_end, b_span = 4 * h + bucket, (3 * h - bucket, 10 * h + bucket)
+    expected = {"n1": Window(0.0, a_end), "n2": Window(0.0, b_span[1]), "n3": Window(*b_span),
+                "n5": Window(6 * h - bucket, 8 * h + bucket), "n6": Window(6 * h - bucket, 8 * h + bucket)}
+    assert drill_plan(rollups, window, context) == expected
+    # A flag alone, away from any job: its node around it, with the context either side.
+    rollups.node_spans["n1"] = [(16 * h, 16 * h + bucket)]
+    assert drill_plan(rollups, window, context)["n1"] == Window(12 * h - bucket, 20 * h + bucket)
+    # The node a job without GPU roll-ups reports from is read whole, and its jobs with it.
+    assert drill_plan(rollups, window, context, {"n4"})["n4"] == window
 
 
 def test_every_rollup_fleet_mode_reads_is_shipped():
@@ -224,3 +247,20 @@ def test_every_rollup_fleet_mode_reads_is_shipped():
     with open(RULES) as fh:
         [group] = [g for g in yaml.safe_load(fh)["groups"] if g["name"] == GROUP]
     assert set(READ) <= {rule["record"] for rule in group["rules"]}
+
+
+def test_rules_older_than_the_gpu_count_fall_back_to_the_per_gpu_series(stores):
+    """A ruler without the reporting-GPU count (rules from before it): coverage is checked on
+    the per-GPU series and the report does not change. Runs last: it deletes that roll-up
+    from the VictoriaMetrics store."""
+    from urllib.request import urlopen
+
+    from burnrate.analyzer.sources.rollups import REPORTING
+
+    before = analyze_fleet(PrometheusSource(stores[1], min_step_s=15.0), WINDOW, load_catalog(), interval_s=60.0)
+    with urlopen(f"{stores[1]}/api/v1/admin/tsdb/delete_series?match[]={REPORTING}", timeout=30) as resp:
+        resp.read()
+    assert not PrometheusSource(stores[1]).query(f"count({REPORTING})", END)
+    after = analyze_fleet(PrometheusSource(stores[1], min_step_s=15.0), WINDOW, load_catalog(), interval_s=60.0)
+    assert to_document(after) == to_document(before)
+    assert "GPUs without roll-ups (1)" in next(n for n in after.notes if n.startswith("fleet mode:"))

@@ -233,10 +233,7 @@ class PrometheusSource:
         chosen = selector(q.metric, **self.scope, **labels)
         span = f"[{int(step * 1000) - 1}ms]"
         if self.hosts is not None and L.HOSTNAME in _LABELS_OF[q.metric]:
-            # Either spelling of the node label (dcgm-exporter 4.8.3 writes `hostname`).
-            hosts = "|".join(re.escape(h) for h in self.hosts) or "$^"
-            inner = "(" + " or ".join(f"{q.over_time}_over_time({matching(chosen, name, hosts)}{span})"
-                                      for name in HOSTNAME_SPELLINGS) + ")"
+            inner = "(" + " or ".join(f"{q.over_time}_over_time({on}{span})" for on in self._on_hosts(chosen)) + ")"
         else:
             inner = f"{q.over_time}_over_time({chosen}{span})"
         if L.POD in q.by:
@@ -245,12 +242,13 @@ class PrometheusSource:
         query = f"max by ({', '.join(by)}) ({inner})"
         return f"sum by ({', '.join(q.outer)}) ({query})" if q.outer else query
 
-    def _answer(self, job: tuple[_Query, np.ndarray], step: float, total: int, progress: Progress | None) -> list[dict]:
+    def _answer(self, job: tuple["PrometheusSource", _Query, np.ndarray], step: float, total: int,
+                progress: Progress | None) -> list[dict]:
         """One query's series, each one's points as a (time, value) float array in the catalog's
         unit: a tenth of the memory JSON's lists take, which is what a day of a thousand GPUs needs."""
-        q, points = job
+        source, q, points = job
         answer = [{"metric": series["metric"], "values": _points(series["values"], q.scale)}
-                  for series in self.query_range(self.promql(q, step), points[0], points[-1], step)]
+                  for series in source.query_range(source.promql(q, step), points[0], points[-1], step)]
         if progress:
             with self._lock:
                 self._answered += 1
@@ -258,29 +256,40 @@ class PrometheusSource:
         return answer
 
     def frames(self, window: Window | None = None, columns: Mapping[str, Sequence[str]] | None = None,
-               progress: Progress | None = None) -> Frames:
+               progress: Progress | None = None, reads: Mapping[Window, Sequence[str]] | None = None) -> Frames:
         """The window's tables; the last hour when no window is given. `columns`
         names the value columns to query per table; tables it leaves out come back
         empty, and no query is sent for them. `progress(done, total)` is told of
-        every query answered."""
+        every query answered. `reads` narrows the node series read to these nodes over
+        these parts of the window (fleet mode's drill-down), on the whole window's grid."""
         if window is None:
             now = time.time()
             window = Window(now - 3600.0, now)
-        window = within(window, self.data_range(window), self.min_step_s)
+        if reads is None:
+            window = within(window, self.data_range(window), self.min_step_s)
         step = self.step_for(window)
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
-        grid = np.arange(first, last + step / 2, step) if last >= first else np.empty(0)
-        chunks = [grid[k:k + self.chunk_points] for k in range(0, len(grid), self.chunk_points)]
         asked = QUERIES + (COUNTS if step > self.min_step_s else [])
-        jobs = [(q, chunk) for chunk in chunks for q in asked if _wanted(q, columns)]
+        jobs = []
+        for part, source in ([(window, self)] if reads is None else
+                             [(part, self.on_hosts(hosts)) for part, hosts in reads.items()]):
+            a, b = max(first, math.ceil(part.start / step) * step), min(last, math.floor(part.end / step) * step)
+            grid = np.arange(a, b + step / 2, step) if b >= a else np.empty(0)
+            chunks = [grid[k:k + self.chunk_points] for k in range(0, len(grid), self.chunk_points)]
+            jobs += [(source, q, chunk) for chunk in chunks for q in asked if _wanted(q, columns)]
+        if not jobs:   # a drill-down with nothing to read: the store's prices still price the rest
+            return hold(replace(_empty(window, step), gpu_hour_prices=self.opencost_prices(window)))
         self._answered = 0
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
             answers = list(pool.map(lambda job: self._answer(job, step, len(jobs), progress), jobs))
         results: dict[tuple[str, str], list[dict]] = {}
-        for (q, _), answer in zip(jobs, answers):
+        for (_, q, _), answer in zip(jobs, answers):
             results.setdefault((q.table, q.column), []).extend(answer)
         owners = self.owners(window)
-        return hold(replace(_assemble(results, window, step, first, columns, owners, self.exporter_pods(window)),
+        exporters = (self.exporter_pods(window) if reads is None else
+                     self.on_hosts([h for hosts in reads.values() for h in hosts]).exporter_pods(
+                         Window(min(p.start for p in reads), max(p.end for p in reads))))
+        return hold(replace(_assemble(results, window, step, first, columns, owners, exporters),
                             owners=owners, gpu_hour_prices=self.opencost_prices(window)))
 
     def opencost_prices(self, window: Window) -> dict[str, float]:
@@ -320,7 +329,8 @@ class PrometheusSource:
         scrape attaches them (`up` carries a target's labels): on that target's series they
         name the exporter, never a pod holding the GPU."""
         span = _span(window)
-        exposing = " or ".join(f"last_over_time({selector(m, **self.scope)}[{span}])" for m in GPU_UTIL_NAMES)
+        exposing = " or ".join(f"last_over_time({on}[{span}])" for m in GPU_UTIL_NAMES
+                               for on in self._on_hosts(selector(m, **self.scope)))
         targets = self._instant(f"group by (namespace, pod) (last_over_time(up{self._loose()}[{span}]) * on (instance) "
                                 f"group_left () group by (instance) ({exposing}))", window.end)
         return {(m["namespace"], m["pod"]) for m in targets if m.get("namespace") and m.get("pod")}
@@ -332,6 +342,14 @@ class PrometheusSource:
         selector(**{label: ""})
         present = " or ".join(f"last_over_time({selector(m)}[{span}])" for m in GPU_SERIES)
         return sorted({m.get(label, "") for m in self._instant(f"group by ({label}) ({present})", window.end)})
+
+    def _on_hosts(self, chosen: str) -> list[str]:
+        """A selector on these nodes only where narrowed: once per spelling of the node label
+        (dcgm-exporter 4.8.3 writes `hostname`)."""
+        if self.hosts is None:
+            return [chosen]
+        hosts = "|".join(re.escape(h) for h in self.hosts) or "$^"
+        return [matching(chosen, name, hosts) for name in HOSTNAME_SPELLINGS]
 
     def _loose(self, **labels: str) -> str:
         """A selector's braces for series outside the GPU exporters: the scope's labels,
@@ -355,16 +373,23 @@ class PrometheusSource:
         except PrometheusError:
             return []
 
-    def data_range(self, window: Window) -> Window | None:
+    def data_range(self, window: Window, seen: Window | None = None) -> Window | None:
         """Where in the window any GPU has samples, from one query at the window's
-        coarsest step: a year's window over a day of data is read at the day's step."""
+        coarsest step: a year's window over a day of data is read at the day's step.
+        `seen` (fleet mode's roll-ups): some GPU had samples in the step up to its start and
+        in the step from its end, so the stretch between is left unread: the answer is the same."""
         step = step_for(window, self.min_step_s)
         present = " or ".join(f"present_over_time({selector(m, **self.scope)}[{int(step * 1000) - 1}ms])"
                               for m in GPU_SERIES)
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         if last < first:
             return None
-        times = [float(t) for series in self.query_range(f"count({present})", first, last, step)
+        spans = [(first, last)]
+        if seen is not None:
+            inner = math.ceil(seen.start / step) * step, math.floor(seen.end / step) * step
+            if first < inner[0] < inner[1] < last:
+                spans = [(first, inner[0]), (inner[1], last)]
+        times = [float(t) for a, b in spans for series in self.query_range(f"count({present})", a, b, step)
                  for t, _ in series["values"]]
         if not times:
             return None

@@ -11,6 +11,10 @@ figures may come from the roll-ups alone. Each is written from its detector's th
 with a margin, and a stretch "at least L long" is looked for as a window of L/2 at steps of
 L/2 (any run of L holds one), which keeps each query to about one evaluation per stored
 point.
+
+Node flags say when they held, to the bucket (`RollUps.node_spans`), and each job's life is
+known to the bucket (`RollUps.job_spans`): fleet mode reads a node per GPU only over the
+stretch that needs it.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ RATE_WINDOW_S = 300.0
 JOB_ALLOCATED = "cluster_hostname_namespace_training_job:burnrate_gpu_allocated_seconds:rate5m"
 JOB_IDLE = "cluster_hostname_namespace_training_job:burnrate_gpu_idle_seconds:rate5m"
 NODE_OBSERVED = "cluster_hostname:burnrate_gpu_observed_seconds:rate5m"
+REPORTING = "cluster_hostname:burnrate_gpus_reporting:count"
 JOB_SHARE = "cluster_namespace_training_job:burnrate_gpu_allocation_share:sum"
 STEPS = "cluster_namespace_training_job:burnrate_train_steps:max_rate5m"
 STEP_SECONDS = "cluster_namespace_training_job:burnrate_train_step_seconds:rate5m"
@@ -76,6 +81,9 @@ class RollUps:
     flagged_jobs: dict[Job, set[str]] = field(default_factory=dict)
     flagged_nodes: dict[str, set[str]] = field(default_factory=dict)
     lifetime_s: dict[str, float] = field(default_factory=dict)                     # host -> seconds its GPUs were there
+    bucket_s: float = 0.0                                                          # what spans are known to
+    node_spans: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # host -> where its flags held
+    job_spans: dict[Job, tuple[float, float]] = field(default_factory=dict)         # job -> its allocation roll-ups' span
 
     @property
     def hosts(self) -> set[str]:
@@ -146,9 +154,22 @@ class RollUpReader:
                 return float(group["interval"]), "the store's rules API"
         return DEFAULT_INTERVAL_S, f"not found in the store's rules API: {DEFAULT_INTERVAL_S:g} s, the shipped rules', assumed"
 
+    def reported(self, window: Window) -> Window | None:
+        """For `PrometheusSource.data_range`: at the window's step, from the first point where
+        the ruler counted reporting GPUs to the last less a step and the count's 5-minute
+        lookback, some GPU had samples in the step before."""
+        step = self.source.step_for(window)
+        first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
+        if last < first:
+            return None
+        times = [float(t) for series in self.source.query_range(
+                     f"count(present_over_time({self._sel(REPORTING)}[{int(step * 1000) - 1}ms]))", first, last, step)
+                 for t, _ in series["values"]]
+        return Window(min(times), max(times) - step - RATE_WINDOW_S) if times else None
+
     def read(self, window: Window, bucket_s: float) -> RollUps:
         interval, basis = self.interval
-        out = RollUps(interval, basis)
+        out = RollUps(interval, basis, bucket_s=bucket_s)
         self._window, self._interval_s = window, interval
         self._at = window.end + RATE_WINDOW_S / 2
         self._range = f"{max(int(round(window.end - window.start)), 1)}s"
@@ -213,13 +234,14 @@ class RollUpReader:
                 info[labels[L.HOSTNAME]] = {n: labels.get(n, "") for n in L.NODE_INFO_LABELS}
         return info
 
-    def _stretch(self, condition: str, minutes: float) -> str:
+    def _stretch(self, condition: str, minutes: float, over: str | None = None) -> str:
         """`condition` held at every evaluation of some stretch of `minutes` (a subquery's
-        points are counted: a series that is absent for a while did not hold)."""
+        points are counted: a series that is absent for a while did not hold), anywhere in
+        the window or in the `over` seconds before each point of a range query."""
         half = max(minutes * 60 / 2, self._interval_s)
         need = max(int(half // self._interval_s), 1)
         return (f"max_over_time((count_over_time(({condition})[{self._step(half)}:{self._step(self._interval_s)}]) "
-                f">= {need})[{self._range}:{self._step(half)}])")
+                f">= {need})[{over or self._range}:{self._step(half)}])")
 
     def _flag(self, out: RollUps, bucket_s: float) -> None:
         c, m = self.config, MARGIN
@@ -230,9 +252,13 @@ class RollUpReader:
             for key in self._names(promql, JOB):
                 jobs.setdefault((key[1], key[2]), set()).add(reason)
 
+        bucket = self._step(bucket_s)
+
         def node(reason: str, promql: str) -> None:
-            for key in self._names(promql, NODE):
-                nodes.setdefault(key[1], set()).add(reason)
+            """`promql` holds for a node in the bucket that ends at each of its points."""
+            for (host,), times in self._buckets(promql, (L.HOSTNAME,), bucket_s).items():
+                nodes.setdefault(host, set()).add(reason)
+                out.node_spans.setdefault(host, []).extend((t - bucket_s, t) for t in times)
 
         job("idle GPUs", self._stretch(f"{self._sel(JOB_IDLE)} > 0", c.idle_gpu.min_minutes - rate - 1))
         job("holds GPUs without stepping", self._stretch(
@@ -261,10 +287,15 @@ class RollUpReader:
                 jobs.setdefault(key, set()).add("low MFU")
         free = (f"sum by (cluster, Hostname) ({self._sel(NODE_OBSERVED)}) - (sum by (cluster, Hostname) "
                 f"({self._sel(JOB_ALLOCATED)}) or 0 * sum by (cluster, Hostname) ({self._sel(NODE_OBSERVED)}))")
-        node("unallocated GPUs", self._stretch(f"{free} > 0.5", c.unallocated_gpu.min_minutes - rate - 1))
-        node("XID errors", f"max_over_time({self._sel(XID)}[{self._range}]) > 0")
-        node("GPUs down", f"max_over_time({self._sel(DOWN)}[{self._range}]) > 0")
-        node("thermal throttling", f"max_over_time({self._sel(THERMAL)}[{self._range}]) > 0")
+        stretch = c.unallocated_gpu.min_minutes - rate - 1
+        node("unallocated GPUs", self._stretch(f"{free} > 0.5", stretch, self._step(max(bucket_s, stretch * 30))))
+        node("XID errors", f"max_over_time({self._sel(XID)}[{bucket}]) > 0")
+        node("GPUs down", f"max_over_time({self._sel(DOWN)}[{bucket}]) > 0")
+        node("thermal throttling", f"max_over_time({self._sel(THERMAL)}[{bucket}]) > 0")
+        for job_key, times in self._buckets(f"group by (namespace, training_job) (present_over_time("
+                                            f"{self._sel(JOB_ALLOCATED)}[{bucket}]))", (L.NAMESPACE, L.TRAINING_JOB),
+                                            bucket_s).items():
+            out.job_spans[(job_key[0], job_key[1])] = (min(times) - bucket_s, max(times))
         # Only a training loop's telemetry clears a job: serving and notebooks (underused_gpu)
         # and jobs read from their GPUs alone (sawtooth, busier GPU) are looked at per GPU.
         training = {(k[1], k[2]) for k in self._names(
@@ -278,30 +309,52 @@ class RollUpReader:
 
     def _coverage(self, out: RollUps, bucket_s: float) -> None:
         """Nodes whose GPUs report in stretches their roll-ups do not cover (dcgm-exporter
-        alone, an older agent, a ruler that stopped) are read per GPU."""
+        alone, an older agent, a ruler that stopped) are read per GPU there. The ruler counts
+        each node's reporting GPUs; where it wrote nothing (rules older than that count,
+        before it ran, while it was down) the per-GPU series themselves are looked at."""
         w = self._window
         step = self._step(bucket_s)
-        present = " or ".join(f"present_over_time({selector(m, **self.source.scope)}[{step}])" for m in GPU_SERIES)
-        gpus = self._buckets(f"count by (Hostname, hostname) ({present})", w, bucket_s)
+        by = (L.HOSTNAME,)
         rolled = self._buckets(f"count by (Hostname) (present_over_time({self._sel(NODE_OBSERVED)}[{step}]))",
-                               w, bucket_s)
+                               by, bucket_s)
+        gpus = self._buckets(f"count by (Hostname) (present_over_time({self._sel(REPORTING)}[{step}]))",
+                             by, bucket_s)
+        counted = set().union(*gpus.values())
+        grid = self._grid(w, bucket_s)
+        present = " or ".join(f"present_over_time({selector(m, **self.source.scope)}[{step}])" for m in GPU_SERIES)
+        for run in _runs([t for t in grid if t not in counted], bucket_s):
+            for key, seen in self._buckets(f"count by (Hostname, hostname) ({present})", by, bucket_s, run).items():
+                gpus.setdefault(key, set()).update(seen)
         # Where the per-GPU series are gone (a store that keeps roll-ups longer than raw
         # samples), a node's lifetime is where its roll-ups are.
-        for host, seen in {**rolled, **gpus}.items():
-            out.lifetime_s[host] = min((max(seen) - min(seen) + bucket_s), w.end - w.start)
-        for host, seen in gpus.items():
+        for (host,), seen in {**rolled, **gpus}.items():
+            if seen:
+                out.lifetime_s[host] = min((max(seen) - min(seen) + bucket_s), w.end - w.start)
+        for key, seen in gpus.items():
+            uncovered = sorted(seen - rolled.get(key, set()))
             # A bucket at each edge may hold GPU samples before the first evaluation or after the last.
-            if len(seen - rolled.get(host, set())) > 2 or host not in rolled:
-                out.flagged_nodes.setdefault(host, set()).add("GPUs without roll-ups")
+            if len(uncovered) > 2 or key not in rolled:
+                out.flagged_nodes.setdefault(key[0], set()).add("GPUs without roll-ups")
+                # read whole: nothing else accounts for its GPUs where the roll-ups miss them
+                out.node_spans.setdefault(key[0], []).append((w.start, w.end))
 
-    def _buckets(self, promql: str, w: Window, bucket_s: float) -> dict[str, set[float]]:
+    @staticmethod
+    def _grid(w: Window, bucket_s: float) -> list[float]:
         first = math.ceil(w.start / bucket_s) * bucket_s
         last = max(math.ceil(w.end / bucket_s) * bucket_s, first)
-        out: dict[str, set[float]] = {}
-        for series in self.source.query_range(promql, first, last, bucket_s):
-            host = next((series["metric"][n] for n in HOSTNAME_SPELLINGS if series["metric"].get(n)), "")
-            if host:
-                out.setdefault(host, set()).update(float(t) for t, _ in series["values"])
+        return [first + k * bucket_s for k in range(int(round((last - first) / bucket_s)) + 1)]
+
+    def _buckets(self, promql: str, by: tuple[str, ...], bucket_s: float,
+                 within: Window | None = None) -> dict[tuple[str, ...], set[float]]:
+        """The ends of the buckets where `promql` has a value, per `by` (the node label in either spelling)."""
+        grid = self._grid(within or self._window, bucket_s)
+        out: dict[tuple[str, ...], set[float]] = {}
+        for series in self.source.query_range(promql, grid[0], grid[-1], bucket_s):
+            labels = series["metric"]
+            key = tuple(next((labels[n] for n in HOSTNAME_SPELLINGS if labels.get(n)), "") if n == L.HOSTNAME
+                        else labels.get(n, "") for n in by)
+            if all(k for n, k in zip(by, key) if n == L.HOSTNAME):
+                out.setdefault(key, set()).update(float(t) for t, _ in series["values"])
         return out
 
     def telemetry_nodes(self, jobs: set[Job]) -> set[str]:
@@ -312,6 +365,17 @@ class RollUpReader:
         ranks = matching(selector("burnrate_train_steps_total", **self.source.scope), L.TRAINING_JOB, names)
         promql = f"group by (Hostname) (last_over_time({ranks}[{self._range}:5m]))"
         return {s["metric"].get(L.HOSTNAME, "") for s in self.source.query(promql, self._at)} - {""}
+
+
+def _runs(times: list[float], bucket_s: float) -> list[Window]:
+    """Consecutive bucket ends, as (first end, last end) windows."""
+    runs: list[Window] = []
+    for t in times:
+        if runs and t - runs[-1].end <= bucket_s * 1.5:
+            runs[-1] = Window(runs[-1].start, t)
+        else:
+            runs.append(Window(t, t))
+    return runs
 
 
 def _jobs(values: dict[tuple[str, ...], float]) -> dict[Job, float]:
