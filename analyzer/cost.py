@@ -55,6 +55,7 @@ class JobCost:
     advice: dict[str, object] = field(default_factory=dict)
     workload_class: str = BATCH
     class_basis: str = ""
+    cost_basis: str = "per-GPU series"   # or the roll-ups that fleet mode costed it from
 
     def to_dict(self) -> dict[str, object]:
         gpus = int(self.gpus) if float(self.gpus).is_integer() else round(self.gpus, 4)
@@ -67,6 +68,7 @@ class JobCost:
             "waste_dollars": {k: _round(v) for k, v in self.waste_dollars.items()},
             "on_demand_cost_dollars": _round(self.on_demand_cost_dollars),
             "advice": self.advice, "class": self.workload_class, "class_basis": self.class_basis,
+            "cost_basis": self.cost_basis,
         }
 
 

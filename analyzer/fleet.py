@@ -4,13 +4,13 @@ roll-up flags something.
 1. The roll-ups (analyzer.sources.rollups) give every job's and node's GPU-seconds and
    the flags: the jobs and nodes where some detector could fire.
 2. The nodes to read per GPU, and over which part of the window: a flagged node around
-   where its flags held, the nodes of a flagged job over that job's life, and nodes with
-   GPUs the roll-ups never cover over all of it; then every job on those nodes in those
-   parts, on all its nodes over all its life, until no job is split between the two sides.
-   What is read is analysed exactly as the per-GPU path does.
+   where its flags held, the nodes of a flagged job over that job's whole life, and nodes
+   with GPUs the roll-ups miss over all of it. What is read is analysed exactly as the
+   per-GPU path does.
 3. Every other job (one with trainer telemetry that no flag names) is costed from its
-   roll-ups at its node's price; it has no finding, by the flags' construction. Nodes read
-   over part of the window are accounted from their roll-ups, as are the rest.
+   roll-ups at its node's price; it has no finding of its own, by the flags' construction,
+   even where part of its life was read beside a flagged node (whose findings it keeps).
+   Nodes read over part of the window are accounted from their roll-ups, as are the rest.
 
 The report says which nodes were read which way and why.
 """
@@ -38,56 +38,47 @@ from .views import ANALYSIS_COLUMNS
 from .workloads import TRAINING
 
 Job = tuple[str, str]
+# Findings about a node's GPUs rather than a job's own run: kept wherever the node is read.
+NODE_KINDS = frozenset({"unallocated_gpu", "thermal_throttle", "gpu_error"})
 
 
 def drill_plan(rollups: RollUps, window: Window, context_s: float, extra: set[str] = frozenset()) -> dict[str, Window]:
     """Each node to read per GPU and the part of the window to read it over: where its flags
-    held with `context_s` either side, the lives of flagged jobs on their nodes, all of it for
-    `extra` nodes; closed so that each job is read whole or not at all. Spans are known to a
-    roll-up bucket, so each reaches a bucket further."""
+    held with `context_s` either side (all of it for a node whose GPUs the roll-ups miss, and
+    for `extra` nodes), and the nodes of each flagged job over its whole life. Spans are known
+    to a roll-up bucket, so each reaches a bucket further."""
     plan: dict[str, tuple[float, float]] = {}
     bucket = rollups.bucket_s
 
-    def grow(host: str, a: float, b: float) -> bool:
-        old = plan.get(host)
-        a, b = max(a, window.start), min(b, window.end)
-        plan[host] = (a, b) if old is None else (min(old[0], a), max(old[1], b))
-        return plan[host] != old
+    def grow(host: str, a: float, b: float) -> None:
+        old = plan.get(host, (math.inf, -math.inf))
+        plan[host] = (min(old[0], max(a, window.start)), max(old[1], min(b, window.end)))
 
-    def life(job: Job) -> tuple[float, float]:
-        a, b = rollups.job_spans.get(job, (window.start, window.end))
-        return a - bucket, b + bucket
-
-    for host, reasons in rollups.flagged_nodes.items():
+    for host in rollups.flagged_nodes:
         for a, b in rollups.node_spans.get(host) or [(window.start, window.end)]:
             grow(host, a - bucket - context_s, b + bucket + context_s)
     for host in extra:
         grow(host, window.start, window.end)
     for job in rollups.flagged_jobs:
         for host in rollups.nodes_of(job):
-            grow(host, *life(job))
-    changed = True
-    while changed:
-        changed = False
-        for host, (a, b) in list(plan.items()):
-            for job in rollups.jobs_on({host}):
-                start, end = life(job)
-                if start <= b and end >= a:
-                    for other in rollups.nodes_of(job):
-                        changed |= grow(other, start, end)
+            grow(host, *life(rollups, job, window))
     return {host: Window(a, b) for host, (a, b) in plan.items()}
 
 
-def _read_jobs(rollups: RollUps, plan: dict[str, Window]) -> set[Job]:
-    """The jobs whose life meets the part of some node read per GPU: read whole, by the plan's closure."""
-    bucket = rollups.bucket_s
-    out = set()
+def life(rollups: RollUps, job: Job, window: Window) -> tuple[float, float]:
+    """A job's life in the window, from its allocation roll-ups, a bucket wider either side."""
+    a, b = rollups.job_spans.get(job, (window.start, window.end))
+    return max(a - rollups.bucket_s, window.start), min(b + rollups.bucket_s, window.end)
+
+
+def read_whole(rollups: RollUps, plan: dict[str, Window], window: Window) -> set[Job]:
+    """The jobs the roll-ups know that the plan reads on all their nodes over all their life."""
+    whole = set()
     for job in rollups.jobs_on(set(plan)):
-        start, end = rollups.job_spans.get(job, (-math.inf, math.inf))
-        if any(start - bucket <= plan[h].end and end + bucket >= plan[h].start
-               for h in rollups.nodes_of(job) if h in plan):
-            out.add(job)
-    return out
+        a, b = life(rollups, job, window)
+        if all(h in plan and plan[h].start <= a and plan[h].end >= b for h in rollups.nodes_of(job)):
+            whole.add(job)
+    return whole
 
 
 def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
@@ -113,14 +104,24 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
     frames = source.frames(window, ANALYSIS_COLUMNS, progress, reads=parts)
     report = analyze(frames, catalog, config, advice, class_overrides)
     drilled = set(plan)
-    read = {(j.namespace, j.training_job) for j in report.jobs} | _read_jobs(rollups, plan)
-    cleared = sorted({job for job, _, _ in rollups.allocated} - read - set(rollups.flagged_jobs))
+    known = {job for job, _, _ in rollups.allocated}
+    # A job read over part of its life (beside a flagged node) is named by no flag, so it has
+    # no finding of its own: what its part shows gives way to its roll-ups, and only the
+    # findings of its node stay.
+    partly_read = {(j.namespace, j.training_job) for j in report.jobs} & known - read_whole(rollups, plan, window)
+    findings = [f for f in report.findings if f.kind in NODE_KINDS or f.job not in partly_read]
+    per_gpu = [j for j in report.jobs if (j.namespace, j.training_job) not in partly_read]
+    cleared = sorted(known - {(j.namespace, j.training_job) for j in per_gpu} - set(rollups.flagged_jobs))
     # A node read over part of the window is accounted from its roll-ups, like one not read at all.
     partly = {h for h, part in plan.items() if part.start > window.start or part.end < window.end}
     cleared_nodes = sorted(rollups.hosts - drilled | partly)
     prices = {host: _price(rollups, catalog, host, frames.gpu_hour_prices.get(host)) for host in
               rollups.hosts | {h for _, h, _ in rollups.allocated}}
-    jobs = [_job_cost(rollups, job, prices, advice) for job in cleared]
+    waste: dict[Job, dict[str, float]] = {}
+    for f in findings:
+        if f.job in partly_read and f.wasted_dollars is not None:
+            waste.setdefault(f.job, {})[f.kind] = waste.get(f.job, {}).get(f.kind, 0.0) + f.wasted_dollars
+    jobs = [_job_cost(rollups, job, prices, advice, waste.get(job, {})) for job in cleared]
     unpriced = [{"namespace": j.namespace, "training_job": j.training_job,
                  "reason": "; ".join(f"{h}: {why}" for h in sorted(rollups.nodes_of((j.namespace, j.training_job)))
                                      if (why := _why_unpriced(rollups, catalog, h, prices)))}
@@ -142,9 +143,10 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
         notes.append(f"{len(jobs)} jobs costed from roll-ups: their checkpoint interval is the mean between "
                      "checkpoints seen each minute (per GPU, the median of every one)")
     simulated = report.simulated or any(SIMULATED in model for _, model in rollups.observed)
-    return replace(report, jobs=sorted(report.jobs + jobs, key=lambda j: (j.namespace, j.training_job)),
-                   missing=tuple(missing), notes=notes, accounting=accounting,
-                   unpriced_jobs=report.unpriced_jobs + unpriced, simulated=simulated)
+    return replace(report, jobs=sorted(per_gpu + jobs, key=lambda j: (j.namespace, j.training_job)),
+                   findings=findings, missing=tuple(missing), notes=notes, accounting=accounting,
+                   unpriced_jobs=[u for u in report.unpriced_jobs if (u["namespace"], u["training_job"]) not in partly_read]
+                   + unpriced, simulated=simulated)
 
 
 def _basis(rollups: RollUps, plan: dict[str, Window], everyone: set[str], window: Window) -> str:
@@ -178,7 +180,8 @@ def _why_unpriced(rollups: RollUps, catalog: Catalog, host: str, prices: dict[st
     return catalog.why_unpriced(host, info.get("instance_type", ""), _model(rollups, host) or info.get("gpu_model", ""))
 
 
-def _job_cost(rollups: RollUps, job: Job, prices: dict[str, NodePrice], advice: AdviceConfig) -> JobCost:
+def _job_cost(rollups: RollUps, job: Job, prices: dict[str, NodePrice], advice: AdviceConfig,
+              waste: dict[str, float]) -> JobCost:
     held = rollups.held_by(job)
     hours = np.array([held[h] / 3600 for h in held])
     cost = sum_known(hours * np.array([prices[h].actual for h in held]), hours)
@@ -192,9 +195,11 @@ def _job_cost(rollups: RollUps, job: Job, prices: dict[str, NodePrice], advice: 
         cost_dollars=cost, on_demand_cost_dollars=on_demand, steps=steps, tokens=tokens,
         cost_per_step=cost / steps if cost is not None and steps else None,
         cost_per_billion_tokens=cost / (tokens / 1e9) if cost is not None and tokens else None,
-        mfu=rollups.mfu.get(job), waste_dollars={kind: 0.0 for kind in KINDS if kind != "unallocated_gpu"},
+        mfu=rollups.mfu.get(job),
+        waste_dollars={kind: waste.get(kind, 0.0) for kind in KINDS if kind != "unallocated_gpu"},
         advice=_advice(rollups, job, gpus, held, prices, caps, advice),
-        workload_class=TRAINING, class_basis="trainer telemetry")
+        workload_class=TRAINING, class_basis="trainer telemetry",
+        cost_basis=f"roll-ups every {rollups.interval_s:g} s")
 
 
 def _advice(rollups: RollUps, job: Job, gpus: float, held: dict[str, float], prices: dict[str, NodePrice],

@@ -116,7 +116,7 @@ FINDING_COLUMNS = ("kind", "severity", "namespace", "training_job", "Hostname", 
                    "wasted_gpu_hours", "wasted_dollars", "evidence", "recommendation")
 JOB_COLUMNS = ("namespace", "training_job", "class", "gpus", "gpu_hours", "capacity_type", "cost_dollars",
                "on_demand_cost_dollars", "steps", "tokens", "cost_per_step", "cost_per_billion_tokens", "mfu",
-               "waste_dollars", "advice", "class_basis")
+               "waste_dollars", "advice", "class_basis", "cost_basis")
 
 
 def render_clusters(reports: dict[str, Report], format: str) -> str:

@@ -217,6 +217,7 @@ def rollup_lines(gpus: int, days: float, end: float, seed: int = 0):
             yield line(R.JOB_ALLOCATED, {**name, **host}, 8.0)
             yield line(R.JOB_IDLE, {**name, **host}, 8.0 if fault < 0.02 else 0.0)
             yield line(R.NODE_OBSERVED, host, 8.0)
+            yield line(R.REPORTING, {"Hostname": host["Hostname"]}, 8.0)
         yield line(R.JOB_SHARE, name, 8.0 * size)
         for metric, value in ((R.STEPS, 2.0), (R.STEP_SECONDS, 16.0 * size), (R.TOKENS, 2e6 * size),
                               (R.MFU, 0.42), (R.LOSS, 2.1), (R.GRAD_NORM, 0.9), (R.STRAGGLE, 1.03)):

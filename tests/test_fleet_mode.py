@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from burnrate.analyzer.fleet import analyze_fleet, drill_plan
+from burnrate.analyzer.fleet import analyze_fleet, drill_plan, read_whole
 from burnrate.analyzer.frames import Window
 from burnrate.analyzer.openmetrics import write_openmetrics
 from burnrate.analyzer.pricing import load_catalog
@@ -89,11 +89,8 @@ def both(url: str, interval_s: float | None = None) -> tuple[Report, Report]:
 
 
 def from_rollups(report: Report) -> set[tuple[str, str]]:
-    """The jobs the fleet report costed from roll-ups: those its per-GPU views do not hold."""
-    views = report.views
-    read = set() if views is None else {(str(ns), str(job)) for ns, job in
-                                        zip(views.alloc.keys["namespace"], views.alloc.keys["job"])}
-    return {(j.namespace, j.training_job) for j in report.jobs} - read
+    """The jobs the fleet report costed from roll-ups, as each job's basis says."""
+    return {(j.namespace, j.training_job) for j in report.jobs if j.cost_basis.startswith("roll-ups every")}
 
 
 def assert_same(per_gpu: Report, fleet: Report, edge_s: float) -> None:
@@ -213,29 +210,31 @@ def test_a_simulated_fleet_is_found_and_costed_alike(tmp_path):
     assert_same(per_gpu, fleet, edge_s=15.0)
 
 
-def test_the_parts_read_per_gpu_hold_each_job_whole():
-    """A flagged node is read around where its flag held, and brings every job on it in that
-    part, whole and on all its nodes, and theirs in turn; jobs outside stay with the roll-ups."""
+def test_flagged_jobs_are_read_whole_and_flagged_nodes_around_their_flags():
+    """A flagged job's nodes over its whole life; a flagged node around where its flag held,
+    the detectors' context either side; a job beside it read whole only where that happens."""
     h, bucket, context = 3600.0, 300.0, 1800.0
     window = Window(0.0, 24 * h)
     rollups = RollUps(60.0, "given", bucket_s=bucket)
-    for job, hosts, life in ((("ml", "a"), ("n1", "n2"), (0.0, 4 * h)), (("ml", "b"), ("n2", "n3"), (3 * h, 10 * h)),
-                             (("ml", "c"), ("n1",), (12 * h, 20 * h)), (("ml", "d"), ("n5", "n6"), (6 * h, 8 * h)),
-                             (("ml", "e"), ("n4",), (0.0, 24 * h))):
+    for job, hosts, span in ((("ml", "a"), ("n1", "n2"), (0.0, 4 * h)), (("ml", "b"), ("n2", "n3"), (3 * h, 10 * h)),
+                             (("ml", "c"), ("n1",), (12 * h, 20 * h)), (("ml", "d"), ("n5", "n6"), (6 * h, 8 * h))):
         for host in hosts:
-            rollups.allocated[(job, host, "A100")] = life[1] - life[0]
-        rollups.job_spans[job] = life
+            rollups.allocated[(job, host, "A100")] = span[1] - span[0]
+        rollups.job_spans[job] = span
     rollups.flagged_nodes["n1"] = {"XID errors"}
     rollups.node_spans["n1"] = [(h, h + bucket)]
     rollups.flagged_jobs[("ml", "d")] = {"data wait"}
-    a_end, b_span = 4 * h + bucket, (3 * h - bucket, 10 * h + bucket)
-    expected = {"n1": Window(0.0, a_end), "n2": Window(0.0, b_span[1]), "n3": Window(*b_span),
-                "n5": Window(6 * h - bucket, 8 * h + bucket), "n6": Window(6 * h - bucket, 8 * h + bucket)}
-    assert drill_plan(rollups, window, context) == expected
-    # A flag alone, away from any job: its node around it, with the context either side.
-    rollups.node_spans["n1"] = [(16 * h, 16 * h + bucket)]
-    assert drill_plan(rollups, window, context)["n1"] == Window(12 * h - bucket, 20 * h + bucket)
-    # The node a job without GPU roll-ups reports from is read whole, and its jobs with it.
+    d = Window(6 * h - bucket, 8 * h + bucket)
+    plan = drill_plan(rollups, window, context)
+    assert plan == {"n1": Window(h - bucket - context, h + 2 * bucket + context), "n5": d, "n6": d}
+    # a ran on n1 from the window's start but also on n2, which is not read: a is costed from roll-ups.
+    assert read_whole(rollups, plan, window) == {("ml", "d")}
+    # A flag on n2 too, over a's life: a is read whole; b, beside it, is not.
+    rollups.flagged_jobs[("ml", "a")] = {"idle GPUs"}
+    plan = drill_plan(rollups, window, context)
+    assert plan["n2"] == Window(0.0, 4 * h + bucket)
+    assert read_whole(rollups, plan, window) == {("ml", "a"), ("ml", "d")}
+    # The node a job without GPU roll-ups reports from is read whole.
     assert drill_plan(rollups, window, context, {"n4"})["n4"] == window
 
 

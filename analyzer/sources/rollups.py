@@ -315,21 +315,25 @@ class RollUpReader:
         w = self._window
         step = self._step(bucket_s)
         by = (L.HOSTNAME,)
-        rolled = self._buckets(f"count by (Hostname) (present_over_time({self._sel(NODE_OBSERVED)}[{step}]))",
-                               by, bucket_s)
-        gpus = self._buckets(f"count by (Hostname) (present_over_time({self._sel(REPORTING)}[{step}]))",
-                             by, bucket_s)
+        evaluations = self._buckets(f"max by (Hostname) (count_over_time({self._sel(NODE_OBSERVED)}[{step}]))",
+                                    by, bucket_s)
+        gpus = {key: set(seen) for key, seen in self._buckets(
+            f"count by (Hostname) (present_over_time({self._sel(REPORTING)}[{step}]))", by, bucket_s).items()}
         counted = set().union(*gpus.values())
         grid = self._grid(w, bucket_s)
         present = " or ".join(f"present_over_time({selector(m, **self.source.scope)}[{step}])" for m in GPU_SERIES)
         for run in _runs([t for t in grid if t not in counted], bucket_s):
             for key, seen in self._buckets(f"count by (Hostname, hostname) ({present})", by, bucket_s, run).items():
                 gpus.setdefault(key, set()).update(seen)
-        # Where the per-GPU series are gone (a store that keeps roll-ups longer than raw
-        # samples), a node's lifetime is where its roll-ups are.
-        for (host,), seen in {**rolled, **gpus}.items():
-            if seen:
-                out.lifetime_s[host] = min((max(seen) - min(seen) + bucket_s), w.end - w.start)
+        # A node's lifetime, to the evaluation: from its first evaluation (its first bucket's
+        # end less the evaluations in it) to its last, as the per-GPU path counts from a GPU's
+        # first sample to its last.
+        for (host,), counts in evaluations.items():
+            first, last = min(counts), max(counts)
+            span = counts[first] * self._interval_s if first == last else \
+                last - first - bucket_s + (counts[first] + counts[last]) * self._interval_s
+            out.lifetime_s[host] = min(span, w.end - w.start)
+        rolled = {key: set(counts) for key, counts in evaluations.items()}
         for key, seen in gpus.items():
             uncovered = sorted(seen - rolled.get(key, set()))
             # A bucket at each edge may hold GPU samples before the first evaluation or after the last.
@@ -345,16 +349,17 @@ class RollUpReader:
         return [first + k * bucket_s for k in range(int(round((last - first) / bucket_s)) + 1)]
 
     def _buckets(self, promql: str, by: tuple[str, ...], bucket_s: float,
-                 within: Window | None = None) -> dict[tuple[str, ...], set[float]]:
-        """The ends of the buckets where `promql` has a value, per `by` (the node label in either spelling)."""
+                 within: Window | None = None) -> dict[tuple[str, ...], dict[float, float]]:
+        """Per `by` (the node label in either spelling), the ends of the buckets where `promql`
+        has a value, and the value."""
         grid = self._grid(within or self._window, bucket_s)
-        out: dict[tuple[str, ...], set[float]] = {}
+        out: dict[tuple[str, ...], dict[float, float]] = {}
         for series in self.source.query_range(promql, grid[0], grid[-1], bucket_s):
             labels = series["metric"]
             key = tuple(next((labels[n] for n in HOSTNAME_SPELLINGS if labels.get(n)), "") if n == L.HOSTNAME
                         else labels.get(n, "") for n in by)
             if all(k for n, k in zip(by, key) if n == L.HOSTNAME):
-                out.setdefault(key, set()).update(float(t) for t, _ in series["values"])
+                out.setdefault(key, {}).update((float(t), float(v)) for t, v in series["values"])
         return out
 
     def telemetry_nodes(self, jobs: set[Job]) -> set[str]:
