@@ -89,7 +89,7 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
     window = within(window, source.data_range(window, reader.reported(window)), source.min_step_s)
     interval, _ = reader.interval
     # Coverage is checked per bucket: at least the roll-ups' 5-minute window, at most 500 a window.
-    bucket = max(source.step_for(window), RATE_WINDOW_S, 5 * interval, (window.end - window.start) / 500)
+    bucket = math.ceil(max(source.step_for(window), RATE_WINDOW_S, 5 * interval, (window.end - window.start) / 500))
     rollups = reader.read(window, bucket)
     overridden = set(class_overrides or ())
     for job, _, _ in rollups.allocated:

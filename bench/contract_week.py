@@ -2,8 +2,9 @@
 (tests/contract_fleet.py: written from the contract alone, not from the simulator), imported
 into VictoriaMetrics node group by node group, with the roll-ups evaluated over it by vmalert.
 
-Jobs of 8 to 64 GPUs run one after another on their nodes for 2 to 12 hours each; a few
-hold their GPUs idle and a few starve for data (the planted faults). The store's data
+Jobs of 8 to 64 GPUs run one after another on their nodes for 2 to 12 hours each, to
+within half an hour of the window's end, waiting 1% of each step for data; a few hold their GPUs idle and a few
+starve for data (45% of each step): the planted faults. The store's data
 directory is kept in the cache: once with the raw series, and once per rule file with the
 roll-ups added.
 """
@@ -44,14 +45,14 @@ def group(index: int, days: float, seed: int = 0) -> tuple[list[cf.Node], list[c
         mine = nodes[first:first + size]
         first += size
         t = START + float(rng.uniform(0, 1800))
-        while t < end - 3600:
+        while t < end - 1800:   # what is left stays free: less than the hour a finding needs
             hours, fault = float(rng.uniform(2, 12)), rng.random()
             name = f"run-{index:03d}-{len(jobs):03d}"
             jobs.append(cf.Workload(
                 f"team-{index % 12}", name, "training", "PyTorchJob",
                 tuple((n.name, tuple(range(GPUS_PER_NODE))) for n in mine), t, min(t + hours * 3600, end),
                 util_pct=0.0 if fault < IDLE else 92.0, telemetry=True, tokens_per_step=4e6, step_s=2.0,
-                data_wait=0.45 if IDLE <= fault < IDLE + STARVING else 0.04))
+                data_wait=0.45 if IDLE <= fault < IDLE + STARVING else 0.01))
             # the scheduler starts the next job within minutes
             t = jobs[-1].end + float(rng.uniform(60, 900))
     return nodes, jobs

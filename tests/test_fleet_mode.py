@@ -171,6 +171,21 @@ def test_on_victoria_metrics_fleet_mode_equals_prometheus(stores):
     assert any("not found in the store's rules API: 60 s, the shipped rules', assumed" in n for n in assumed.notes)
 
 
+def test_per_gpu_series_are_checked_only_where_the_ruler_wrote_nothing(stores):
+    """Coverage comes from the ruler's count of reporting GPUs; the per-GPU series are read
+    only for the buckets it did not write (here the hour either side of the data). A bucket
+    of a fraction of a second (a long window's 500th) lines up with the store's answers."""
+    for url in stores:
+        source = PrometheusSource(url, min_step_s=15.0)
+        asked: list[tuple[str, float, float]] = []
+        query_range = source.query_range
+        source.query_range = lambda promql, a, b, step: asked.append((promql, a, b)) or query_range(promql, a, b, step)
+        rollups = RollUpReader(source, interval_s=60.0).read(WINDOW, 401.1)
+        assert {h for h, why in rollups.flagged_nodes.items() if "GPUs without roll-ups" in why} == {"dcgm-0"}, url
+        raw = [(a, b) for promql, a, b in asked if "DCGM_FI_DEV_GPU_UTIL" in promql]
+        assert raw and all(b < START + 401.1 or a > END for a, b in raw), (url, raw)
+
+
 def test_the_cli_reads_a_fleet_as_a_user_types_it(stores):
     proc = subprocess.run([sys.executable, "-m", "burnrate", "analyze", "--prometheus", stores[0], "--fleet",
                            "--start", str(WINDOW.start), "--end", str(WINDOW.end), "--scrape-interval", "15"],

@@ -346,7 +346,8 @@ class RollUpReader:
     def _grid(w: Window, bucket_s: float) -> list[float]:
         first = math.ceil(w.start / bucket_s) * bucket_s
         last = max(math.ceil(w.end / bucket_s) * bucket_s, first)
-        return [first + k * bucket_s for k in range(int(round((last - first) / bucket_s)) + 1)]
+        # to the millisecond, as the store's answers name them
+        return [round(first + k * bucket_s, 3) for k in range(int(round((last - first) / bucket_s)) + 1)]
 
     def _buckets(self, promql: str, by: tuple[str, ...], bucket_s: float,
                  within: Window | None = None) -> dict[tuple[str, ...], dict[float, float]]:
@@ -359,7 +360,7 @@ class RollUpReader:
             key = tuple(next((labels[n] for n in HOSTNAME_SPELLINGS if labels.get(n)), "") if n == L.HOSTNAME
                         else labels.get(n, "") for n in by)
             if all(k for n, k in zip(by, key) if n == L.HOSTNAME):
-                out.setdefault(key, {}).update((float(t), float(v)) for t, v in series["values"])
+                out.setdefault(key, {}).update((round(float(t), 3), float(v)) for t, v in series["values"])
         return out
 
     def telemetry_nodes(self, jobs: set[Job]) -> set[str]:
