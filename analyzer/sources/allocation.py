@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from pandas.api.types import union_categoricals
 
 from burnrate.exporter import labels as L
 
@@ -41,9 +42,14 @@ def best_allocation(alloc: pd.DataFrame, gpu: pd.DataFrame, first: float, step: 
     candidates = [c for c in candidates if len(c)]
     if not candidates:
         return empty_alloc()
-    merged = pd.concat(candidates, ignore_index=True)
-    for name in (*ALLOC_LABELS, "signal"):
-        merged[name] = merged[name].astype(str).astype("category")
+    # Labels stay categorical throughout: their text is made once per distinct value, not per row.
+    merged = pd.DataFrame({
+        "t": np.concatenate([c["t"].to_numpy() for c in candidates]),
+        "share": np.concatenate([c["share"].to_numpy(np.float32) for c in candidates]),
+        **{name: union_categoricals([c[name] for c in candidates]) for name in (*ALLOC_LABELS, "signal")}})
+    if any("sample_count" in c for c in candidates):
+        merged["sample_count"] = np.concatenate([c["sample_count"].to_numpy(np.float32) if "sample_count" in c
+                                                 else np.full(len(c), np.nan, np.float32) for c in candidates])
     uuid = merged[L.UUID].cat.codes.to_numpy(np.int64)
     point = np.rint((merged["t"].to_numpy() - first) / step).astype(np.int64)
     cell = uuid * (int(point.max()) + 1) + (point - int(point.min()))
@@ -67,11 +73,21 @@ def _candidate(rows: pd.DataFrame, share: np.ndarray | None, signal: str) -> pd.
     out = pd.DataFrame({"t": rows["t"].to_numpy(),
                         "share": share if share is not None else np.full(len(rows), np.nan, np.float32)})
     for name in ALLOC_LABELS:
-        out[name] = rows[name].astype(str).to_numpy() if name in rows else ""
+        out[name] = _text_categories(rows[name]) if name in rows else pd.Categorical.from_codes(
+            np.zeros(len(rows), np.int8), [""])
     if "sample_count" in rows:
         out["sample_count"] = rows["sample_count"].to_numpy()
-    out["signal"] = signal
+    out["signal"] = pd.Categorical.from_codes(np.zeros(len(rows), np.int8), [signal])
     return out
+
+
+def _text_categories(column: pd.Series) -> pd.Categorical:
+    """The column as a categorical of text, converting each distinct value once."""
+    values = pd.Categorical(column)
+    text = values.categories.astype(str)
+    if text.has_duplicates:     # distinct values with one spelling (1 and "1")
+        return pd.Categorical(column.astype(str))
+    return values.rename_categories(text)
 
 
 def empty_alloc() -> pd.DataFrame:
