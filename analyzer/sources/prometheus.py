@@ -525,7 +525,7 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
     owned = _owner_names(owners)
     gpu = _label_jobs(table("gpu", gpu_frame) if columns is None or "gpu" in columns else empty_table("gpu"), owned)
     agent_rows = _agent_rows(gpu)
-    hosts = set(gpu[L.HOSTNAME].astype(str))
+    hosts = set(gpu[L.HOSTNAME].astype(str).unique())
     dcgm_nodes = dcgm_only(gpu)
     if "xid_total" in gpu.columns:
         # An agent counts XIDs from zero: no series yet means none happened; dcgm-exporter cannot say.
@@ -554,7 +554,7 @@ def _agent_rows(gpu: pd.DataFrame) -> np.ndarray:
 def dcgm_only(gpu: pd.DataFrame) -> list[str]:
     """Nodes whose GPUs have no burnrate_gpu_up: they run dcgm-exporter alone."""
     hosts = gpu[L.HOSTNAME].astype(str)
-    return sorted(set(hosts) - set(hosts[_agent_rows(gpu)]))
+    return sorted(set(hosts.unique()) - set(hosts[_agent_rows(gpu)].unique()))
 
 
 def _not_exporters(gpu: pd.DataFrame, exporter_pods: set[tuple[str, str]]) -> pd.DataFrame:
