@@ -42,17 +42,17 @@ Job = tuple[str, str]
 NODE_KINDS = frozenset({"unallocated_gpu", "thermal_throttle", "gpu_error"})
 
 
-def drill_plan(rollups: RollUps, window: Window, context_s: float, extra: set[str] = frozenset()) -> dict[str, Window]:
-    """Each node to read per GPU and the part of the window to read it over: where its flags
+def drill_plan(rollups: RollUps, window: Window, context_s: float,
+               extra: set[str] = frozenset()) -> dict[str, list[Window]]:
+    """Each node to read per GPU and the parts of the window to read it over: where its flags
     held with `context_s` either side (all of it for a node whose GPUs the roll-ups miss, and
     for `extra` nodes), and the nodes of each flagged job over its whole life. Spans are known
-    to a roll-up bucket, so each reaches a bucket further."""
-    plan: dict[str, tuple[float, float]] = {}
+    to a roll-up bucket, so each reaches a bucket further; parts that meet are one."""
+    spans: dict[str, list[tuple[float, float]]] = {}
     bucket = rollups.bucket_s
 
     def grow(host: str, a: float, b: float) -> None:
-        old = plan.get(host, (math.inf, -math.inf))
-        plan[host] = (min(old[0], max(a, window.start)), max(old[1], min(b, window.end)))
+        spans.setdefault(host, []).append((max(a, window.start), min(b, window.end)))
 
     for host in rollups.flagged_nodes:
         for a, b in rollups.node_spans.get(host) or [(window.start, window.end)]:
@@ -62,7 +62,16 @@ def drill_plan(rollups: RollUps, window: Window, context_s: float, extra: set[st
     for job in rollups.flagged_jobs:
         for host in rollups.nodes_of(job):
             grow(host, *life(rollups, job, window))
-    return {host: Window(a, b) for host, (a, b) in plan.items()}
+    plan: dict[str, list[Window]] = {}
+    for host, parts in spans.items():
+        merged: list[Window] = []
+        for a, b in sorted(parts):
+            if merged and a <= merged[-1].end + bucket:
+                merged[-1] = Window(merged[-1].start, max(merged[-1].end, b))
+            else:
+                merged.append(Window(a, b))
+        plan[host] = merged
+    return plan
 
 
 def life(rollups: RollUps, job: Job, window: Window) -> tuple[float, float]:
@@ -71,12 +80,12 @@ def life(rollups: RollUps, job: Job, window: Window) -> tuple[float, float]:
     return max(a - rollups.bucket_s, window.start), min(b + rollups.bucket_s, window.end)
 
 
-def read_whole(rollups: RollUps, plan: dict[str, Window], window: Window) -> set[Job]:
+def read_whole(rollups: RollUps, plan: dict[str, list[Window]], window: Window) -> set[Job]:
     """The jobs the roll-ups know that the plan reads on all their nodes over all their life."""
     whole = set()
     for job in rollups.jobs_on(set(plan)):
         a, b = life(rollups, job, window)
-        if all(h in plan and plan[h].start <= a and plan[h].end >= b for h in rollups.nodes_of(job)):
+        if all(any(p.start <= a and p.end >= b for p in plan.get(h, ())) for h in rollups.nodes_of(job)):
             whole.add(job)
     return whole
 
@@ -99,8 +108,9 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
     context_s = 60 * (config.unallocated_gpu.min_minutes + config.episodes.gap_minutes)
     plan = drill_plan(rollups, window, context_s, reader.telemetry_nodes(unplaced))
     parts: dict[Window, list[str]] = {}
-    for host, part in plan.items():
-        parts.setdefault(part, []).append(host)
+    for host, windows in plan.items():
+        for part in windows:
+            parts.setdefault(part, []).append(host)
     frames = source.frames(window, ANALYSIS_COLUMNS, progress, reads=parts)
     report = analyze(frames, catalog, config, advice, class_overrides)
     drilled = set(plan)
@@ -113,7 +123,7 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
     per_gpu = [j for j in report.jobs if (j.namespace, j.training_job) not in partly_read]
     cleared = sorted(known - {(j.namespace, j.training_job) for j in per_gpu} - set(rollups.flagged_jobs))
     # A node read over part of the window is accounted from its roll-ups, like one not read at all.
-    partly = {h for h, part in plan.items() if part.start > window.start or part.end < window.end}
+    partly = {h for h, windows in plan.items() if windows != [window]}
     cleared_nodes = sorted(rollups.hosts - drilled | partly)
     prices = {host: _price(rollups, catalog, host, frames.gpu_hour_prices.get(host)) for host in
               rollups.hosts | {h for _, h, _ in rollups.allocated}}
@@ -149,13 +159,14 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
                    + unpriced, simulated=simulated)
 
 
-def _basis(rollups: RollUps, plan: dict[str, Window], everyone: set[str], window: Window) -> str:
+def _basis(rollups: RollUps, plan: dict[str, list[Window]], everyone: set[str], window: Window) -> str:
     reasons: dict[str, int] = {}
     for why in list(rollups.flagged_nodes.values()) + list(rollups.flagged_jobs.values()):
         for reason in why:
             reasons[reason] = reasons.get(reason, 0) + 1
     named = ", ".join(f"{reason} ({n})" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
-    read = sum(part.end - part.start for part in plan.values()) / max(len(everyone) * (window.end - window.start), 1)
+    read = (sum(p.end - p.start for parts in plan.values() for p in parts)
+            / max(len(everyone) * (window.end - window.start), 1))
     return (f"fleet mode: {len(plan)} of {len(everyone)} nodes read per GPU"
             + (f", over {100 * read:.2g}% of the fleet's node-hours" if plan else "")
             + (f" for {named}" if named else "") + f"; the rest from roll-ups evaluated every "

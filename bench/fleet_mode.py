@@ -7,11 +7,16 @@
 2. Fleet mode alone at fleet scale on VictoriaMetrics: a week of roll-up series for N GPUs
    (what the ruler would have written), imported directly; no per-GPU series are stored, so
    this measures reading and flagging the roll-ups, not the drill-down (measured in part 1).
+3. Fleet mode at N GPUs × 7 days at full 15 s resolution on VictoriaMetrics: a training fleet
+   from the contract's generator (bench/contract_week.py), every GPU's series and the roll-ups
+   vmalert replays over them, checked against the fleet's truth (the planted faults found,
+   the jobs' GPU-hours). The per-GPU path is not run on it (part 1 measures it on a day).
 
 Each analysis runs in a fresh process, so its peak RSS is its own; the store's CPU seconds
 are read from /proc before and after.
 
     .venv/bin/python bench/fleet_mode.py [--gpus 1024] [--hours 24] [--fleet-gpus 10000] [--fleet-days 7]
+                                         [--week-gpus 1024]
 """
 from __future__ import annotations
 

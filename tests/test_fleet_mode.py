@@ -241,16 +241,20 @@ def test_flagged_jobs_are_read_whole_and_flagged_nodes_around_their_flags():
     rollups.flagged_jobs[("ml", "d")] = {"data wait"}
     d = Window(6 * h - bucket, 8 * h + bucket)
     plan = drill_plan(rollups, window, context)
-    assert plan == {"n1": Window(h - bucket - context, h + 2 * bucket + context), "n5": d, "n6": d}
+    assert plan == {"n1": [Window(h - bucket - context, h + 2 * bucket + context)], "n5": [d], "n6": [d]}
     # a ran on n1 from the window's start but also on n2, which is not read: a is costed from roll-ups.
     assert read_whole(rollups, plan, window) == {("ml", "d")}
     # A flag on n2 too, over a's life: a is read whole; b, beside it, is not.
     rollups.flagged_jobs[("ml", "a")] = {"idle GPUs"}
     plan = drill_plan(rollups, window, context)
-    assert plan["n2"] == Window(0.0, 4 * h + bucket)
+    assert plan["n2"] == [Window(0.0, 4 * h + bucket)]
     assert read_whole(rollups, plan, window) == {("ml", "a"), ("ml", "d")}
+    # A second flag on n1, a day later: a second part, not all the hours between.
+    rollups.node_spans["n1"].append((20 * h, 20 * h + bucket))
+    assert drill_plan(rollups, window, context)["n1"] == [Window(0.0, 4 * h + bucket),
+                                                          Window(20 * h - bucket - context, 20 * h + 2 * bucket + context)]
     # The node a job without GPU roll-ups reports from is read whole.
-    assert drill_plan(rollups, window, context, {"n4"})["n4"] == window
+    assert drill_plan(rollups, window, context, {"n4"})["n4"] == [window]
 
 
 def test_every_rollup_fleet_mode_reads_is_shipped():
