@@ -26,7 +26,7 @@ import tempfile
 import time
 import urllib.request
 import webbrowser
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 
 from burnrate.exporter.errors import UserError
 from burnrate.exporter.lifetime import end_with_parent
@@ -75,24 +75,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", help="where the recording goes (default: a new temporary directory)")
 
 
-def _spawn(stack: ExitStack, argv: list[str], log: str, env: dict | None = None) -> subprocess.Popen:
-    out = open(log, "ab")
-    stack.callback(out.close)
-    # Own process group, so that stopping it stops the ranks the launcher started too; and
-    # a parent-death signal, so that nothing outlives a demo killed outright.
-    proc = subprocess.Popen([sys.executable, "-m", "burnrate", *argv], stdout=out, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True, preexec_fn=functools.partial(end_with_parent, os.getpid()))
-    stack.callback(_stop, proc)
-    return proc
+class _Children:
+    """What the demo started, stopped together on the way out: the slowest sets the wait,
+    not the sum of them (a trainer, the dashboard and the agent each slow on a busy machine)."""
+
+    def __init__(self, stack: ExitStack) -> None:
+        self.stack, self.running = stack, []
+        stack.callback(lambda: _stop(*self.running))
+
+    def spawn(self, argv: list[str], log: str, env: dict | None = None) -> subprocess.Popen:
+        out = open(log, "ab")
+        self.stack.callback(out.close)
+        # Own process group, so that stopping it stops the ranks the launcher started too; and
+        # a parent-death signal, so that nothing outlives a demo killed outright.
+        proc = subprocess.Popen([sys.executable, "-m", "burnrate", *argv], stdout=out, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True,
+                                preexec_fn=functools.partial(end_with_parent, os.getpid()))
+        self.running.append(proc)
+        return proc
 
 
-def _stop(proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+def _stop(*procs: subprocess.Popen, timeout: float = 20.0) -> None:
+    """SIGTERM to each one's process group at once, then SIGKILL to whatever outlives `timeout`."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in running:
         try:
-            proc.wait(timeout)
+            proc.wait(max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
 
@@ -106,14 +121,14 @@ def _steps(agent_url: str, job: str) -> int:
                 if line.startswith("burnrate_train_steps_total{") and f'training_job="{job}"' in line), default=0)
 
 
-def _train(stack: ExitStack, job: Job, seconds: float, env: dict, work: str, agent_url: str,
+def _train(children: _Children, job: Job, seconds: float, env: dict, work: str, agent_url: str,
            live_start: float) -> None:
     """Run one job until it has trained `seconds` from its first step and reached
     `job.min_steps`; one that never gets there is stopped after the startup limit and
     twice its time."""
     log = os.path.join(work, f"{job.name}.log")
     env = {**env, "BURNRATE_TRAINING_JOB": job.name, "POD_NAME": f"{job.name}-0"}
-    trainer = _spawn(stack, ["train", "--nproc", "2", "--steps", "1000000", "--job-name", job.name,
+    trainer = children.spawn(["train", "--nproc", "2", "--steps", "1000000", "--job-name", job.name,
                              "--report-every-s", "0.5", *job.flags], log, env)
     deadline = time.time() + STARTUP_LIMIT_S + 2 * seconds
     until, printed = None, 0.0
@@ -178,12 +193,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         agent_url = f"http://127.0.0.1:{args.agent_port}/metrics"
         with ExitStack() as stack:
-            _spawn(stack, ["agent", "--gpus", "2", "--listen", f"127.0.0.1:{args.agent_port}", "--node", "demo-node",
+            children = _Children(stack)
+            children.spawn(["agent", "--gpus", "2", "--listen", f"127.0.0.1:{args.agent_port}", "--node", "demo-node",
                            "--telemetry-socket", sock, "--record", recording, "--forget-after", "5"],
                    os.path.join(work, "agent.log"))
             # It opens where the live jobs are: their findings, from the moment they started.
             dashboard_url = f"http://127.0.0.1:{args.port}/findings?start={format_time(start)}&namespace={NAMESPACE}"
-            _spawn(stack, ["dashboard", "--recording", recording, "--listen", f"127.0.0.1:{args.port}",
+            children.spawn(["dashboard", "--recording", recording, "--listen", f"127.0.0.1:{args.port}",
                            "--detector-config", thresholds], os.path.join(work, "dashboard.log"))
             print(f"  agent:     {agent_url}\n  dashboard: {dashboard_url}\n"
                   f"             (live jobs; thresholds in minutes read as seconds, see {thresholds})\n")
@@ -194,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             env = {**os.environ, "BURNRATE_TELEMETRY_SOCKET": sock, "POD_NAMESPACE": NAMESPACE}
             live_start = time.time()
             for job in JOBS:
-                _train(stack, job, args.duration * job.share, env, work, agent_url, live_start)
+                _train(children, job, args.duration * job.share, env, work, agent_url, live_start)
             time.sleep(2.0)  # the agent's last samples
     except KeyboardInterrupt:
         # The children are stopped; what they recorded is kept.
