@@ -174,8 +174,10 @@ def run(args: argparse.Namespace) -> int:
     from burnrate.simulator.simulate import Spec, simulate
 
     # kill, timeout, systemd and container runtimes send SIGTERM, a closed terminal SIGHUP:
-    # each stops the demo as Ctrl-C does, with everything it started.
-    for stop_signal in (signal.SIGTERM, signal.SIGHUP):
+    # each stops the demo as Ctrl-C does, with everything it started. Ctrl-C itself too: a
+    # shell that starts a command in the background hands it SIGINT ignored, and Python then
+    # leaves it ignored.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop_signal, _interrupt)
     work = args.dir or tempfile.mkdtemp(prefix="burnrate-demo-")
     recording = os.path.join(work, "recording")

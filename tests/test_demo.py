@@ -50,17 +50,19 @@ def test_demo_names_the_injected_faults_at_its_shortest_duration(tmp_path):
     assert {(f.kind, f"{f.namespace}/{f.training_job}") for f in shown} >= set(INJECTED.items())
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigkill"])
+@pytest.mark.parametrize("how", ["ctrl-c", "ctrl-c, started in the background", "sigterm", "sigkill"])
 def test_stopping_the_demo_stops_everything_it_started(tmp_path, how):
-    """Ctrl-C in a terminal signals the whole foreground process group; kill, timeout,
-    systemd and container runtimes send SIGTERM to the demo alone; and the demo may die
-    outright (SIGKILL). Each way, its agent, dashboard, launchers and ranks end with it, and
-    where it could, it says where the recording is and how to replay it."""
+    """Ctrl-C in a terminal signals the whole foreground process group (a shell that started
+    the demo in the background hands it SIGINT ignored); kill, timeout, systemd and container
+    runtimes send SIGTERM to the demo alone; and the demo may die outright (SIGKILL). Each
+    way, its agent, dashboard, launchers and ranks end with it, and where it could, it says
+    where the recording is and how to replay it."""
     work = tmp_path / "demo"
     proc = subprocess.Popen([PYTHON, "-m", "burnrate", "demo", "--duration", "600", "--no-browser", "--dir", str(work),
                              "--port", str(free_port()), "--agent-port", str(free_port())],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if "background" in how else None)
     try:
         lines = []
         deadline = time.monotonic() + 120
@@ -69,7 +71,7 @@ def test_stopping_the_demo_stops_everything_it_started(tmp_path, how):
         time.sleep(5)                                       # the first trainer is running
         family = psutil.Process(proc.pid).children(recursive=True)
         assert len(family) >= 5, "the demo's agent, dashboard, launcher and two ranks are not all running"
-        if how == "ctrl-c":
+        if how.startswith("ctrl-c"):
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
