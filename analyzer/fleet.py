@@ -24,6 +24,7 @@ import numpy as np
 
 from burnrate.exporter.labels import SIMULATED
 
+from . import episodes
 from .accounting import Accounting, node_figures
 from .cost import AdviceConfig, JobCost, NodePrice, capacity_advice, checkpoint_advice, node_price, sum_known
 from .detectors import DetectorConfig
@@ -38,8 +39,9 @@ from .views import ANALYSIS_COLUMNS
 from .workloads import TRAINING
 
 Job = tuple[str, str]
-# Findings about a node's GPUs rather than a job's own run: kept wherever the node is read.
-NODE_KINDS = frozenset({"unallocated_gpu", "thermal_throttle", "gpu_error"})
+# Findings about a node or its GPUs rather than a job's own run (episodes tells them by what
+# names one problem of each kind): kept wherever the node is read.
+NODE_KINDS = frozenset(kind for kind, key in episodes.KEYS.items() if key[:len(episodes.JOB)] != episodes.JOB)
 
 
 def drill_plan(rollups: RollUps, window: Window, context_s: float,
