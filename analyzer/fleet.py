@@ -147,6 +147,9 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
     if rollups.node_info:
         missing = [m for m in missing if m != NODE_PRICING_LABELS]
     notes = [_basis(rollups, plan, everyone, window)] + report.notes
+    if rollups.filled:
+        notes.append(f"the ruler missed {sum(rollups.filled.values()):.0f} evaluations of the roll-ups on "
+                     f"{len(rollups.filled)} nodes: each was filled with the evaluation before it")
     unpriced_hosts = sorted(h for h in cleared_nodes if _why_unpriced(rollups, catalog, h, prices))
     if unpriced_hosts:
         notes.append(f"no price for nodes {', '.join(unpriced_hosts[:5])}{' …' if len(unpriced_hosts) > 5 else ''}"

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import datetime
 import os
+import json
 import shutil
 import subprocess
+import urllib.parse
 import urllib.request
 
 import yaml
@@ -47,16 +49,35 @@ def evaluate_in_prometheus(tmp_path, data: str, rules: str, start: float, end: f
         shutil.move(str(tmp_path / "recorded" / block), data)
 
 
-def replay_in_victoria(tmp_path, url: str, rules: str, start: float, end: float, timeout_s: float = 300) -> None:
-    """The roll-ups over what VictoriaMetrics at `url` holds, written back into it by vmalert."""
-    proc = subprocess.run([require("vmalert"), f"-rule={rules}", f"-datasource.url={url}",
-                           f"-remoteWrite.url={url}", f"-replay.timeFrom={rfc3339(start)}",
-                           f"-replay.timeTo={rfc3339(end + AFTER_S)}", "-replay.disableProgressBar",
-                           "-replay.rulesDelay=0s", f"-evaluationInterval={int(EVAL_S)}s",
-                           # a range query's step, in replay; its default (5m) would skip evaluations
-                           f"-datasource.queryStep={int(EVAL_S)}s",
-                           "-httpListenAddr=127.0.0.1:0"],
-                          capture_output=True, text=True, timeout=timeout_s, cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def replay_in_victoria(tmp_path, url: str, rules: str, start: float, end: float, timeout_s: float = 300,
+                       missed: tuple[tuple[float, int], ...] = ()) -> None:
+    """The roll-ups over what VictoriaMetrics at `url` holds, written back into it by vmalert;
+    `missed` as for `miss_evaluations`, by replaying the stretches between."""
+    edges = [start] + [t for after, n in missed for t in (after, after + (n + 1) * EVAL_S)] + [end + AFTER_S]
+    for part_start, part_end in zip(edges[::2], edges[1::2]):
+        proc = subprocess.run([require("vmalert"), f"-rule={rules}", f"-datasource.url={url}",
+                               f"-remoteWrite.url={url}", f"-replay.timeFrom={rfc3339(part_start)}",
+                               f"-replay.timeTo={rfc3339(part_end)}", "-replay.disableProgressBar",
+                               "-replay.rulesDelay=0s", f"-evaluationInterval={int(EVAL_S)}s",
+                               # a range query's step, in replay; its default (5m) would skip evaluations
+                               f"-datasource.queryStep={int(EVAL_S)}s",
+                               "-httpListenAddr=127.0.0.1:0"],
+                              capture_output=True, text=True, timeout=timeout_s, cwd=str(tmp_path))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=60) as resp:
         resp.read()
+
+
+def miss_evaluations(url: str, stretches: tuple[tuple[float, int], ...]) -> None:
+    """A ruler that missed evaluations, in the Prometheus at `url` (started with its admin
+    API): from the first evaluation after each time, that many in a row are deleted from
+    every roll-up."""
+    for after, n in stretches:
+        query = urllib.parse.urlencode({"query": "min(timestamp(cluster_hostname:burnrate_gpus_reporting:count))",
+                                        "time": after + EVAL_S})
+        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=30) as resp:
+            first = float(json.load(resp)["data"]["result"][0]["value"][1])
+        form = urllib.parse.urlencode({"match[]": '{__name__=~"cluster_.+:.+"}', "start": first,
+                                       "end": first + (n - 1) * EVAL_S}).encode()
+        with urllib.request.urlopen(f"{url}/api/v1/admin/tsdb/delete_series", data=form, timeout=30) as resp:
+            assert resp.status == 204, resp.status

@@ -10,6 +10,7 @@ restart, a missed scrape), and one from `burnrate simulate`, whose GPU-second co
 the agent's own counting replayed over its samples (tests/recorded_counters.py)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -28,12 +29,14 @@ from tests.conftest import require
 from tests.contract_fleet import BASE_TIME, Node, Workload, backfill_prometheus, generate, import_victoria
 from tests.processes import prometheus, victoria_metrics
 from tests.recorded_counters import write_gpu_time
-from tests.rollup_stores import evaluate_in_prometheus, replay_in_victoria, rollup_rules
+from tests.rollup_stores import evaluate_in_prometheus, miss_evaluations, replay_in_victoria, rollup_rules
 
 START = BASE_TIME + 210 * 86400.0   # in the past: VictoriaMetrics keeps no future samples
 END = START + 4 * 3600.0
 WINDOW = Window(START - 3600.0, END + 3600.0)
 GPUS = tuple(range(8))
+# Where each store's ruler missed evaluations: three in a row, and one alone.
+MISSED = ((START + 3600.0, 3), (START + 9000.0, 1))
 
 
 def hand_written():
@@ -67,17 +70,19 @@ def hand_written():
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     """The hand-written fleet in Prometheus (rules loaded, so its rules API names the roll-ups'
-    interval) and in VictoriaMetrics (no rules API: the interval is given)."""
+    interval) and in VictoriaMetrics (no rules API: the interval is given), each with a ruler
+    that missed evaluations."""
     tmp = tmp_path_factory.mktemp("fleet")
     f = hand_written()
     rules = rollup_rules(tmp)
     data = backfill_prometheus(f, tmp)
     evaluate_in_prometheus(tmp, data, rules, START, END)
     (tmp / "vm").mkdir()
-    with prometheus(tmp, storage=data, config=f"rule_files: [{rules!r}]\n") as prom, \
-            victoria_metrics(tmp / "vm") as vm:
+    with prometheus(tmp, storage=data, config=f"rule_files: [{rules!r}]\n",
+                    extra_args=("--web.enable-admin-api",)) as prom, victoria_metrics(tmp / "vm") as vm:
+        miss_evaluations(prom.url, MISSED)
         import_victoria(f, vm.url)
-        replay_in_victoria(tmp / "vm", vm.url, rules, START, END)
+        replay_in_victoria(tmp / "vm", vm.url, rules, START, END, missed=MISSED)
         yield prom.url, vm.url
 
 
@@ -135,6 +140,16 @@ def assert_same(per_gpu: Report, fleet: Report, edge_s: float) -> None:
             assert acc_b["nodes"][host][field] == figures[field], (host, field)
 
 
+def assert_filled(fleet: Report) -> None:
+    """Each missed evaluation was filled on each of the 7 nodes with roll-ups (promtool may miss
+    more of its own: its blocks end on whole seconds, which drops an evaluation at a 2-hour
+    boundary when the group's phase falls in a minute's last second)."""
+    [missed] = [n for n in fleet.notes if n.startswith("the ruler missed")]
+    count, nodes = map(int, re.fullmatch(r"the ruler missed (\d+) evaluations of the roll-ups on (\d+) nodes: "
+                                         r"each was filled with the evaluation before it", missed).groups())
+    assert nodes == 7 and count >= 7 * sum(n for _, n in MISSED), missed
+
+
 def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(stores):
     per_gpu, fleet = both(stores[0])
     assert_same(per_gpu, fleet, edge_s=60.0)
@@ -147,6 +162,7 @@ def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(sto
     assert (6 + 6 + 3.5) / 48 * 100 < share < (6 + 6 + 5) / 48 * 100, basis
     assert "of the fleet's node-hours for " in basis
     assert "every 60 s (the store's rules API)" in basis
+    assert_filled(fleet)
     # Where the data begins and ends, read only near the ends of the roll-ups' count.
     source = PrometheusSource(stores[0], min_step_s=15.0)
     seen = RollUpReader(source).reported(WINDOW)
@@ -166,6 +182,7 @@ def test_on_victoria_metrics_fleet_mode_equals_prometheus(stores):
     for ours, theirs in zip(fleet.jobs, on_prometheus.jobs):
         assert ours.gpu_hours == pytest.approx(theirs.gpu_hours, abs=2 * theirs.gpus * 60.0 / 3600), ours.training_job
     assert any("every 60 s (given)" in n for n in fleet.notes)
+    assert_filled(fleet)
     # Without the interval and without a rules API, the assumption is stated.
     assumed = analyze_fleet(PrometheusSource(stores[1], min_step_s=15.0), WINDOW, load_catalog())
     assert any("not found in the store's rules API: 60 s, the shipped rules', assumed" in n for n in assumed.notes)

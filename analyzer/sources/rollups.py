@@ -56,6 +56,8 @@ READ = (JOB_ALLOCATED, JOB_IDLE, NODE_OBSERVED, JOB_SHARE, STEPS, STEP_SECONDS, 
 # and their ranks' median is a mean where the detector takes a median, so a finding near
 # its threshold is looked at per GPU rather than missed.
 MARGIN = 0.8
+# Stretches with missed evaluations are filled one query each, up to this many (closest joined).
+MAX_FILL_QUERIES = 8
 JOB = ("cluster", L.NAMESPACE, L.TRAINING_JOB)
 NODE = ("cluster", L.HOSTNAME)
 Job = tuple[str, str]
@@ -84,6 +86,7 @@ class RollUps:
     bucket_s: float = 0.0                                                          # what spans are known to
     node_spans: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # host -> where its flags held
     job_spans: dict[Job, tuple[float, float]] = field(default_factory=dict)         # job -> its allocation roll-ups' span
+    filled: dict[str, float] = field(default_factory=dict)                         # host -> missed evaluations filled
 
     @property
     def hosts(self) -> set[str]:
@@ -189,6 +192,7 @@ class RollUpReader:
         out.checkpoint_interval_s = self._checkpoints(interval)
         out.node_info = self._node_info()
         self._flag(out, bucket_s)
+        self._fill(out, bucket_s)
         return out
 
     # --- queries ---------------------------------------------------------------------
@@ -198,9 +202,9 @@ class RollUpReader:
     def _step(self, seconds: float) -> str:
         return f"{max(int(round(seconds)), 1)}s"
 
-    def _values(self, promql: str, by: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+    def _values(self, promql: str, by: tuple[str, ...], at: float | None = None) -> dict[tuple[str, ...], float]:
         out = {}
-        for series in self.source.query(promql, self._at):
+        for series in self.source.query(promql, self._at if at is None else at):
             value = float(series["value"][1])
             if math.isfinite(value):
                 out[tuple(series["metric"].get(n, "") for n in by)] = value
@@ -333,6 +337,7 @@ class RollUpReader:
             span = counts[first] * self._interval_s if first == last else \
                 last - first - bucket_s + (counts[first] + counts[last]) * self._interval_s
             out.lifetime_s[host] = min(span, w.end - w.start)
+        self._short = self._short_buckets(evaluations, bucket_s)
         rolled = {key: set(counts) for key, counts in evaluations.items()}
         for key, seen in gpus.items():
             uncovered = sorted(seen - rolled.get(key, set()))
@@ -341,6 +346,44 @@ class RollUpReader:
                 out.flagged_nodes.setdefault(key[0], set()).add("GPUs without roll-ups")
                 # read whole: nothing else accounts for its GPUs where the roll-ups miss them
                 out.node_spans.setdefault(key[0], []).append((w.start, w.end))
+
+    def _short_buckets(self, evaluations: dict[tuple[str, ...], dict[float, float]], bucket_s: float) -> list[float]:
+        """The ends of buckets inside some node's life (a bucket of it either side) with fewer
+        evaluations than the interval fits: where the ruler missed some."""
+        fits = math.floor(bucket_s / self._interval_s + 1e-9)
+        return sorted({t for counts in evaluations.values() for t, n in counts.items()
+                       if n < fits and round(t - bucket_s, 3) in counts and round(t + bucket_s, 3) in counts})
+
+    def _fill(self, out: RollUps, bucket_s: float) -> None:
+        """A missed evaluation (an iteration the ruler skipped, a short restart) would lose an
+        interval's seconds from every sum: each is filled with the evaluation before it,
+        where one came within the 5-minute rate window before and another within it after
+        (a series that ended, or a node that stopped reporting, has none after). Only the
+        buckets that lack evaluations are queried."""
+        every = self._step(self._interval_s)
+        for run in _fewest(_runs(self._short, bucket_s), MAX_FILL_QUERIES):
+            at, span = run.end, f"{int(round(run.end - run.start + bucket_s))}s"
+
+            def filled(metric: str, by: tuple[str, ...], how: str = "sum") -> dict[tuple[str, ...], float]:
+                sel, rate = self._sel(metric), self._step(RATE_WINDOW_S)
+                missed = (f"((last_over_time({sel}[{rate}]) unless present_over_time({sel}[{every}])) "
+                          f"and present_over_time({sel}[{rate}] offset -{rate}))")
+                scale = f" * {self._interval_s:g}" if how == "sum" else ""
+                return self._values(f"sum by ({', '.join(by)}) ({how}_over_time({missed}[{span}:{every}])){scale}",
+                                    by, at)
+
+            for target, metric in ((out.allocated, JOB_ALLOCATED), (out.idle, JOB_IDLE)):
+                for (_, namespace, name, host, model), s in filled(metric, JOB + (L.HOSTNAME, L.MODEL_NAME)).items():
+                    key = ((namespace, name), host, model)
+                    target[key] = target.get(key, 0.0) + s
+            for (_, host, model), s in filled(NODE_OBSERVED, NODE + (L.MODEL_NAME,)).items():
+                out.observed[(host, model)] = out.observed.get((host, model), 0.0) + s
+            for target, metric in ((out.steps, STEPS), (out.tokens, TOKENS)):
+                for job, n in _jobs(filled(metric, JOB)).items():
+                    target[job] = target.get(job, 0.0) + n
+            for (_, host), n in filled(NODE_OBSERVED, NODE, "count").items():
+                out.evaluations[host] = out.evaluations.get(host, 0.0) + n
+                out.filled[host] = out.filled.get(host, 0.0) + n
 
     @staticmethod
     def _grid(w: Window, bucket_s: float) -> list[float]:
@@ -381,6 +424,15 @@ def _runs(times: list[float], bucket_s: float) -> list[Window]:
             runs[-1] = Window(runs[-1].start, t)
         else:
             runs.append(Window(t, t))
+    return runs
+
+
+def _fewest(runs: list[Window], most: int) -> list[Window]:
+    """`runs` joined across their shortest gaps until `most` are left."""
+    runs = list(runs)
+    while len(runs) > most:
+        i = min(range(len(runs) - 1), key=lambda k: runs[k + 1].start - runs[k].end)
+        runs[i:i + 2] = [Window(runs[i].start, runs[i + 1].end)]
     return runs
 
 
