@@ -2,9 +2,12 @@
 promtool gives the same frames as the recording it came from; errors are one line."""
 import contextlib
 import http.server
+import json
 import subprocess
 import threading
 import time
+import urllib.parse
+import urllib.request
 
 import numpy as np
 import pandas as pd
@@ -226,6 +229,9 @@ def answering(status: int, body: bytes, delay: float = 0.0):
     (200, b'{"status":"error","errorType":"execution","error":"query timed out"}', "execution: query timed out"),
     (200, b"[" * 100_000 + b"]" * 100_000, "not JSON"),        # past the decoder's nesting: RecursionError
     (200, b'{"status":"success"}', "success without data: not a Prometheus API"),
+    (200, b'{"status":"success","data":{"resultType":"vector","result":[]}}', "answered a vector, not a matrix"),
+    (200, b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1,"x"]]}]}}',
+     "answered a matrix that is not Prometheus's"),
 ])
 def test_prometheus_errors_are_one_line(status, body, message):
     with answering(status, body) as url:
@@ -303,6 +309,22 @@ def test_an_answer_over_the_limit_is_refused_as_it_streams():
     with hostile("flood") as (url, _):
         with pytest.raises(PrometheusError, match="answered more than 1 MiB"):
             PrometheusHTTP(url, {}, timeout_s=10.0, max_bytes=1 << 20).data("/api/v1/query", {"query": "up"})
+
+
+def test_range_answers_are_read_as_python_reads_their_json(fleet):
+    """Values decoded straight into floats equal Python's reading of the same answer, the
+    strings Prometheus writes for infinities and NaN included (the quick decoder refuses
+    "+Inf": such an answer is read the generic way)."""
+    url, _, window = fleet
+    source = PrometheusSource(url)
+    for promql in ("DCGM_FI_DEV_GPU_UTIL", "vector(1) / 0", "vector(-1) / 0", "vector(0) / 0"):
+        got = source.query_range(promql, window.start, window.end, STEP)
+        query = urllib.parse.urlencode({"query": promql, "start": window.start, "end": window.end, "step": STEP})
+        with urllib.request.urlopen(f"{url}/api/v1/query_range?{query}", timeout=30) as resp:
+            want = json.load(resp)["data"]["result"]
+        assert want and [s["metric"] for s in got] == [s["metric"] for s in want], promql
+        for ours, theirs in zip(got, want):
+            np.testing.assert_array_equal(ours["values"], np.array([[t, float(v)] for t, v in theirs["values"]]))
 
 
 def test_real_prometheus_rejecting_a_query_is_one_line(fleet):

@@ -8,6 +8,9 @@ server can turn against the analyzer:
 - an answer over `max_bytes` is refused before it is all in memory;
 - an answer that is not Prometheus's (not JSON, nested past what the decoder takes,
   not `status: success` with a `data` mapping) is an error, never an empty report.
+
+A range query's answer is most of what a large analysis reads: it is decoded straight into
+floats (`matrix`), several times quicker than JSON's lists of strings converted after.
 """
 from __future__ import annotations
 
@@ -18,10 +21,33 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Mapping
+from typing import Literal, Mapping
+
+import msgspec
+import numpy as np
 
 MAX_ANSWER_BYTES = 256 << 20      # a 1,000-point chunk of a thousand GPUs is ~30 MB
 READ_BYTES = 1 << 16
+
+
+class _Series(msgspec.Struct):
+    metric: dict[str, str]
+    values: list[tuple[float, float]]
+
+
+class _Matrix(msgspec.Struct):
+    resultType: Literal["matrix"]
+    result: list[_Series]
+
+
+class _Success(msgspec.Struct):
+    status: Literal["success"]
+    data: _Matrix
+
+
+# strict=False reads Prometheus' quoted sample values as floats; an answer with one it cannot
+# ("+Inf") or of another shape takes the generic way, which also names what went wrong.
+_MATRIX = msgspec.json.Decoder(_Success, strict=False)
 
 
 class PrometheusError(RuntimeError):
@@ -51,13 +77,34 @@ class PrometheusHTTP:
 
     def data(self, path: str, params: Mapping[str, str], post: bool = True) -> dict:
         """`data` of a successful answer to GET or POST `path`; PrometheusError otherwise."""
+        return self._decode(self._answer(self._request(path, params, post)))
+
+    def matrix(self, path: str, params: Mapping[str, str]) -> list[dict]:
+        """The series of a range query's answer (POST), each `{"metric": labels, "values":
+        (n, 2) float array of times and values}`; PrometheusError otherwise."""
+        raw = self._answer(self._request(path, params, post=True))
+        try:
+            return [{"metric": s.metric, "values": np.array(s.values, dtype=np.float64).reshape(-1, 2)}
+                    for s in _MATRIX.decode(raw).data.result]
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass
+        data = self._decode(raw)
+        if data.get("resultType") != "matrix":
+            raise PrometheusError(f"Prometheus at {self.url} answered a {data.get('resultType')}, not a matrix")
+        try:
+            return [{"metric": dict(s["metric"]), "values": np.asarray(s["values"], dtype=object)
+                     .reshape(-1, 2).astype(np.float64)} for s in data["result"]]
+        except (KeyError, TypeError, ValueError):
+            raise PrometheusError(f"Prometheus at {self.url} answered a matrix that is not Prometheus's") from None
+
+    def _request(self, path: str, params: Mapping[str, str], post: bool) -> urllib.request.Request:
         query = urllib.parse.urlencode(params)
         if post:
-            request = urllib.request.Request(self.url + path, data=query.encode(), headers={
+            return urllib.request.Request(self.url + path, data=query.encode(), headers={
                 **self.headers, "Content-Type": "application/x-www-form-urlencoded"})
-        else:
-            request = urllib.request.Request(f"{self.url}{path}?{query}", headers=self.headers)
-        raw = self._answer(request)
+        return urllib.request.Request(f"{self.url}{path}?{query}", headers=self.headers)
+
+    def _decode(self, raw: bytes) -> dict:
         where = f"Prometheus at {self.url}"
         try:
             answer = json.loads(raw)
