@@ -46,6 +46,7 @@ def hand_written():
         Node("gpu-5", 4, "agent", 60.0, phase_s=20.0, restarts=(START + 5400.0,), missed=(START + 7200.0,),
              instance_type="g5.12xlarge", gpu_model="NVIDIA A10G"),
         Node("gpu-6", 8, "agent", 15.0, capacity_type="spot"),
+        Node("gpu-7", 8, "agent", 15.0, phase_s=3.0),
         Node("dcgm-0", 8, "dcgm-4.8.3", 30.0))
     quiet = {"telemetry": True, "tokens_per_step": 1e5, "data_wait": 0.01}
     workloads = (
@@ -57,6 +58,12 @@ def hand_written():
         Workload("ml", "sweep", "training", "PyTorchJob", (("gpu-5", (0, 1, 2, 3)),), START + 300.0, END - 900.0,
                  **quiet),
         Workload("ml", "spot-run", "training", "PyTorchJob", (("gpu-6", GPUS),), START, END, **quiet),
+        # 40 minutes free between two jobs, around a whole 27-minute step of the free-GPU flag's
+        # first look (START is a multiple of 27 minutes): that look names the node, a finding needs an hour.
+        Workload("ml", "before", "training", "PyTorchJob", (("gpu-7", GPUS),), START + 300.0, START + 6300.0,
+                 **quiet),
+        Workload("ml", "after", "training", "PyTorchJob", (("gpu-7", GPUS),), START + 8700.0, END - 300.0,
+                 **quiet),
         # A starving job, an idle notebook beside free GPUs, a server on a dcgm-exporter-only node.
         Workload("ml", "starved", "training", "PyTorchJob", (("gpu-2", GPUS),), START + 600.0, END - 600.0,
                  telemetry=True, tokens_per_step=1e5, data_wait=0.3),
@@ -141,25 +148,27 @@ def assert_same(per_gpu: Report, fleet: Report, edge_s: float) -> None:
 
 
 def assert_filled(fleet: Report) -> None:
-    """Each missed evaluation was filled on each of the 7 nodes with roll-ups (promtool may miss
+    """Each missed evaluation was filled on each of the 8 nodes with roll-ups (promtool may miss
     more of its own: its blocks end on whole seconds, which drops an evaluation at a 2-hour
     boundary when the group's phase falls in a minute's last second)."""
     [missed] = [n for n in fleet.notes if n.startswith("the ruler missed")]
     count, nodes = map(int, re.fullmatch(r"the ruler missed (\d+) evaluations of the roll-ups on (\d+) nodes: "
                                          r"each was filled with the evaluation before it", missed).groups())
-    assert nodes == 7 and count >= 7 * sum(n for _, n in MISSED), missed
+    assert nodes == 8 and count >= 8 * sum(n for _, n in MISSED), missed
 
 
 def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(stores):
     per_gpu, fleet = both(stores[0])
     assert_same(per_gpu, fleet, edge_s=60.0)
-    assert from_rollups(fleet) == {("ml", "pretrain"), ("ml", "finetune"), ("ml", "sweep"), ("ml", "spot-run")}
+    assert from_rollups(fleet) == {("ml", n) for n in ("pretrain", "finetune", "sweep", "spot-run", "before", "after")}
     [basis] = [n for n in fleet.notes if n.startswith("fleet mode:")]
-    assert basis.startswith("fleet mode: 3 of 8 nodes read per GPU, over ")
+    # Not gpu-7: its GPUs were free for 40 minutes, which the free-GPU flag's first look
+    # (half its stretch at steps of half) names, and its second (evaluation by evaluation) clears.
+    assert basis.startswith("fleet mode: 3 of 9 nodes read per GPU, over ")
     # The dcgm-exporter node and the notebook's (free GPUs beside it) over the whole 6-hour
-    # window of 8 nodes; the starving job's over its life, about 4 hours.
+    # window of 9 nodes; the starving job's over its life, about 4 hours.
     share = float(basis.split(", over ")[1].split("%")[0])
-    assert (6 + 6 + 3.5) / 48 * 100 < share < (6 + 6 + 5) / 48 * 100, basis
+    assert (6 + 6 + 3.5) / 54 * 100 < share < (6 + 6 + 5) / 54 * 100, basis
     assert "of the fleet's node-hours for " in basis
     assert "every 60 s (the store's rules API)" in basis
     assert_filled(fleet)
@@ -208,7 +217,7 @@ def test_the_cli_reads_a_fleet_as_a_user_types_it(stores):
                            "--start", str(WINDOW.start), "--end", str(WINDOW.end), "--scrape-interval", "15"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "note: fleet mode: 3 of 8 nodes read per GPU" in proc.stdout
+    assert "note: fleet mode: 3 of 9 nodes read per GPU" in proc.stdout
     assert "ml/pretrain" in proc.stdout and "dataloader_starvation" in proc.stdout
 
 

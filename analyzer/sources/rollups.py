@@ -23,10 +23,13 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
 from burnrate.exporter import labels as L
 
 from ..detectors import DetectorConfig
 from ..frames import Window
+from ..resample import MAX_POINTS
 from .prometheus import GPU_SERIES, HOSTNAME_SPELLINGS, PrometheusSource, matching, selector
 
 GROUP = "burnrate-rollups"
@@ -56,6 +59,7 @@ READ = (JOB_ALLOCATED, JOB_IDLE, NODE_OBSERVED, JOB_SHARE, STEPS, STEP_SECONDS, 
 # and their ranks' median is a mean where the detector takes a median, so a finding near
 # its threshold is looked at per GPU rather than missed.
 MARGIN = 0.8
+FREE = "unallocated GPUs"
 # Stretches with missed evaluations are filled one query each, up to this many (closest joined).
 MAX_FILL_QUERIES = 8
 JOB = ("cluster", L.NAMESPACE, L.TRAINING_JOB)
@@ -289,10 +293,9 @@ class RollUpReader:
         for key, value in out.mfu.items():
             if value < floor:
                 jobs.setdefault(key, set()).add("low MFU")
-        free = (f"sum by (cluster, Hostname) ({self._sel(NODE_OBSERVED)}) - (sum by (cluster, Hostname) "
-                f"({self._sel(JOB_ALLOCATED)}) or 0 * sum by (cluster, Hostname) ({self._sel(NODE_OBSERVED)}))")
         stretch = c.unallocated_gpu.min_minutes - rate - 1
-        node("unallocated GPUs", self._stretch(f"{free} > 0.5", stretch, self._step(max(bucket_s, stretch * 30))))
+        node(FREE, self._stretch(f"{self._free()} > 0.5", stretch, self._step(max(bucket_s, stretch * 30))))
+        self._confirm_free(out, stretch, bucket_s)
         node("XID errors", f"max_over_time({self._sel(XID)}[{bucket}]) > 0")
         node("GPUs down", f"max_over_time({self._sel(DOWN)}[{bucket}]) > 0")
         node("thermal throttling", f"max_over_time({self._sel(THERMAL)}[{bucket}]) > 0")
@@ -310,6 +313,48 @@ class RollUpReader:
         for j in training - {j for (j, _, _) in out.allocated}:
             jobs.setdefault(j, set()).add("telemetry without GPU roll-ups")
         self._coverage(out, bucket_s)
+
+    def _free(self, hosts: set[str] | None = None) -> str:
+        """GPUs a node's GPUs were observed for and no job held, at each evaluation (of these
+        nodes alone, where given)."""
+        def sel(metric: str) -> str:
+            chosen = self._sel(metric)
+            return chosen if hosts is None else matching(chosen, L.HOSTNAME, "|".join(sorted(map(re.escape, hosts))))
+        observed = f"sum by (cluster, Hostname) ({sel(NODE_OBSERVED)})"
+        return f"{observed} - (sum by (cluster, Hostname) ({sel(JOB_ALLOCATED)}) or 0 * {observed})"
+
+    def _confirm_free(self, out: RollUps, minutes: float, bucket_s: float) -> None:
+        """The free-GPU flag looks for half its stretch at steps of half (cheap over a whole
+        fleet, but a gap of half an hour between jobs meets it). The nodes it names are looked
+        at again evaluation by evaluation near where it held, and keep the flag only where
+        more than half a GPU was free for the whole stretch, and only there."""
+        hosts = {host for host, why in out.flagged_nodes.items() if FREE in why}
+        if not hosts:
+            return
+        interval, w = self._interval_s, self._window
+        reach = bucket_s + 2 * minutes * 60
+        spans = [span for host in hosts for span in out.node_spans[host]]
+        a = math.ceil(max(w.start, min(a for a, _ in spans) - reach) / interval) * interval
+        b = min(w.end, max(b for _, b in spans) + minutes * 60)
+        chunk = (MAX_POINTS - 1) * interval
+        held: dict[str, list[np.ndarray]] = {}
+        for start in np.arange(a, b, chunk):
+            for series in self.source.query_range(f"({self._free(hosts)}) > 0.5", start,
+                                                  min(start + chunk - interval, b), interval):
+                held.setdefault(series["metric"].get(L.HOSTNAME, ""), []).append(series["values"][:, 0])
+        need = max(int(minutes * 60 // interval), 1)
+        for host in hosts:
+            times = np.unique(np.concatenate(held.get(host, []) + [np.empty(0)]))
+            cuts = np.flatnonzero(np.diff(times) > 1.5 * interval)
+            firsts, lasts = np.r_[0, cuts + 1], np.r_[cuts, len(times) - 1]
+            runs = [(times[i] - interval, times[j]) for i, j in zip(firsts, lasts) if len(times) and j - i + 1 >= need]
+            if runs:
+                out.node_spans[host] = runs
+            else:
+                del out.node_spans[host]
+                out.flagged_nodes[host].discard(FREE)
+                if not out.flagged_nodes[host]:
+                    del out.flagged_nodes[host]
 
     def _coverage(self, out: RollUps, bucket_s: float) -> None:
         """Nodes whose GPUs report in stretches their roll-ups do not cover (dcgm-exporter
