@@ -22,19 +22,19 @@ from typing import Mapping
 
 import numpy as np
 
-from burnrate.exporter.labels import SIMULATED
+from burnrate.exporter import labels as L
 
 from . import episodes
 from .accounting import Accounting, node_figures
 from .cost import AdviceConfig, JobCost, NodePrice, capacity_advice, checkpoint_advice, node_price, sum_known
 from .detectors import DetectorConfig
 from .findings import KINDS
-from .frames import Window
+from .frames import Frames, Window
 from .pricing import Catalog
 from .report import Report, analyze
 from .sources.common import NODE_PRICING_LABELS, TRAINING_TELEMETRY, Progress, missing_signals, within
 from .sources.prometheus import PrometheusSource, dcgm_only
-from .sources.rollups import RATE_WINDOW_S, RollUpReader, RollUps
+from .sources.rollups import BARE, RATE_WINDOW_S, RollUpReader, RollUps
 from .views import ANALYSIS_COLUMNS
 from .workloads import TRAINING
 
@@ -108,15 +108,29 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
             rollups.flagged_jobs.setdefault(job, set()).add("workload class set for its namespace")
     unplaced = {job for job, why in rollups.flagged_jobs.items() if "telemetry without GPU roll-ups" in why}
     context_s = 60 * (config.unallocated_gpu.min_minutes + config.episodes.gap_minutes)
-    plan = drill_plan(rollups, window, context_s, reader.telemetry_nodes(unplaced))
-    parts: dict[Window, list[str]] = {}
-    for host, windows in plan.items():
-        for part in windows:
-            parts.setdefault(part, []).append(host)
-    frames = source.frames(window, ANALYSIS_COLUMNS, progress, reads=parts)
-    report = analyze(frames, catalog, config, advice, class_overrides)
-    drilled = set(plan)
+    extra = reader.telemetry_nodes(unplaced)
     known = {job for job, _, _ in rollups.allocated}
+
+    def read() -> tuple[dict[str, list[Window]], Frames, Report]:
+        plan = drill_plan(rollups, window, context_s, extra)
+        parts: dict[Window, list[str]] = {}
+        for host, windows in plan.items():
+            for part in windows:
+                parts.setdefault(part, []).append(host)
+        frames = source.frames(window, ANALYSIS_COLUMNS, progress, reads=parts)
+        return plan, frames, analyze(frames, catalog, config, advice, class_overrides)
+
+    plan, frames, report = read()
+    # A job that also held GPUs on a node the roll-ups miss (dcgm-exporter alone, an older
+    # agent) is in them only in part; seen there, it is read on all its nodes over its life,
+    # as a flagged job is (a second read, only where such a job exists).
+    bare = {host for host, why in rollups.flagged_nodes.items() if BARE in why}
+    beside = _jobs_on(frames, bare) & known - read_whole(rollups, plan, window)
+    if beside:
+        for job in beside:
+            rollups.flagged_jobs.setdefault(job, set()).add("also on nodes without roll-ups")
+        plan, frames, report = read()
+    drilled = set(plan)
     # A job read over part of its life (beside a flagged node) is named by no flag, so it has
     # no finding of its own: what its part shows gives way to its roll-ups, and only the
     # findings of its node stay.
@@ -157,11 +171,20 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
     if jobs:
         notes.append(f"{len(jobs)} jobs costed from roll-ups: their checkpoint interval is the mean between "
                      "checkpoints seen each minute (per GPU, the median of every one)")
-    simulated = report.simulated or any(SIMULATED in model for _, model in rollups.observed)
+    simulated = report.simulated or any(L.SIMULATED in model for _, model in rollups.observed)
     return replace(report, jobs=sorted(per_gpu + jobs, key=lambda j: (j.namespace, j.training_job)),
                    findings=findings, missing=tuple(missing), notes=notes, accounting=accounting,
                    unpriced_jobs=[u for u in report.unpriced_jobs if (u["namespace"], u["training_job"]) not in partly_read]
                    + unpriced, simulated=simulated)
+
+
+def _jobs_on(frames: Frames, hosts: set[str]) -> set[Job]:
+    """The jobs the frames show holding GPUs on these nodes."""
+    alloc = frames.alloc
+    if not hosts or not len(alloc):
+        return set()
+    held = alloc[alloc[L.HOSTNAME].astype(str).isin(hosts) & (alloc[L.TRAINING_JOB].astype(str) != "")]
+    return set(zip(held[L.NAMESPACE].astype(str), held[L.TRAINING_JOB].astype(str)))
 
 
 def _basis(rollups: RollUps, plan: dict[str, list[Window]], everyone: set[str], window: Window) -> str:

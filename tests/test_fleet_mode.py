@@ -5,8 +5,9 @@ digit; the jobs costed from roll-ups are the same within what counters and sampl
 by at the edges of a holding (one scrape interval each).
 
 Two fleets: one hand-written from the contract (tests/contract_fleet.py: quiet and faulty
-jobs, a dcgm-exporter-only node, GPU Operator's label layout, 15 to 60 s scrapes, an agent
-restart, a missed scrape), and one from `burnrate simulate`, whose GPU-second counters are
+jobs, a dcgm-exporter-only node and a job across it and an agent's node, GPU Operator's label
+layout, 15 to 60 s scrapes, an agent restart, a missed scrape, a ruler that missed evaluations),
+and one from `burnrate simulate`, whose GPU-second counters are
 the agent's own counting replayed over its samples (tests/recorded_counters.py)."""
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def hand_written():
              instance_type="g5.12xlarge", gpu_model="NVIDIA A10G"),
         Node("gpu-6", 8, "agent", 15.0, capacity_type="spot"),
         Node("gpu-7", 8, "agent", 15.0, phase_s=3.0),
+        Node("gpu-8", 8, "agent", 15.0, phase_s=9.0),
         Node("dcgm-0", 8, "dcgm-4.8.3", 30.0))
     quiet = {"telemetry": True, "tokens_per_step": 1e5, "data_wait": 0.01}
     workloads = (
@@ -70,6 +72,9 @@ def hand_written():
         Workload("research", "nb", "interactive", "Notebook", (("gpu-3", (0,)),), START + 600.0, END - 600.0,
                  util_pct=0.0),
         Workload("inference", "api", "serving", "Deployment", (("dcgm-0", (0, 1)),), START + 600.0, END - 600.0),
+        # A quiet job across an agent's node and the dcgm-exporter-only one: its roll-ups see half of it.
+        Workload("ml", "mixed", "training", "PyTorchJob", (("gpu-8", GPUS), ("dcgm-0", (4, 5, 6, 7))),
+                 START + 1200.0, END - 1200.0, **quiet),
     )
     return generate(nodes, workloads, START, END, seed=5)
 
@@ -148,13 +153,13 @@ def assert_same(per_gpu: Report, fleet: Report, edge_s: float) -> None:
 
 
 def assert_filled(fleet: Report) -> None:
-    """Each missed evaluation was filled on each of the 8 nodes with roll-ups (promtool may miss
+    """Each missed evaluation was filled on each of the 9 nodes with roll-ups (promtool may miss
     more of its own: its blocks end on whole seconds, which drops an evaluation at a 2-hour
     boundary when the group's phase falls in a minute's last second)."""
     [missed] = [n for n in fleet.notes if n.startswith("the ruler missed")]
     count, nodes = map(int, re.fullmatch(r"the ruler missed (\d+) evaluations of the roll-ups on (\d+) nodes: "
                                          r"each was filled with the evaluation before it", missed).groups())
-    assert nodes == 8 and count >= 8 * sum(n for _, n in MISSED), missed
+    assert nodes == 9 and count >= 9 * sum(n for _, n in MISSED), missed
 
 
 def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(stores):
@@ -164,11 +169,12 @@ def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(sto
     [basis] = [n for n in fleet.notes if n.startswith("fleet mode:")]
     # Not gpu-7: its GPUs were free for 40 minutes, which the free-GPU flag's first look
     # (half its stretch at steps of half) names, and its second (evaluation by evaluation) clears.
-    assert basis.startswith("fleet mode: 3 of 9 nodes read per GPU, over ")
+    assert basis.startswith("fleet mode: 4 of 10 nodes read per GPU, over ")
     # The dcgm-exporter node and the notebook's (free GPUs beside it) over the whole 6-hour
-    # window of 9 nodes; the starving job's over its life, about 4 hours.
+    # window of 10 nodes; the starving job's over its life, about 4 hours, and the node of the
+    # job beside the dcgm-exporter node over its, about 3.5.
     share = float(basis.split(", over ")[1].split("%")[0])
-    assert (6 + 6 + 3.5) / 54 * 100 < share < (6 + 6 + 5) / 54 * 100, basis
+    assert (6 + 6 + 3.5 + 3.3) / 60 * 100 < share < (6 + 6 + 5 + 4.5) / 60 * 100, basis
     assert "of the fleet's node-hours for " in basis
     assert "every 60 s (the store's rules API)" in basis
     assert_filled(fleet)
@@ -177,7 +183,8 @@ def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(sto
     seen = RollUpReader(source).reported(WINDOW)
     assert seen is not None and START < seen.start < seen.end < END
     assert source.data_range(WINDOW, seen) == source.data_range(WINDOW)
-    for reason in ("GPUs without roll-ups", "idle GPUs", "data wait", "no trainer telemetry"):
+    for reason in ("GPUs without roll-ups", "idle GPUs", "data wait", "no trainer telemetry",
+                   "also on nodes without roll-ups (1)"):
         assert reason in basis
 
 
@@ -217,7 +224,7 @@ def test_the_cli_reads_a_fleet_as_a_user_types_it(stores):
                            "--start", str(WINDOW.start), "--end", str(WINDOW.end), "--scrape-interval", "15"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "note: fleet mode: 3 of 9 nodes read per GPU" in proc.stdout
+    assert "note: fleet mode: 4 of 10 nodes read per GPU" in proc.stdout
     assert "ml/pretrain" in proc.stdout and "dataloader_starvation" in proc.stdout
 
 

@@ -60,6 +60,7 @@ READ = (JOB_ALLOCATED, JOB_IDLE, NODE_OBSERVED, JOB_SHARE, STEPS, STEP_SECONDS, 
 # its threshold is looked at per GPU rather than missed.
 MARGIN = 0.8
 FREE = "unallocated GPUs"
+BARE = "GPUs without roll-ups"
 # Stretches with missed evaluations are filled one query each, up to this many (closest joined).
 MAX_FILL_QUERIES = 8
 JOB = ("cluster", L.NAMESPACE, L.TRAINING_JOB)
@@ -388,7 +389,7 @@ class RollUpReader:
             uncovered = sorted(seen - rolled.get(key, set()))
             # A bucket at each edge may hold GPU samples before the first evaluation or after the last.
             if len(uncovered) > 2 or key not in rolled:
-                out.flagged_nodes.setdefault(key[0], set()).add("GPUs without roll-ups")
+                out.flagged_nodes.setdefault(key[0], set()).add(BARE)
                 # read whole: nothing else accounts for its GPUs where the roll-ups miss them
                 out.node_spans.setdefault(key[0], []).append((w.start, w.end))
 
