@@ -290,6 +290,18 @@ def test_flagged_jobs_are_read_whole_and_flagged_nodes_around_their_flags():
     assert drill_plan(rollups, window, context, {"n4"})["n4"] == [window]
 
 
+def test_stretches_with_missed_evaluations_are_joined_across_their_shortest_gaps():
+    """One fill query a stretch, at most so many: the closest stretches share one (the fill
+    only adds where an evaluation is missing, so the buckets between cost time, not truth)."""
+    from burnrate.analyzer.sources.rollups import _fewest, _runs
+
+    runs = _runs([300.0, 600.0, 1500.0, 1800.0, 3000.0, 9000.0], 300.0)
+    assert runs == [Window(300.0, 600.0), Window(1500.0, 1800.0), Window(3000.0, 3000.0), Window(9000.0, 9000.0)]
+    assert _fewest(runs, 4) == runs
+    assert _fewest(runs, 3) == [Window(300.0, 1800.0), Window(3000.0, 3000.0), Window(9000.0, 9000.0)]
+    assert _fewest(runs, 1) == [Window(300.0, 9000.0)]
+
+
 def test_every_rollup_fleet_mode_reads_is_shipped():
     import yaml
     from burnrate.analyzer.sources.rollups import GROUP, READ
