@@ -121,20 +121,22 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
         return plan, frames, analyze(frames, catalog, config, advice, class_overrides)
 
     plan, frames, report = read()
+    whole = read_whole(rollups, plan, window)
     # A job that also held GPUs on a node the roll-ups miss (dcgm-exporter alone, an older
     # agent) is in them only in part; seen there, it is read on all its nodes over its life,
     # as a flagged job is (a second read, only where such a job exists).
     bare = {host for host, why in rollups.flagged_nodes.items() if BARE in why}
-    beside = _jobs_on(frames, bare) & known - read_whole(rollups, plan, window)
+    beside = _jobs_on(frames, bare) & known - whole
     if beside:
         for job in beside:
             rollups.flagged_jobs.setdefault(job, set()).add("also on nodes without roll-ups")
         plan, frames, report = read()
+        whole = read_whole(rollups, plan, window)
     drilled = set(plan)
     # A job read over part of its life (beside a flagged node) is named by no flag, so it has
     # no finding of its own: what its part shows gives way to its roll-ups, and only the
     # findings of its node stay.
-    partly_read = {(j.namespace, j.training_job) for j in report.jobs} & known - read_whole(rollups, plan, window)
+    partly_read = {(j.namespace, j.training_job) for j in report.jobs} & known - whole
     findings = [f for f in report.findings if f.kind in NODE_KINDS or f.job not in partly_read]
     per_gpu = [j for j in report.jobs if (j.namespace, j.training_job) not in partly_read]
     cleared = sorted(known - {(j.namespace, j.training_job) for j in per_gpu} - set(rollups.flagged_jobs))

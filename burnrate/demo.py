@@ -129,7 +129,7 @@ def _train(children: _Children, job: Job, seconds: float, env: dict, work: str, 
     log = os.path.join(work, f"{job.name}.log")
     env = {**env, "BURNRATE_TRAINING_JOB": job.name, "POD_NAME": f"{job.name}-0"}
     trainer = children.spawn(["train", "--nproc", "2", "--steps", "1000000", "--job-name", job.name,
-                             "--report-every-s", "0.5", *job.flags], log, env)
+                              "--report-every-s", "0.5", *job.flags], log, env)
     deadline = time.time() + STARTUP_LIMIT_S + 2 * seconds
     until, printed = None, 0.0
     while trainer.poll() is None:
@@ -197,12 +197,12 @@ def run(args: argparse.Namespace) -> int:
         with ExitStack() as stack:
             children = _Children(stack)
             children.spawn(["agent", "--gpus", "2", "--listen", f"127.0.0.1:{args.agent_port}", "--node", "demo-node",
-                           "--telemetry-socket", sock, "--record", recording, "--forget-after", "5"],
-                   os.path.join(work, "agent.log"))
+                            "--telemetry-socket", sock, "--record", recording, "--forget-after", "5"],
+                           os.path.join(work, "agent.log"))
             # It opens where the live jobs are: their findings, from the moment they started.
             dashboard_url = f"http://127.0.0.1:{args.port}/findings?start={format_time(start)}&namespace={NAMESPACE}"
             children.spawn(["dashboard", "--recording", recording, "--listen", f"127.0.0.1:{args.port}",
-                           "--detector-config", thresholds], os.path.join(work, "dashboard.log"))
+                            "--detector-config", thresholds], os.path.join(work, "dashboard.log"))
             print(f"  agent:     {agent_url}\n  dashboard: {dashboard_url}\n"
                   f"             (live jobs; thresholds in minutes read as seconds, see {thresholds})\n")
             # Only with a screen: without one, webbrowser may start a console browser that takes the terminal.
