@@ -435,8 +435,9 @@ def _num(value: float) -> str:
 
 
 # --- assembly ----------------------------------------------------------------------------
-class _Dense:
-    """One table as (series × time) arrays, filled series by series from query answers."""
+class _Points:
+    """One table's query answers, kept as points (series, time index, value) until its
+    rows are asked for."""
 
     def __init__(self, key_labels: tuple[str, ...], grid_start: float, step: float) -> None:
         self.key_labels, self.start, self.step = key_labels, grid_start, step
@@ -457,33 +458,48 @@ class _Dense:
             self.row_labels.append((k, index, tuple(metric.get(n, "") for n in row_labels)))
 
     def frame(self, columns: dict[str, str], n_times: int, row_label_names: tuple[str, ...] = ()) -> pd.DataFrame:
-        n_keys = len(self.keys)
-        present = np.zeros((n_times, n_keys), dtype=bool)
-        data = {}
-        for column, dtype in columns.items():
-            values = np.full((n_times, n_keys), np.nan)
-            for k, index, v in self.points.get(column, ()):
-                values[index, k] = v
-                present[index, k] = True
-            data[column] = (values, dtype)
-        codes = np.full((n_times, n_keys), -1, dtype=np.int64)
-        row_sets: dict[tuple[str, ...], int] = {}
-        for k, index, labels in self.row_labels:
-            codes[index, k] = row_sets.setdefault(labels, len(row_sets))
-        rows = present.ravel()
-        time_index, key_index = np.divmod(np.flatnonzero(rows), n_keys)
+        """Rows where any column has a point, by time and then by series, as the points
+        came: a later point at the same place wins. Built from the points alone, never
+        as a (times × series) grid: a fleet's allocation table fills under 2% of one."""
+        n_keys = max(len(self.keys), 1)
+
+        def places(points) -> tuple[np.ndarray, np.ndarray]:
+            if not points:
+                return np.empty(0, np.int64), np.empty(0, np.int64)
+            index = np.concatenate([i for _, i, _ in points])
+            key = np.concatenate([np.full(len(i), k, np.int64) for k, i, _ in points])
+            inside = (index >= 0) & (index < n_times)
+            return (index * n_keys + key)[inside], inside
+
+        located = {column: places(self.points.get(column, ())) for column in columns}
+        rows = np.unique(np.concatenate([place for place, _ in located.values()] or [np.empty(0, np.int64)]))
+        time_index, key_index = np.divmod(rows, n_keys)
         frame = pd.DataFrame({"t": self.start + time_index * self.step})
         key_table = list(self.keys) or [("",) * len(self.key_labels)]
         for position, name in enumerate(self.key_labels):
             categories = pd.Categorical([key[position] for key in key_table])
             frame[name] = pd.Categorical.from_codes(categories.codes[key_index], categories.categories)
-        row_table = list(row_sets) + [("",) * len(row_label_names)]
-        row_codes = codes.ravel()[rows]
-        for position, name in enumerate(row_label_names):
-            categories = pd.Categorical([labels[position] for labels in row_table])
-            frame[name] = pd.Categorical.from_codes(categories.codes[row_codes], categories.categories)
-        for column, (values, dtype) in data.items():
-            frame[column] = values.ravel()[rows].astype(dtype)
+        if row_label_names:
+            row_sets: dict[tuple[str, ...], int] = {}
+            labelled = [(k, i, np.full(len(i), row_sets.setdefault(labels, len(row_sets)), np.int64))
+                        for k, i, labels in self.row_labels]
+            place, inside = places(labelled)
+            codes = np.full(len(rows), len(row_sets), np.int64)     # the last entry: no labels
+            if len(place) and len(rows):
+                # Labels of a point in no chosen column name no row.
+                at = np.minimum(np.searchsorted(rows, place), len(rows) - 1)
+                found = rows[at] == place
+                codes[at[found]] = np.concatenate([c for _, _, c in labelled])[inside][found]
+            row_table = list(row_sets) + [("",) * len(row_label_names)]
+            for position, name in enumerate(row_label_names):
+                categories = pd.Categorical([labels[position] for labels in row_table])
+                frame[name] = pd.Categorical.from_codes(categories.codes[codes], categories.categories)
+        for column, dtype in columns.items():
+            values = np.full(len(rows), np.nan)
+            place, inside = located[column]
+            if len(place):
+                values[np.searchsorted(rows, place)] = np.concatenate([v for _, _, v in self.points[column]])[inside]
+            frame[column] = values.astype(dtype)
         return frame
 
 
@@ -493,18 +509,18 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
     n_times = max(0, int(round((window.end - first) / step)) + 1) if first <= window.end else 0
     if n_times == 0 or not any(results.values()):
         return _empty(window, step)
-    dense = {table: _Dense(keys, first, step) for table, keys in _KEYS.items()}
+    points = {table: _Points(keys, first, step) for table, keys in _KEYS.items()}
     for (table, column), answer in results.items():
         row_labels = L.POD_LABELS if table == "gpu" and column not in ("up", "nvlink_tx_bytes", "nvlink_rx_bytes",
                                                                           "xid_total") else ()
         for series in answer:
-            dense[table].add(column, series, row_labels)
+            points[table].add(column, series, row_labels)
 
     def table(name: str, frame_of=None) -> pd.DataFrame:
         if columns is not None and name not in columns:
             return empty_table(name)
         chosen = [c for c in TABLES[name][1] if columns is None or c in columns[name]]
-        frame = frame_of(chosen) if frame_of else dense[name].frame({c: "<" + TABLES[name][1][c] for c in chosen},
+        frame = frame_of(chosen) if frame_of else points[name].frame({c: "<" + TABLES[name][1][c] for c in chosen},
                                                                      n_times)
         return frame[column_order(name, chosen)]
 
@@ -512,7 +528,7 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
 
     def gpu_frame(chosen: list[str]) -> pd.DataFrame:
         dtypes = {c: "<" + TABLES["gpu"][1][c] for c in chosen} | {c: "<f4" for c in counted}
-        return dense["gpu"].frame(dtypes, n_times, L.POD_LABELS)[column_order("gpu", chosen) + counted]
+        return points["gpu"].frame(dtypes, n_times, L.POD_LABELS)[column_order("gpu", chosen) + counted]
 
     owned = _owner_names(owners)
     gpu = _label_jobs(table("gpu", gpu_frame) if columns is None or "gpu" in columns else empty_table("gpu"), owned)
@@ -525,12 +541,12 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
         gpu["xid_total"] = np.where(agent_rows & np.isnan(xid), 0.0, xid).astype(xid.dtype)
     if columns is None or "alloc" in columns:
         alloc_counted = ["sample_count"] if results.get(("alloc", "sample_count")) else []
-        raw = dense["alloc"].frame({c: "<f4" for c in ("share", "allocated", *alloc_counted)}, n_times)
+        raw = points["alloc"].frame({c: "<f4" for c in ("share", "allocated", *alloc_counted)}, n_times)
         alloc = _label_jobs(best_allocation(raw, _not_exporters(gpu, exporter_pods), first, step), owned)
         alloc = alloc[column_order("alloc") + ["signal"] + [c for c in alloc_counted if c in alloc]]
     else:
         alloc = empty_alloc()
-    node = table("node", lambda chosen: _node_cpu(dense["node"].frame({"_info": "<f8"}, n_times).drop(columns="_info"),
+    node = table("node", lambda chosen: _node_cpu(points["node"].frame({"_info": "<f8"}, n_times).drop(columns="_info"),
                                                   results.get(("node", "cpu_utilization"), []), first, step))
     rank = table("rank")
     tables = {"gpu": gpu, "alloc": alloc, "rank": rank, "node": node, "pod_cpu": table("pod_cpu"), "xid": table("xid")}
@@ -559,7 +575,7 @@ def _not_exporters(gpu: pd.DataFrame, exporter_pods: set[tuple[str, str]]) -> pd
 
 def _node_cpu(node: pd.DataFrame, answer: list[dict], first: float, step: float) -> pd.DataFrame:
     """CPU utilization is per Hostname: joined onto the node-info rows by host and time."""
-    cpu = _Dense((L.HOSTNAME,), first, step)
+    cpu = _Points((L.HOSTNAME,), first, step)
     for series in answer:
         cpu.add("cpu_utilization", series)
     n_times = int(round((node["t"].max() - first) / step)) + 1 if len(node) else 0
