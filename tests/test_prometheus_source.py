@@ -20,7 +20,7 @@ from burnrate.analyzer.openmetrics import write_openmetrics
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import PrometheusError, PrometheusSource, RecordingSource
 from burnrate.analyzer.sources.promhttp import PrometheusHTTP
-from burnrate.analyzer.sources.prometheus import job_from_pod, selector
+from burnrate.analyzer.sources.prometheus import _union, job_from_pod, selector
 from tests.conftest import free_port, require
 from tests.processes import prometheus
 
@@ -360,3 +360,17 @@ def test_prometheus_and_the_recording_cost_the_same_at_slower_scrapes(tmp_path, 
         mine = jobs[(job.namespace, job.training_job)]
         assert job.gpu_hours == pytest.approx(mine.gpu_hours, rel=1e-6)
         assert job.cost_dollars == pytest.approx(mine.cost_dollars, rel=1e-6)
+
+
+def test_the_rows_of_a_table_are_its_distinct_places_in_order_however_sparse():
+    """Assembly takes the union of every column's places through a bitmap where the table
+    is dense enough and np.unique where it is not: both give the same rows."""
+    rng = np.random.default_rng(0)
+    places = [rng.integers(0, 5_000, size) for size in (0, 300, 1_000)]
+    expected = np.unique(np.concatenate(places))
+    assert len(expected) < 1_300
+    dense = _union(places, 5_000)
+    sparse = _union(places, 2**40)      # far too large a bitmap: np.unique's way
+    np.testing.assert_array_equal(dense, expected)
+    np.testing.assert_array_equal(sparse, expected)
+    assert len(_union([], 10)) == 0 and len(_union([], 2**40)) == 0

@@ -472,7 +472,7 @@ class _Points:
             return (index * n_keys + key)[inside], inside
 
         located = {column: places(self.points.get(column, ())) for column in columns}
-        rows = np.unique(np.concatenate([place for place, _ in located.values()] or [np.empty(0, np.int64)]))
+        rows = _union([place for place, _ in located.values()], n_times * n_keys)
         time_index, key_index = np.divmod(rows, n_keys)
         frame = pd.DataFrame({"t": self.start + time_index * self.step})
         key_table = list(self.keys) or [("",) * len(self.key_labels)]
@@ -501,6 +501,18 @@ class _Points:
                 values[np.searchsorted(rows, place)] = np.concatenate([v for _, _, v in self.points[column]])[inside]
             frame[column] = values.astype(dtype)
         return frame
+
+
+def _union(places: list[np.ndarray], size: int) -> np.ndarray:
+    """The sorted distinct places in [0, size): through a bitmap of the places when it
+    is no larger than a few bytes a point (a fraction of the time np.unique takes)."""
+    n = sum(len(p) for p in places)
+    if size > 8 * n + 2**24:
+        return np.unique(np.concatenate(places or [np.empty(0, np.int64)]))
+    present = np.zeros(size, dtype=bool)
+    for place in places:
+        present[place] = True
+    return np.flatnonzero(present)
 
 
 def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: float, first: float,
