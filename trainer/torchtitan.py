@@ -57,8 +57,8 @@ class BurnrateMetricsProcessor(MetricsProcessor):
         """The GPU's peak dense TFLOP/s, where burnrate's table does not know it"""
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
-        # The Trainer sets these two attributes through properties (below), so their
-        # values exist before the base class first writes them.
+        # The base class and the Trainer write three attributes through properties (below):
+        # what they keep exists before the base class first writes them.
         self._ntokens = 0
         self._fetches = _Fetches(self)
         self._optimizers = None
@@ -74,6 +74,7 @@ class BurnrateMetricsProcessor(MetricsProcessor):
         self._ended: float | None = None     # when the open step's own work ended
         self._validation_began: float | None = None
         self._validation_ended: float | None = None
+        self._loss = self._grad_norm = None     # from the last logging step, until sent
 
     # --- what the Trainer writes -----------------------------------------------------
     @property
@@ -146,12 +147,10 @@ class BurnrateMetricsProcessor(MetricsProcessor):
     def _start_monitor(self, start_step: int) -> Monitor:
         c = self.config
         peak = c.peak_tflops * 1e12 if c.peak_tflops else None
-        self._loss = self._grad_norm = None
         return Monitor(flops_per_token=float(self.num_flops_per_token), seq_len=self._seq_len,
                        device=utils.device_type, peak=peak, every_s=c.every_s,
                        every_steps=c.every_steps, socket_path=c.socket_path, jsonl_path=c.jsonl_path,
-                       job=c.job,
-                       start_step=start_step)
+                       job=c.job, start_step=start_step)
 
     def _fetched(self, seconds: float) -> None:
         if self.monitor is None or self._step is None:
