@@ -9,7 +9,8 @@ roll-up flags something.
    per-GPU path does.
 3. Every other job (one with trainer telemetry that no flag names) is costed from its
    roll-ups at its node's price; it has no finding of its own, by the flags' construction,
-   even where part of its life was read beside a flagged node (whose findings it keeps).
+   even where part of its life was read beside a flagged node (whose findings it keeps, and
+   whose analysis leaves that job's ranks out).
    Nodes read over part of the window are accounted from their roll-ups, as are the rest.
 
 The report says which nodes were read which way and why.
@@ -21,6 +22,7 @@ from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
+import pandas as pd
 
 from burnrate.exporter import labels as L
 
@@ -35,7 +37,7 @@ from .report import Report, analyze
 from .sources.common import NODE_PRICING_LABELS, TRAINING_TELEMETRY, Progress, missing_signals, within
 from .sources.prometheus import PrometheusSource, dcgm_only
 from .sources.rollups import BARE, RATE_WINDOW_S, RollUpReader, RollUps
-from .views import ANALYSIS_COLUMNS
+from .views import ANALYSIS_COLUMNS, job_name
 from .workloads import TRAINING
 
 Job = tuple[str, str]
@@ -111,17 +113,18 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
     extra = reader.telemetry_nodes(unplaced)
     known = {job for job, _, _ in rollups.allocated}
 
-    def read() -> tuple[dict[str, list[Window]], Frames, Report]:
+    def read() -> tuple[dict[str, list[Window]], Frames, set[Job], Report]:
         plan = drill_plan(rollups, window, context_s, extra)
         parts: dict[Window, list[str]] = {}
         for host, windows in plan.items():
             for part in windows:
                 parts.setdefault(part, []).append(host)
         frames = source.frames(window, ANALYSIS_COLUMNS, progress, reads=parts)
-        return plan, frames, analyze(frames, catalog, config, advice, class_overrides)
+        whole = read_whole(rollups, plan, window)
+        analysed = _without_ranks_of(frames, known - whole)
+        return plan, frames, whole, analyze(analysed, catalog, config, advice, class_overrides)
 
-    plan, frames, report = read()
-    whole = read_whole(rollups, plan, window)
+    plan, frames, whole, report = read()
     # A job that also held GPUs on a node the roll-ups miss (dcgm-exporter alone, an older
     # agent) is in them only in part; seen there, it is read on all its nodes over its life,
     # as a flagged job is (a second read, only where such a job exists).
@@ -130,8 +133,7 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
     if beside:
         for job in beside:
             rollups.flagged_jobs.setdefault(job, set()).add("also on nodes without roll-ups")
-        plan, frames, report = read()
-        whole = read_whole(rollups, plan, window)
+        plan, frames, whole, report = read()
     drilled = set(plan)
     # A job read over part of its life (beside a flagged node) is named by no flag, so it has
     # no finding of its own: what its part shows gives way to its roll-ups, and only the
@@ -178,6 +180,19 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
                    findings=findings, missing=tuple(missing), notes=notes, accounting=accounting,
                    unpriced_jobs=[u for u in report.unpriced_jobs if (u["namespace"], u["training_job"]) not in partly_read]
                    + unpriced, simulated=simulated)
+
+
+def _without_ranks_of(frames: Frames, jobs: set[Job]) -> Frames:
+    """The frames less these jobs' ranks. A job read over part of its life is costed from its
+    roll-ups and keeps no finding of its own (analyze_fleet); the findings it keeps, its
+    nodes', come from the GPUs alone. Its ranks would only widen the analysis's grids: the
+    nodes of a week's flagged jobs ran twice as many other jobs' ranks as their own."""
+    rank = frames.rank
+    if not jobs or not len(rank):
+        return frames
+    names = job_name(rank[L.TRAINING_JOB].astype(str), rank[L.POD].astype(str))
+    held = pd.MultiIndex.from_arrays([rank[L.NAMESPACE].astype(str), names]).isin(list(jobs))
+    return replace(frames, rank=rank[~held]) if held.any() else frames
 
 
 def _jobs_on(frames: Frames, hosts: set[str]) -> set[Job]:

@@ -49,6 +49,7 @@ def hand_written():
         Node("gpu-6", 8, "agent", 15.0, capacity_type="spot"),
         Node("gpu-7", 8, "agent", 15.0, phase_s=3.0),
         Node("gpu-8", 8, "agent", 15.0, phase_s=9.0),
+        Node("gpu-9", 8, "agent", 15.0, phase_s=5.0),
         Node("dcgm-0", 8, "dcgm-4.8.3", 30.0))
     quiet = {"telemetry": True, "tokens_per_step": 1e5, "data_wait": 0.01}
     workloads = (
@@ -75,6 +76,10 @@ def hand_written():
         # A quiet job across an agent's node and the dcgm-exporter-only one: its roll-ups see half of it.
         Workload("ml", "mixed", "training", "PyTorchJob", (("gpu-8", GPUS), ("dcgm-0", (4, 5, 6, 7))),
                  START + 1200.0, END - 1200.0, **quiet),
+        # A quiet job on two GPUs of the notebook's node, which is read per GPU, and on a node
+        # that is not: read over part of its life, costed from roll-ups, its ranks not analysed.
+        Workload("ml", "beside", "training", "PyTorchJob", (("gpu-3", (4, 5)), ("gpu-9", GPUS)),
+                 START + 600.0, END - 600.0, **quiet),
     )
     return generate(nodes, workloads, START, END, seed=5)
 
@@ -153,28 +158,33 @@ def assert_same(per_gpu: Report, fleet: Report, edge_s: float) -> None:
 
 
 def assert_filled(fleet: Report) -> None:
-    """Each missed evaluation was filled on each of the 9 nodes with roll-ups (promtool may miss
+    """Each missed evaluation was filled on each of the 10 nodes with roll-ups (promtool may miss
     more of its own: its blocks end on whole seconds, which drops an evaluation at a 2-hour
     boundary when the group's phase falls in a minute's last second)."""
     [missed] = [n for n in fleet.notes if n.startswith("the ruler missed")]
     count, nodes = map(int, re.fullmatch(r"the ruler missed (\d+) evaluations of the roll-ups on (\d+) nodes: "
                                          r"each was filled with the evaluation before it", missed).groups())
-    assert nodes == 9 and count >= 9 * sum(n for _, n in MISSED), missed
+    assert nodes == 10 and count >= 10 * sum(n for _, n in MISSED), missed
 
 
 def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(stores):
     per_gpu, fleet = both(stores[0])
     assert_same(per_gpu, fleet, edge_s=60.0)
-    assert from_rollups(fleet) == {("ml", n) for n in ("pretrain", "finetune", "sweep", "spot-run", "before", "after")}
+    assert from_rollups(fleet) == {("ml", n) for n in ("pretrain", "finetune", "sweep", "spot-run", "before", "after",
+                                                       "beside")}
+    # The job beside the notebook sent telemetry from the node read per GPU; its cost is its
+    # roll-ups', so fleet mode leaves its ranks out of the analysis (the report is the same).
+    assert ("ml", "beside") in per_gpu.views.telemetry_jobs
+    assert ("ml", "beside") not in fleet.views.telemetry_jobs
     [basis] = [n for n in fleet.notes if n.startswith("fleet mode:")]
     # Not gpu-7: its GPUs were free for 40 minutes, which the free-GPU flag's first look
     # (half its stretch at steps of half) names, and its second (evaluation by evaluation) clears.
-    assert basis.startswith("fleet mode: 4 of 10 nodes read per GPU, over ")
+    assert basis.startswith("fleet mode: 4 of 11 nodes read per GPU, over ")
     # The dcgm-exporter node and the notebook's (free GPUs beside it) over the whole 6-hour
-    # window of 10 nodes; the starving job's over its life, about 4 hours, and the node of the
+    # window of 11 nodes; the starving job's over its life, about 4 hours, and the node of the
     # job beside the dcgm-exporter node over its, about 3.5.
     share = float(basis.split(", over ")[1].split("%")[0])
-    assert (6 + 6 + 3.5 + 3.3) / 60 * 100 < share < (6 + 6 + 5 + 4.5) / 60 * 100, basis
+    assert (6 + 6 + 3.5 + 3.3) / 66 * 100 < share < (6 + 6 + 5 + 4.5) / 66 * 100, basis
     assert "of the fleet's node-hours for " in basis
     assert "every 60 s (the store's rules API)" in basis
     assert_filled(fleet)
@@ -224,7 +234,7 @@ def test_the_cli_reads_a_fleet_as_a_user_types_it(stores):
                            "--start", str(WINDOW.start), "--end", str(WINDOW.end), "--scrape-interval", "15"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "note: fleet mode: 4 of 10 nodes read per GPU" in proc.stdout
+    assert "note: fleet mode: 4 of 11 nodes read per GPU" in proc.stdout
     assert "ml/pretrain" in proc.stdout and "dataloader_starvation" in proc.stdout
 
 
