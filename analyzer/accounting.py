@@ -60,10 +60,8 @@ def account(v: Views, idle_util_pct: float = IdleConfig().util_max_pct) -> Accou
     share = np.where(row_held > 0, alloc.values["share"], 0.0) if alloc.size else np.zeros((0, v.n))
     known = rows >= 0
     total = np.zeros((gpu.size, v.n))
-    if known.any():
-        # Holders grouped by GPU: one reduceat per figure, no per-element scatter.
-        by_gpu = np.flatnonzero(known)[np.argsort(rows[known], kind="stable")]
-        gpus, starts = np.unique(rows[by_gpu], return_index=True)
+    by_gpu, gpus, starts = v.holders_by_gpu
+    if len(by_gpu):
         total[gpus] = np.add.reduceat(share[by_gpu], starts, axis=0)
         # A GPU is observed while any of its series has a sample: its holders' too.
         observed[gpus] = np.maximum(observed[gpus], np.maximum.reduceat(row_held[by_gpu], starts, axis=0))

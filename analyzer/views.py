@@ -269,11 +269,21 @@ class Views:
     def held(self) -> np.ndarray:
         """(gpu, time) share of each GPU held by any pod."""
         held = np.zeros((self.gpu.size, self.n), np.float32)
-        keys = self.alloc.keys
-        ok = keys["gpu_row"].to_numpy() >= 0
-        if ok.any():
-            np.add.at(held, keys["gpu_row"].to_numpy()[ok], np.nan_to_num(self.alloc.values["share"][ok]))
+        by_gpu, gpus, starts = self.holders_by_gpu
+        if len(by_gpu):
+            held[gpus] = np.add.reduceat(np.nan_to_num(self.alloc.values["share"][by_gpu]), starts, axis=0)
         return held
+
+    @cached_property
+    def holders_by_gpu(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The allocation rows of known GPUs grouped by GPU (in row order within a GPU), the
+        GPU rows of the groups and where each starts: one np.*.reduceat per figure, no
+        per-element scatter (np.add.at took 1.4 s on a week's 3,216 holders)."""
+        rows = self.alloc.keys["gpu_row"].to_numpy() if self.alloc.size else np.zeros(0, np.int64)
+        known = np.flatnonzero(rows >= 0)
+        by_gpu = known[np.argsort(rows[known], kind="stable")]
+        gpus, starts = np.unique(rows[by_gpu], return_index=True)
+        return by_gpu, gpus, starts
 
     @cached_property
     def rank(self) -> Grid:
