@@ -271,7 +271,9 @@ class Views:
         held = np.zeros((self.gpu.size, self.n), np.float32)
         by_gpu, gpus, starts = self.holders_by_gpu
         if len(by_gpu):
-            held[gpus] = np.add.reduceat(np.nan_to_num(self.alloc.values["share"][by_gpu]), starts, axis=0)
+            shares = self.alloc.values["share"][by_gpu]      # a copy: its NaNs (no sample) are zeroed in place
+            np.copyto(shares, 0.0, where=np.isnan(shares))
+            held[gpus] = np.add.reduceat(shares, starts, axis=0)
         return held
 
     @cached_property
