@@ -21,6 +21,10 @@ Trainer closes without telling its metrics processor when that save ended.
 
 Samples and tokens are each rank's data-parallel share, as torchtitan counts throughput:
 ranks that share a batch through tensor, context or pipeline parallelism divide it.
+
+Written for torchtitan's language-model `Trainer` (torchtitan.trainer), which asks
+`should_log` as each step begins; trainers that ask it only after the step (flux's) would
+see each step's fetches counted with the step before.
 """
 from __future__ import annotations
 
