@@ -80,7 +80,8 @@ def test_a_nanogpt_shaped_loop_reports_exact_counts_and_true_flops(tmp_path):
     script.write_text(NANOGPT_SHAPED)
     with TelemetryInbox(tmp_path / "agent.sock") as inbox:
         env = {"BURNRATE_TELEMETRY_SOCKET": str(inbox.path), "BURNRATE_TRAINING_JOB": "nanogpt",
-               "POD_NAMESPACE": "ml", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+               "POD_NAMESPACE": "ml", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+               "TMPDIR": str(tmp_path)}   # torchrun's log directory goes there, not into /tmp
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                                "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(script)],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)

@@ -28,7 +28,8 @@ LAYERS, HEADS, HEAD_DIM = 6, 16, 16   # torchtitan's Llama 3 debug model
 def run_job(tmp_path, inbox) -> str:
     env = {"BURNRATE_TELEMETRY_SOCKET": str(inbox.path), "BURNRATE_TRAINING_JOB": "titan",
            "POD_NAMESPACE": "ml", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
-           "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+           "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "TMPDIR": str(tmp_path)}   # torchrun's log directory and triton's caches go there, not into /tmp
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
                            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
                            os.path.join(ROOT, "tests", "torchtitan_job.py"), str(tmp_path)],

@@ -33,9 +33,15 @@ def _command(tmp: Path, *args: str) -> list[str]:
 
 
 def _train(tmp: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(_command(tmp, *args), cwd=ROOT, capture_output=True, text=True, timeout=180)
+    scratch = tmp / "scratch"
+    scratch.mkdir(exist_ok=True)
+    r = subprocess.run(_command(tmp, *args), cwd=ROOT, capture_output=True, text=True, timeout=180,
+                       env={**os.environ, "TMPDIR": str(scratch)})
     if ok:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # The launcher's log directory and the ranks' error files go with the launch, failed or not;
+    # torch's compiled-kernel cache (torchinductor_<user>) is a cache, meant to stay.
+    assert [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")] == []
     return r
 
 

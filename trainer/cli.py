@@ -5,14 +5,19 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from burnrate.exporter.errors import UserError
 
 from . import config
 from .checkpoint import CheckpointDirInUse, Checkpointer
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,9 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
     try:
         cfg = config.from_args(args)
@@ -49,7 +52,19 @@ def run(args: argparse.Namespace) -> int:
         except CheckpointDirInUse as exc:
             raise UserError(str(exc)) from None
 
+    # The launcher's default log directory (the ranks' error files) is a /tmp/torchelastic_*
+    # that nothing removes; this one lives as long as the launch.
+    with tempfile.TemporaryDirectory(prefix="burnrate-train-") as logs:
+        return _launch(cfg, nproc, DefaultLogsSpecs(log_dir=logs))
+
+
+def _launch(cfg: config.TrainConfig, nproc: int, logs_specs: DefaultLogsSpecs) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
     launch = LaunchConfig(
+        logs_specs=logs_specs,
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
