@@ -113,3 +113,38 @@ def _lifetime(seen: np.ndarray) -> np.ndarray:
     first = np.argmax(seen, axis=1)
     last = seen.shape[1] - 1 - np.argmax(seen[:, ::-1], axis=1)
     return np.where(any_seen, last - first + 1, 0).astype(np.float64)
+
+
+HOURS = ("observed_gpu_hours", "allocated_gpu_hours", "unallocated_gpu_hours", "busy_gpu_hours", "idle_gpu_hours")
+
+
+def added(parts: list[Accounting]) -> Accounting:
+    """Accountings of disjoint parts of the GPUs' time as one. Coverage is observed over
+    lifetime, so lifetimes (observed / coverage) add; a node in several parts has its
+    hours added the same way, and keeps its first part's price."""
+    per_node: dict[str, dict[str, float | str | None]] = {}
+    for part in parts:
+        for host, figures in part.per_node.items():
+            mine = per_node.get(host)
+            per_node[host] = dict(figures) if mine is None else {
+                **mine, **{name: float(mine[name]) + float(figures[name]) for name in HOURS},
+                "coverage": _coverage(float(mine[HOURS[0]]) + float(figures[HOURS[0]]),
+                                      _life(mine) + _life(figures))}
+    observed = sum(p.observed_gpu_hours for p in parts)
+    return Accounting(
+        observed_gpu_hours=observed, allocated_gpu_hours=sum(p.allocated_gpu_hours for p in parts),
+        unallocated_gpu_hours=sum(p.unallocated_gpu_hours for p in parts),
+        busy_gpu_hours=sum(p.busy_gpu_hours for p in parts), idle_gpu_hours=sum(p.idle_gpu_hours for p in parts),
+        util_unknown_gpu_hours=sum(p.util_unknown_gpu_hours for p in parts),
+        coverage=_coverage(observed, sum(p.observed_gpu_hours / p.coverage for p in parts if p.coverage)),
+        row_gpu_hours=np.concatenate([p.row_gpu_hours for p in parts]) if parts else np.zeros(0),
+        per_node=per_node)
+
+
+def _life(figures: dict[str, float | str | None]) -> float:
+    coverage = figures.get("coverage")
+    return float(figures["observed_gpu_hours"]) / float(coverage) if coverage else 0.0
+
+
+def _coverage(observed: float, life: float) -> float | None:
+    return min(observed / life, 1.0) if life > 0 else None

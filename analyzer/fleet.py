@@ -33,7 +33,8 @@ from .detectors import DetectorConfig
 from .findings import KINDS
 from .frames import Frames, Window
 from .pricing import Catalog
-from .report import Report, analyze
+from .partition import analyze_apart
+from .report import Report, coverage_note
 from .sources.common import NODE_PRICING_LABELS, TRAINING_TELEMETRY, Progress, missing_signals, within
 from .sources.prometheus import PrometheusSource, dcgm_only
 from .sources.rollups import BARE, RATE_WINDOW_S, RollUpReader, RollUps
@@ -119,10 +120,12 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
         for host, windows in plan.items():
             for part in windows:
                 parts.setdefault(part, []).append(host)
-        frames = source.frames(window, ANALYSIS_COLUMNS, progress, reads=parts)
         whole = read_whole(rollups, plan, window)
+        unread = {job: rollups.nodes_of(job) for job in (known - whole) & rollups.jobs_on(set(plan))}
+        frames = source.frames(window, ANALYSIS_COLUMNS, progress, reads=parts, unread_jobs=unread)
         analysed = _without_ranks_of(frames, known - whole)
-        return plan, frames, whole, analyze(analysed, catalog, config, advice, class_overrides)
+        return plan, frames, whole, analyze_apart(analysed, plan, catalog, config, advice, class_overrides,
+                                                  unjoined=known - whole)
 
     plan, frames, whole, report = read()
     # A job that also held GPUs on a node the roll-ups miss (dcgm-exporter alone, an older
@@ -164,7 +167,9 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
         missing = [m for m in missing if m != TRAINING_TELEMETRY]
     if rollups.node_info:
         missing = [m for m in missing if m != NODE_PRICING_LABELS]
-    notes = [_basis(rollups, plan, everyone, window)] + report.notes
+    # Coverage is said of the whole fleet's accounting, not of the nodes read per GPU alone.
+    notes = ([_basis(rollups, plan, everyone, window)] + [n for n in report.notes if n != coverage_note(report.accounting)]
+             + [n for n in [coverage_note(accounting)] if n])
     if rollups.filled:
         notes.append(f"the ruler missed {sum(rollups.filled.values()):.0f} evaluations of the roll-ups on "
                      f"{len(rollups.filled)} nodes: each was filled with the evaluation before it")
@@ -209,7 +214,7 @@ def _basis(rollups: RollUps, plan: dict[str, list[Window]], everyone: set[str], 
     for why in list(rollups.flagged_nodes.values()) + list(rollups.flagged_jobs.values()):
         for reason in why:
             reasons[reason] = reasons.get(reason, 0) + 1
-    named = ", ".join(f"{reason} ({n})" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    named = ", ".join(f"{reason} ({n})" for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
     read = (sum(p.end - p.start for parts in plan.values() for p in parts)
             / max(len(everyone) * (window.end - window.start), 1))
     return (f"fleet mode: {len(plan)} of {len(everyone)} nodes read per GPU"

@@ -41,6 +41,10 @@ class Frames:
     # $ per GPU-hour per node where the store knows the price itself (OpenCost's
     # node_gpu_hourly_cost: negotiated and spot rates included).
     gpu_hour_prices: dict[str, float] = field(default_factory=dict)
+    # Each GPU model's usual peak SM clock where it is known from more GPUs than these frames
+    # hold (fleet mode's parts: analyzer.partition); otherwise the thermal detector takes it
+    # from the GPUs here.
+    usual_peak_sm_clock_mhz: dict[str, float] = field(default_factory=dict)
 
 
 OWNER_COLUMNS = ("namespace", "pod", "owner_kind", "owner_name")

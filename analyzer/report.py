@@ -6,14 +6,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import numpy as np
 
-from .accounting import COVERAGE_WARNING, Accounting, account
+from .accounting import COVERAGE_WARNING, Accounting, account, added
 from .cost import AdviceConfig, GpuPrices, JobCost, gpu_prices, job_costs
-from .detectors import DetectorConfig, detect_all
+from .detectors import DetectorConfig, detect_all, order
 from .findings import Finding, iso
 from .frames import Frames, Window
 from .pricing import Catalog
@@ -36,6 +36,7 @@ class Report:
     # rather than build again: the views of the frames and each GPU row's prices.
     views: Views | None = field(default=None, repr=False, compare=False)
     prices: GpuPrices | None = field(default=None, repr=False, compare=False)
+    unpriced_nodes: dict[str, str] = field(default_factory=dict, repr=False, compare=False)   # host -> why
 
 
 def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorConfig(),
@@ -47,18 +48,41 @@ def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorC
     jobs, priced = job_costs(views, catalog, findings, advice, accounting, prices)
     _state_prices(accounting, views, prices)
     reasons = unpriced_nodes(views, catalog)
+    unpriced = [{"namespace": j.namespace, "training_job": j.training_job,
+                 "reason": _unpriced_reason(views, j, reasons)} for j in jobs if j.cost_dollars is None]
+    return Report(frames.window, priced, jobs, tuple(frames.missing), frames.simulated, _notes(reasons, accounting),
+                  accounting, unpriced, views, prices, reasons)
+
+
+def combine(frames: Frames, reports: list[Report]) -> Report:
+    """One report of the analyses of parts of `frames` that no detector relates
+    (analyzer.partition): their findings, jobs and GPU-hours together. A job analysed in
+    several parts is listed once for each."""
+    if len(reports) == 1:
+        return replace(reports[0], window=frames.window)
+    accounting = added([r.accounting for r in reports if r.accounting is not None])
+    reasons = {host: why for r in reports for host, why in r.unpriced_nodes.items()}
+    return Report(frames.window, sorted((f for r in reports for f in r.findings), key=order),
+                  sorted((j for r in reports for j in r.jobs), key=lambda j: (j.namespace, j.training_job)),
+                  tuple(frames.missing), frames.simulated, _notes(reasons, accounting), accounting,
+                  [u for r in reports for u in r.unpriced_jobs], unpriced_nodes=reasons)
+
+
+def _notes(reasons: dict[str, str], accounting: Accounting) -> list[str]:
     notes = []
     if reasons:
         hosts = sorted(reasons)
         notes.append(f"no price for nodes {', '.join(hosts[:5])}{' …' if len(hosts) > 5 else ''}: "
                      "their dollars are null (add them to a --pricing file)")
-    if accounting.coverage is not None and accounting.coverage < COVERAGE_WARNING:
-        notes.append(f"samples cover {accounting.coverage:.1%} of the GPUs' time: dollars and hours "
-                     "are for the covered part only")
-    unpriced = [{"namespace": j.namespace, "training_job": j.training_job,
-                 "reason": _unpriced_reason(views, j, reasons)} for j in jobs if j.cost_dollars is None]
-    return Report(frames.window, priced, jobs, tuple(frames.missing), frames.simulated, notes, accounting, unpriced,
-                  views, prices)
+    covered = coverage_note(accounting)
+    return notes + ([covered] if covered else [])
+
+
+def coverage_note(accounting: Accounting | None) -> str | None:
+    if accounting is None or accounting.coverage is None or accounting.coverage >= COVERAGE_WARNING:
+        return None
+    return (f"samples cover {accounting.coverage:.1%} of the GPUs' time: dollars and hours "
+            "are for the covered part only")
 
 
 def _state_prices(accounting: Accounting, views: Views, prices: GpuPrices) -> None:

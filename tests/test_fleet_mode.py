@@ -12,12 +12,15 @@ the agent's own counting replayed over its samples (tests/recorded_counters.py).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 import subprocess
 import sys
 
 import pytest
 
-from burnrate.analyzer.fleet import analyze_fleet, drill_plan, read_whole
+from burnrate.analyzer import partition
+from burnrate.analyzer.fleet import NODE_KINDS, analyze_fleet, drill_plan, read_whole
+from burnrate.analyzer.detectors import DetectorConfig
 from burnrate.analyzer.frames import Window
 from burnrate.analyzer.openmetrics import write_openmetrics
 from burnrate.analyzer.pricing import load_catalog
@@ -167,15 +170,42 @@ def assert_filled(fleet: Report) -> None:
     assert nodes == 10 and count >= 10 * sum(n for _, n in MISSED), missed
 
 
-def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(stores):
+def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(stores, monkeypatch):
+    analysed = []
+
+    def analyze_part(frames, *args):
+        report = analyze(frames, *args)
+        analysed.append(report.views)
+        return report
+
+    monkeypatch.setattr(partition, "analyze", analyze_part)
+    read = []
+    frames = PrometheusSource.frames
+
+    def frames_read(source, *args, **kwargs):
+        read.append(frames(source, *args, **kwargs))
+        return read[-1]
+
+    monkeypatch.setattr(PrometheusSource, "frames", frames_read)
     per_gpu, fleet = both(stores[0])
     assert_same(per_gpu, fleet, edge_s=60.0)
     assert from_rollups(fleet) == {("ml", n) for n in ("pretrain", "finetune", "sweep", "spot-run", "before", "after",
                                                        "beside")}
     # The job beside the notebook sent telemetry from the node read per GPU; its cost is its
-    # roll-ups', so fleet mode leaves its ranks out of the analysis (the report is the same).
+    # roll-ups', so fleet mode neither reads nor analyses its ranks (the report is the same).
     assert ("ml", "beside") in per_gpu.views.telemetry_jobs
-    assert ("ml", "beside") not in fleet.views.telemetry_jobs
+    # Left out by the store: its ranks' series are not asked for.
+    assert read[0].rank["training_job"].eq("beside").any()
+    assert len(read) == 3 and not any(f.rank["training_job"].eq("beside").any() for f in read[1:])
+    # What was read, analysed in parts that no job or detector relates: the dcgm-exporter
+    # node with the job beside it, the notebook's node, the starving job's nodes; twice,
+    # as the job beside the dcgm-exporter node has the plan read again.
+    assert len(analysed) == 6
+    assert all(("ml", "beside") not in views.telemetry_jobs and not views.rank.keys["training_job"].eq("beside").any()
+               for views in analysed)
+    assert sum(len(views.frames.rank) for views in analysed) > 0
+    # Samples cover the fleet's GPUs: no part's lifetimes say otherwise.
+    assert fleet.accounting.coverage > 0.99 and not any("samples cover" in n for n in fleet.notes)
     [basis] = [n for n in fleet.notes if n.startswith("fleet mode:")]
     # Not gpu-7: its GPUs were free for 40 minutes, which the free-GPU flag's first look
     # (half its stretch at steps of half) names, and its second (evaluation by evaluation) clears.
@@ -196,6 +226,41 @@ def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(sto
     for reason in ("GPUs without roll-ups", "idle GPUs", "data wait", "no trainer telemetry",
                    "also on nodes without roll-ups (1)"):
         assert reason in basis
+
+
+def test_reads_analysed_apart_equal_one_analysis_and_a_hole_is_no_missing_sample(stores):
+    """analyzer.partition on the hand-written fleet's per-GPU frames: every node over the whole
+    window, in groups by the jobs across nodes, is the one analysis to the last figure; every
+    node read but for 70 minutes in the middle (more than the reach), every job read over part of its life (so no job
+    joins the pieces), has the one analysis's node findings and hours, but the hole is time
+    not read, not samples missing from the GPUs' lifetimes."""
+    frames = PrometheusSource(stores[0], min_step_s=15.0).frames(WINDOW, ANALYSIS_COLUMNS)
+    catalog = load_catalog()
+    hosts = set(frames.gpu["Hostname"].astype(str))
+    whole = {host: [WINDOW] for host in hosts}
+    # Three jobs span two nodes each (pretrain, mixed, beside): 11 nodes in 8 groups.
+    assert partition.reach_s(DetectorConfig()) == 3600.0    # a free GPU's shortest finding, XIDs' merge
+    assert len(partition.split(frames, whole, partition.reach_s(DetectorConfig()), set())) == 8
+    assert to_document(partition.analyze_apart(frames, whole, catalog)) == to_document(analyze(frames, catalog))
+
+    cut = (START + 4000.0, START + 4000.0 + 70 * 60.0)
+    ends = [Window(WINDOW.start, cut[0]), Window(cut[1], WINDOW.end)]
+    outside = {name: (lambda t: t[(t["t"] <= cut[0]) | (t["t"] >= cut[1])])(getattr(frames, name))
+               for name in partition.TABLES}
+    read = replace(frames, **outside)
+    jobs = set(zip(frames.alloc["namespace"].astype(str), frames.alloc["training_job"].astype(str)))
+    together = analyze(read, catalog)
+    apart = partition.analyze_apart(read, {host: ends for host in hosts}, catalog, unjoined=jobs)
+    a, b = to_document(together), to_document(apart)
+
+    def of_nodes(doc):
+        return [f for f in doc["findings"] if f["kind"] in NODE_KINDS]
+
+    assert of_nodes(b) == of_nodes(a) and of_nodes(a)
+    assert together.accounting.coverage < 0.9 and any("samples cover" in n for n in together.notes)
+    assert apart.accounting.coverage > 0.99 and not any("samples cover" in n for n in apart.notes)
+    for field in ("observed_gpu_hours", "allocated_gpu_hours", "idle_gpu_hours", "busy_gpu_hours"):
+        assert b["accounting"][field] == pytest.approx(a["accounting"][field], abs=1e-6), field
 
 
 def test_on_victoria_metrics_fleet_mode_equals_prometheus(stores):

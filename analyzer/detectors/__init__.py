@@ -78,8 +78,13 @@ def detect_all(data: Frames | Views, config: DetectorConfig = DetectorConfig()) 
     kept = [_net_of_causes(f, kept) for f in kept]
     # One finding per problem and episode, once the duplicates of other problems are gone.
     merged = episodes.merge_episodes(kept, config.episodes)
-    return sorted(merged, key=lambda f: (f.start, f.kind, f.namespace or "", f.training_job or "",
-                                         f.hostname or "", f.gpu or "", f.rank if f.rank is not None else -1))
+    return sorted(merged, key=order)
+
+
+def order(f: Finding) -> tuple:
+    """Findings in time, then by what they name: the order every report lists them in."""
+    return (f.start, f.kind, f.namespace or "", f.training_job or "", f.hostname or "", f.gpu or "",
+            f.rank if f.rank is not None else -1)
 
 
 def _has_evidence(finding: Finding, views: Views) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from burnrate.exporter import throttle
 
@@ -42,9 +43,12 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
     peak[has] = np.nanmax(clock[has], axis=1)
     model = gpu.keys["modelName"].to_numpy()
     ref = np.full(gpu.size, np.nan)
+    given = v.frames.usual_peak_sm_clock_mhz
     for name in np.unique(model):
         mine = (model == name) & has
-        if mine.any():
+        if name in given:
+            ref[model == name] = given[name]
+        elif mine.any():
             ref[model == name] = np.median(peak[mine])
     with np.errstate(invalid="ignore"):
         slow = (bits & throttle.THERMAL).astype(bool) & (clock < config.clock_ratio * ref[:, None])
@@ -69,3 +73,13 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
             **holder,
         ))
     return out
+
+
+def usual_peaks(gpu: pd.DataFrame) -> dict[str, float]:
+    """Each model's usual peak SM clock over a gpu frame, as `detect` takes it from its grid:
+    the median over the GPUs (by UUID) of each one's highest clock."""
+    if not len(gpu) or "sm_clock_mhz" not in gpu.columns:
+        return {}
+    peaks = gpu.groupby("UUID", observed=True).agg(peak=("sm_clock_mhz", "max"), model=("modelName", "first"))
+    peaks = peaks[np.isfinite(peaks["peak"].to_numpy(np.float64))]
+    return {str(model): float(clock) for model, clock in peaks.groupby("model", observed=True)["peak"].median().items()}

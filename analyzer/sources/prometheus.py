@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -82,6 +82,9 @@ class _Query:
     extra: Mapping[str, str] | None = None
     outer: str = ""             # a second aggregation, e.g. summing XID codes per GPU
     scale: float = 1.0          # to the catalog's unit (dcgm-exporter 4.9's base units)
+    # A better signal of the same thing (allocation.SIGNALS): where a GPU has it at a step,
+    # the store leaves this one out, as allocation.best_allocation would.
+    unless: str = ""
 
 
 def _renamed(queries: list[_Query]) -> list[_Query]:
@@ -104,7 +107,8 @@ def _queries() -> list[_Query]:
                {"direction": "rx"}),
         _Query("gpu", "xid_total", "burnrate_gpu_xid_errors_total", device + ("xid",), "last", outer=device),
         _Query("alloc", "share", "burnrate_gpu_allocation_share_ratio", device_pod, "last"),
-        _Query("alloc", "allocated", "burnrate_gpu_allocated", device_pod, "last"),
+        _Query("alloc", "allocated", "burnrate_gpu_allocated", device_pod, "last",
+               unless="burnrate_gpu_allocation_share_ratio"),
         _Query("node", "_info", "burnrate_node_info", L.NODE_INFO_LABELS, "last"),
         _Query("node", "cpu_utilization", "burnrate_node_cpu_utilization_ratio", (L.HOSTNAME,), "avg"),
         _Query("pod_cpu", "cpu_seconds", "burnrate_pod_cpu_seconds_total", (L.NAMESPACE, L.POD, L.HOSTNAME), "last"),
@@ -121,7 +125,8 @@ QUERIES += _renamed(QUERIES)
 # it covered (analyzer.holding). Asked only for what GPU-time is made of.
 COUNTS = [_Query("gpu", "sample_count", "DCGM_FI_DEV_GPU_UTIL", C.DEVICE_POD, "count"),
           _Query("alloc", "sample_count", "burnrate_gpu_allocation_share_ratio", C.DEVICE_POD, "count"),
-          _Query("alloc", "sample_count", "burnrate_gpu_allocated", C.DEVICE_POD, "count")]
+          _Query("alloc", "sample_count", "burnrate_gpu_allocated", C.DEVICE_POD, "count",
+                 unless="burnrate_gpu_allocation_share_ratio")]
 COUNTS += [replace(q, scale=1.0) for q in _renamed(COUNTS)]
 # dcgm-exporter 4.8.3 renamed `Hostname` to `hostname`: both are asked for and merged.
 HOSTNAME_SPELLINGS = (L.HOSTNAME, "hostname")
@@ -178,13 +183,16 @@ class PrometheusSource:
                 context.verify_mode = ssl.CERT_NONE
         self._http = PrometheusHTTP(self.url, self._headers, timeout_s, context)
         self.hosts: tuple[str, ...] | None = None
+        self.unread_jobs: tuple[tuple[str, str], ...] = ()
 
-    def on_hosts(self, hosts: Sequence[str]) -> "PrometheusSource":
+    def on_hosts(self, hosts: Sequence[str], unread_jobs: Collection[tuple[str, str]] = ()) -> "PrometheusSource":
         """The same store, each node's series read for these nodes only (fleet mode's
-        drill-down). Where the data begins and ends is still the whole store's, so a
-        window is read at the step a whole-fleet read would take."""
+        drill-down), less the training telemetry of `unread_jobs` (namespace, training_job).
+        Where the data begins and ends is still the whole store's, so a window is read at
+        the step a whole-fleet read would take."""
         narrowed = copy.copy(self)
         narrowed.hosts = tuple(sorted(set(hosts)))
+        narrowed.unread_jobs = tuple(sorted(set(unread_jobs)))
         narrowed._lock = threading.Lock()
         return narrowed
 
@@ -226,19 +234,29 @@ class PrometheusSource:
         return step_for(window, self.min_step_s)
 
     def promql(self, q: _Query, step: float) -> str:
-        labels = {k: v for k, v in self.matchers.items() if k in _LABELS_OF[q.metric]}
-        labels.update(q.extra or {})
-        chosen = selector(q.metric, **self.scope, **labels)
-        span = f"[{int(step * 1000) - 1}ms]"
-        if self.hosts is not None and L.HOSTNAME in _LABELS_OF[q.metric]:
-            inner = "(" + " or ".join(f"{q.over_time}_over_time({on}{span})" for on in self._on_hosts(chosen)) + ")"
-        else:
-            inner = f"{q.over_time}_over_time({chosen}{span})"
+        inner = self._series(q, q.metric, step)
+        if q.unless:
+            inner = f"({inner} unless on ({L.UUID}) {self._series(q, q.unless, step)})"
         if L.POD in q.by:
             inner = _holder(inner)
         by = q.by + (("hostname",) if L.HOSTNAME in q.by else ())
         query = f"max by ({', '.join(by)}) ({inner})"
         return f"sum by ({', '.join(q.outer)}) ({query})" if q.outer else query
+
+    def _series(self, q: _Query, metric: str, step: float) -> str:
+        """`metric`'s series for query `q`, each its `over_time` over the step before each point."""
+        labels = {k: v for k, v in self.matchers.items() if k in _LABELS_OF[metric]}
+        labels.update(q.extra or {})
+        chosen = selector(metric, **self.scope, **labels)
+        span = f"[{int(step * 1000) - 1}ms]"
+        ons = self._on_hosts(chosen) if self.hosts is not None and L.HOSTNAME in _LABELS_OF[metric] else [chosen]
+        if q.table == "rank" and self.unread_jobs:
+            narrowed = [part for on in ons for part in _leaving_out(on, self.unread_jobs)]
+            # VictoriaMetrics refuses queries over 16 KiB (-search.maxQueryLen): past a
+            # quarter of that, the ranks are read and left out in the analyzer instead.
+            ons = narrowed if sum(map(len, narrowed)) <= 4096 else ons
+        inner = " or ".join(f"{q.over_time}_over_time({on}{span})" for on in ons)
+        return f"({inner})" if len(ons) > 1 else inner
 
     def _answer(self, job: tuple["PrometheusSource", _Query, np.ndarray], step: float, total: int,
                 progress: Progress | None) -> list[dict]:
@@ -256,12 +274,15 @@ class PrometheusSource:
         return answer
 
     def frames(self, window: Window | None = None, columns: Mapping[str, Sequence[str]] | None = None,
-               progress: Progress | None = None, reads: Mapping[Window, Sequence[str]] | None = None) -> Frames:
+               progress: Progress | None = None, reads: Mapping[Window, Sequence[str]] | None = None,
+               unread_jobs: Mapping[tuple[str, str], Collection[str]] | None = None) -> Frames:
         """The window's tables; the last hour when no window is given. `columns`
         names the value columns to query per table; tables it leaves out come back
         empty, and no query is sent for them. `progress(done, total)` is told of
         every query answered. `reads` narrows the node series read to these nodes over
-        these parts of the window (fleet mode's drill-down), on the whole window's grid."""
+        these parts of the window (fleet mode's drill-down), on the whole window's grid, and
+        leaves out there the training telemetry of `unread_jobs` ((namespace, training_job) ->
+        the nodes it ran on)."""
         if window is None:
             now = time.time()
             window = Window(now - 3600.0, now)
@@ -271,8 +292,10 @@ class PrometheusSource:
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         asked = QUERIES + (COUNTS if step > self.min_step_s else [])
         jobs = []
+        unread_jobs = {job: set(on) for job, on in (unread_jobs or {}).items()}
         for part, source in ([(window, self)] if reads is None else
-                             [(part, self.on_hosts(hosts)) for part, hosts in reads.items()]):
+                             [(part, self.on_hosts(hosts, [job for job, on in unread_jobs.items() if on & set(hosts)]))
+                              for part, hosts in reads.items()]):
             a, b = max(first, math.ceil(part.start / step) * step), min(last, math.floor(part.end / step) * step)
             grid = np.arange(a, b + step / 2, step) if b >= a else np.empty(0)
             chunks = [grid[k:k + self.chunk_points] for k in range(0, len(grid), self.chunk_points)]
@@ -398,10 +421,26 @@ class PrometheusSource:
         return Window(max(window.start, min(times) - step), window.end if max(times) >= last else max(times))
 
 
-def matching(chosen: str, name: str, pattern: str) -> str:
-    """A selector with one more matcher, a regular expression."""
+def matching(chosen: str, name: str, pattern: str, op: str = "=~") -> str:
+    """A selector with one more matcher, a regular expression (or `op`'s kind of matcher)."""
     body = chosen[:-1]
-    return f'{body}{"" if body.endswith("{") else ","}{name}=~"{escape(pattern)}"}}'
+    return f'{body}{"" if body.endswith("{") else ","}{name}{op}"{escape(pattern)}"}}'
+
+
+def _leaving_out(chosen: str, jobs: Sequence[tuple[str, str]]) -> list[str]:
+    """Selectors whose union is `chosen`'s series less those of these (namespace,
+    training_job) pairs: PromQL matches labels one at a time, so one selector for the
+    namespaces left whole and one per namespace with jobs left out. Series whose namespace
+    a scrape moved to exported_namespace (_holder) are all kept: a superset, never less."""
+    names: dict[str, list[str]] = {}
+    for namespace, job in jobs:
+        names.setdefault(namespace, []).append(job)
+    own = matching(chosen, "exported_" + L.NAMESPACE, "", "=")
+    either = "|".join(re.escape(n) for n in names)
+    return ([matching(chosen, "exported_" + L.NAMESPACE, "", "!="), matching(own, L.NAMESPACE, either, "!~")]
+            + [matching(matching(own, L.NAMESPACE, namespace, "="), L.TRAINING_JOB,
+                        "|".join(re.escape(j) for j in sorted(left)), "!~")
+               for namespace, left in sorted(names.items())])
 
 
 def _span(window: Window) -> str:
