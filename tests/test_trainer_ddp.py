@@ -32,9 +32,16 @@ def _command(tmp: Path, *args: str) -> list[str]:
             "--telemetry-jsonl", str(tmp / "telemetry.jsonl"), *args]
 
 
-def _train(tmp: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    scratch = tmp / "scratch"
+def _scratch(tmp: Path, name: str = "scratch") -> Path:
+    """A launch's temp directory (one apart for launchers the test may kill, which cannot
+    remove their own)."""
+    scratch = tmp / name
     scratch.mkdir(exist_ok=True)
+    return scratch
+
+
+def _train(tmp: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    scratch = _scratch(tmp)
     r = subprocess.run(_command(tmp, *args), cwd=ROOT, capture_output=True, text=True, timeout=180,
                        env={**os.environ, "TMPDIR": str(scratch)})
     if ok:
@@ -48,7 +55,7 @@ def _train(tmp: Path, *args: str, ok: bool = True) -> subprocess.CompletedProces
 def _start(tmp: Path, *args: str) -> subprocess.Popen:
     # A session of its own, so that the test can end the launcher and its ranks together.
     return subprocess.Popen(_command(tmp, *args), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env={**os.environ, "TMPDIR": str(_scratch(tmp, "scratch-started"))})
 
 
 def _records(tmp: Path) -> list[dict]:
