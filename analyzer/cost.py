@@ -92,8 +92,8 @@ class GpuPrices:
 def gpu_prices(views: Views, catalog: Catalog) -> GpuPrices:
     labels = views.gpu.keys
     nodes = views.nodes
-    rows = [node_price(catalog, host, model, *(nodes.loc[host, ["instance_type", "capacity_type", "gpu_model"]]
-                                               if host in nodes.index else ("", "unknown", "")),
+    facts = dict(zip(nodes.index, zip(nodes["instance_type"], nodes["capacity_type"], nodes["gpu_model"])))
+    rows = [node_price(catalog, host, model, *facts.get(host, ("", "unknown", "")),
                        views.frames.gpu_hour_prices.get(host))
             for host, model in zip(labels["Hostname"], labels["modelName"])]
     columns = list(zip(*rows)) or [()] * 5

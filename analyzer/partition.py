@@ -83,9 +83,12 @@ def split(frames: Frames, plan: Mapping[str, Sequence[Window]], reach: float, un
         table = getattr(frames, name)
         if not len(table):
             continue
-        jobs = pd.DataFrame({"namespace": table["namespace"].astype(str).to_numpy(),
-                             "job": job_name(table["training_job"].astype(str), table["pod"].astype(str)).to_numpy(),
-                             "piece": piece_of[name]}).drop_duplicates()
+        # Distinct (holder, piece) first, as categories: a few hundred strings, not a row's each.
+        held = pd.DataFrame({c: table[c] for c in ("namespace", "training_job", "pod")}
+                            | {"piece": piece_of[name]}).drop_duplicates()
+        jobs = pd.DataFrame({"namespace": held["namespace"].astype(str).to_numpy(),
+                             "job": job_name(held["training_job"].astype(str), held["pod"].astype(str)).to_numpy(),
+                             "piece": held["piece"].to_numpy()})
         for job, on in jobs.groupby(["namespace", "job"], sort=False)["piece"]:
             if job not in unjoined:
                 for i in on.to_numpy()[1:]:

@@ -325,8 +325,9 @@ class Views:
         kind_of = dict(zip(zip(owners["namespace"], owners["pod"]), owners["owner_kind"]))
         pods: dict[tuple[str, str], set[str]] = {}
         for grid in (self.alloc, self.rank):
+            names = grid.keys["pod"].to_numpy()
             for job, rows in self.job_rows(grid).items():
-                pods.setdefault(job, set()).update(grid.keys["pod"].to_numpy()[rows])
+                pods.setdefault(job, set()).update(names[rows])
         return {job: classify(job, sorted(names), [kind_of[(job[0], p)] for p in sorted(names) if (job[0], p) in kind_of],
                               job in self.telemetry_jobs, self.class_overrides)
                 for job, names in pods.items()}

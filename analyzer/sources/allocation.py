@@ -54,9 +54,9 @@ def best_allocation(alloc: pd.DataFrame, gpu: pd.DataFrame, first: float, step: 
     point = np.rint((merged["t"].to_numpy() - first) / step).astype(np.int64)
     cell = uuid * (int(point.max()) + 1) + (point - int(point.min()))
     rank = merged["signal"].map({s: i for i, s in enumerate(SIGNALS)}).to_numpy(np.int64)
-    best = np.full(int(cell.max()) + 1, len(SIGNALS))
+    best = np.full(int(cell.max()) + 1, len(SIGNALS), np.int8)
     for level in range(len(SIGNALS) - 1, -1, -1):     # best last, so it overwrites
-        best[np.unique(cell[rank == level])] = level
+        best[cell[rank == level]] = level
     merged = merged[rank == best[cell]]
     cell = cell[rank == best[cell]]
     equal = merged["share"].isna().to_numpy()

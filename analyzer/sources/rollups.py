@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -256,58 +257,70 @@ class RollUpReader:
         c, m = self.config, MARGIN
         jobs, nodes = out.flagged_jobs, out.flagged_nodes
         rate = RATE_WINDOW_S / 60
-
-        def job(reason: str, promql: str) -> None:
-            for key in self._names(promql, JOB):
-                jobs.setdefault((key[1], key[2]), set()).add(reason)
-
         bucket = self._step(bucket_s)
+        # The flags' queries are independent subqueries over the whole window, each a few
+        # tenths of a second of the store's time: asked side by side, answered in order.
+        with ThreadPoolExecutor(max_workers=max(1, self.source.workers)) as pool:
+            job_flags: list[tuple[str, Future]] = []
+            node_flags: list[tuple[str, Future]] = []
 
-        def node(reason: str, promql: str) -> None:
-            """`promql` holds for a node in the bucket that ends at each of its points."""
-            for (host,), times in self._buckets(promql, (L.HOSTNAME,), bucket_s).items():
-                nodes.setdefault(host, set()).add(reason)
-                out.node_spans.setdefault(host, []).extend((t - bucket_s, t) for t in times)
+            def job(reason: str, promql: str) -> None:
+                job_flags.append((reason, pool.submit(self._names, promql, JOB)))
 
-        job("idle GPUs", self._stretch(f"{self._sel(JOB_IDLE)} > 0", c.idle_gpu.min_minutes - rate - 1))
-        job("holds GPUs without stepping", self._stretch(
-            f"(sum by (cluster, namespace, training_job) ({self._sel(JOB_ALLOCATED)}) > 0) "
-            f"unless on (cluster, namespace, training_job) ({self._sel(STEPS)} > 0)",
-            c.stalled.floor_minutes - rate - 1))
-        job("non-finite loss or gradient", f"max_over_time({self._sel(NONFINITE)}[{self._range}])")
-        history = f"{int(c.diverging.history_minutes)}m"
-        for reason, metric, ratio in (("loss spike", LOSS, c.diverging.loss_ratio),
-                                      ("gradient norm spike", GRAD_NORM, c.diverging.grad_ratio)):
-            job(reason, f"max_over_time(({self._sel(metric)} / avg_over_time({self._sel(metric)}[{history}] "
-                        f"offset {self._step(self._interval_s)}))[{self._range}:{self._step(self._interval_s)}]) "
-                        f">= {ratio * m:g}")
-        job("data wait", f"max_over_time(({self._sel(DATA_WAIT)} / {self._sel(STEP_SECONDS)})"
-                         f"[{self._range}:{self._step(self._interval_s)}]) >= {c.dataloader_starvation.warning_share * m:g}")
-        # With two ranks the detector compares with the faster one, the roll-up with their mean:
-        # jobs of up to two GPUs (a rank each, as torchrun starts them) meet a lower bar.
-        slowdown = c.straggler.slowdown
-        for key, ratio in _jobs(self._values(f"max_over_time({self._sel(STRAGGLE)}[{self._range}])", JOB)).items():
-            bar = slowdown if out.gpus.get(key, 0.0) > 2 else 2 * slowdown / (1 + slowdown)
-            if ratio >= 1 + (bar - 1) * m:
-                jobs.setdefault(key, set()).add("slow rank")
+            def node(reason: str, promql: str) -> None:
+                """`promql` holds for a node in the bucket that ends at each of its points."""
+                node_flags.append((reason, pool.submit(self._buckets, promql, (L.HOSTNAME,), bucket_s)))
+
+            stretch = c.unallocated_gpu.min_minutes - rate - 1
+            node(FREE, self._stretch(f"{self._free()} > 0.5", stretch, self._step(max(bucket_s, stretch * 30))))
+            node("XID errors", f"max_over_time({self._sel(XID)}[{bucket}]) > 0")
+            node("GPUs down", f"max_over_time({self._sel(DOWN)}[{bucket}]) > 0")
+            node("thermal throttling", f"max_over_time({self._sel(THERMAL)}[{bucket}]) > 0")
+            job("idle GPUs", self._stretch(f"{self._sel(JOB_IDLE)} > 0", c.idle_gpu.min_minutes - rate - 1))
+            job("holds GPUs without stepping", self._stretch(
+                f"(sum by (cluster, namespace, training_job) ({self._sel(JOB_ALLOCATED)}) > 0) "
+                f"unless on (cluster, namespace, training_job) ({self._sel(STEPS)} > 0)",
+                c.stalled.floor_minutes - rate - 1))
+            job("non-finite loss or gradient", f"max_over_time({self._sel(NONFINITE)}[{self._range}])")
+            history = f"{int(c.diverging.history_minutes)}m"
+            for reason, metric, ratio in (("loss spike", LOSS, c.diverging.loss_ratio),
+                                          ("gradient norm spike", GRAD_NORM, c.diverging.grad_ratio)):
+                job(reason, f"max_over_time(({self._sel(metric)} / avg_over_time({self._sel(metric)}[{history}] "
+                            f"offset {self._step(self._interval_s)}))[{self._range}:{self._step(self._interval_s)}]) "
+                            f">= {ratio * m:g}")
+            job("data wait", f"max_over_time(({self._sel(DATA_WAIT)} / {self._sel(STEP_SECONDS)})"
+                             f"[{self._range}:{self._step(self._interval_s)}]) >= "
+                             f"{c.dataloader_starvation.warning_share * m:g}")
+            straggle = pool.submit(self._values, f"max_over_time({self._sel(STRAGGLE)}[{self._range}])", JOB)
+            spans = pool.submit(self._buckets, f"group by (namespace, training_job) (present_over_time("
+                                f"{self._sel(JOB_ALLOCATED)}[{bucket}]))", (L.NAMESPACE, L.TRAINING_JOB), bucket_s)
+            # Only a training loop's telemetry clears a job: serving and notebooks (underused_gpu)
+            # and jobs read from their GPUs alone (sawtooth, busier GPU) are looked at per GPU.
+            trained = pool.submit(self._names, f"group by (cluster, namespace, training_job) "
+                                               f"(count_over_time({self._sel(STEPS)}[{self._range}]))", JOB)
+            for reason, asked in job_flags:
+                for key in asked.result():
+                    jobs.setdefault((key[1], key[2]), set()).add(reason)
+            for reason, asked in node_flags:
+                for (host,), times in asked.result().items():
+                    nodes.setdefault(host, set()).add(reason)
+                    out.node_spans.setdefault(host, []).extend((t - bucket_s, t) for t in times)
+                if reason == FREE:      # before the other flags add their spans to its nodes'
+                    self._confirm_free(out, stretch, bucket_s)
+            # With two ranks the detector compares with the faster one, the roll-up with their mean:
+            # jobs of up to two GPUs (a rank each, as torchrun starts them) meet a lower bar.
+            slowdown = c.straggler.slowdown
+            for key, ratio in _jobs(straggle.result()).items():
+                bar = slowdown if out.gpus.get(key, 0.0) > 2 else 2 * slowdown / (1 + slowdown)
+                if ratio >= 1 + (bar - 1) * m:
+                    jobs.setdefault(key, set()).add("slow rank")
+            for job_key, times in spans.result().items():
+                out.job_spans[(job_key[0], job_key[1])] = (min(times) - bucket_s, max(times))
+            training = {(k[1], k[2]) for k in trained.result()}
         floor = c.low_mfu.floor / m
         for key, value in out.mfu.items():
             if value < floor:
                 jobs.setdefault(key, set()).add("low MFU")
-        stretch = c.unallocated_gpu.min_minutes - rate - 1
-        node(FREE, self._stretch(f"{self._free()} > 0.5", stretch, self._step(max(bucket_s, stretch * 30))))
-        self._confirm_free(out, stretch, bucket_s)
-        node("XID errors", f"max_over_time({self._sel(XID)}[{bucket}]) > 0")
-        node("GPUs down", f"max_over_time({self._sel(DOWN)}[{bucket}]) > 0")
-        node("thermal throttling", f"max_over_time({self._sel(THERMAL)}[{bucket}]) > 0")
-        for job_key, times in self._buckets(f"group by (namespace, training_job) (present_over_time("
-                                            f"{self._sel(JOB_ALLOCATED)}[{bucket}]))", (L.NAMESPACE, L.TRAINING_JOB),
-                                            bucket_s).items():
-            out.job_spans[(job_key[0], job_key[1])] = (min(times) - bucket_s, max(times))
-        # Only a training loop's telemetry clears a job: serving and notebooks (underused_gpu)
-        # and jobs read from their GPUs alone (sawtooth, busier GPU) are looked at per GPU.
-        training = {(k[1], k[2]) for k in self._names(
-            f"group by (cluster, namespace, training_job) (count_over_time({self._sel(STEPS)}[{self._range}]))", JOB)}
         for (j, host, _) in out.allocated:
             if j not in training:
                 jobs.setdefault(j, set()).add("no trainer telemetry")
