@@ -311,6 +311,55 @@ def test_an_answer_over_the_limit_is_refused_as_it_streams():
             PrometheusHTTP(url, {}, timeout_s=10.0, max_bytes=1 << 20).data("/api/v1/query", {"query": "up"})
 
 
+class _Keeping(http.server.BaseHTTPRequestHandler):
+    """An HTTP/1.1 server that keeps connections open, and records each request's client
+    port; in `drop` mode it closes each connection after answering without saying so, as a
+    server that times out idle connections does."""
+    protocol_version = "HTTP/1.1"
+    drop, ports = False, []
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).ports.append(self.client_address[1])
+        body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = self.drop
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_a_thread_keeps_its_connection_and_opens_another_when_the_server_dropped_it(drop):
+    handler = type("Handler", (_Keeping,), {"drop": drop, "ports": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = PrometheusHTTP(f"http://127.0.0.1:{server.server_address[1]}", {}, timeout_s=10.0)
+        for _ in range(5):
+            time.sleep(0.05)    # the dropping server has closed its end by the next request
+            assert client.data("/api/v1/query", {"query": "up"}) == {"resultType": "vector", "result": []}
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(handler.ports) == 5
+    assert len(set(handler.ports)) == (5 if drop else 1)
+
+
+def test_a_url_the_proxy_settings_send_through_a_proxy_takes_urllibs_way(monkeypatch):
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert not PrometheusHTTP("http://prometheus.example:9090", {}, 1.0)._direct
+    monkeypatch.setenv("no_proxy", "prometheus.example")
+    assert PrometheusHTTP("http://prometheus.example:9090", {}, 1.0)._direct
+
+
 def test_range_answers_are_read_as_python_reads_their_json(fleet):
     """Values decoded straight into floats equal Python's reading of the same answer, the
     strings Prometheus writes for infinities and NaN included (the quick decoder refuses
