@@ -5,12 +5,13 @@ roll-up flags something.
    the flags: the jobs and nodes where some detector could fire.
 2. The nodes to read per GPU, and over which part of the window: a flagged node around
    where its flags held, the nodes of a flagged job over that job's whole life, and nodes
-   with GPUs the roll-ups miss over all of it. What is read is analysed exactly as the
-   per-GPU path does.
+   with GPUs the roll-ups miss over all of it. What is read is analysed as the per-GPU
+   path does, in groups that no detector relates, each over its own stretch
+   (analyzer.partition).
 3. Every other job (one with trainer telemetry that no flag names) is costed from its
    roll-ups at its node's price; it has no finding of its own, by the flags' construction,
    even where part of its life was read beside a flagged node (whose findings it keeps, and
-   whose analysis leaves that job's ranks out).
+   whose queries and analysis leave that job's ranks out).
    Nodes read over part of the window are accounted from their roll-ups, as are the rest.
 
 The report says which nodes were read which way and why.
