@@ -35,7 +35,7 @@ from .findings import KINDS
 from .frames import Frames, Window
 from .pricing import Catalog
 from .partition import analyze_apart
-from .report import Report, coverage_note
+from .report import Report, report_notes
 from .sources.common import NODE_PRICING_LABELS, TRAINING_TELEMETRY, Progress, missing_signals, within
 from .sources.prometheus import PrometheusSource, dcgm_only
 from .sources.rollups import BARE, RATE_WINDOW_S, RollUpReader, RollUps
@@ -122,11 +122,12 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
             for part in windows:
                 parts.setdefault(part, []).append(host)
         whole = read_whole(rollups, plan, window)
-        unread = {job: rollups.nodes_of(job) for job in (known - whole) & rollups.jobs_on(set(plan))}
+        partly = known - whole
+        # Their ranks are left out by the store where it can tell them, and here exactly.
+        unread = {job: rollups.nodes_of(job) for job in partly & rollups.jobs_on(set(plan))}
         frames = source.frames(window, ANALYSIS_COLUMNS, progress, reads=parts, unread_jobs=unread)
-        analysed = _without_ranks_of(frames, known - whole)
-        return plan, frames, whole, analyze_apart(analysed, plan, catalog, config, advice, class_overrides,
-                                                  unjoined=known - whole)
+        return plan, frames, whole, analyze_apart(_without_ranks_of(frames, partly), plan, catalog, config, advice,
+                                                  class_overrides, unjoined=partly)
 
     plan, frames, whole, report = read()
     # A job that also held GPUs on a node the roll-ups miss (dcgm-exporter alone, an older
@@ -169,8 +170,7 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
     if rollups.node_info:
         missing = [m for m in missing if m != NODE_PRICING_LABELS]
     # Coverage is said of the whole fleet's accounting, not of the nodes read per GPU alone.
-    notes = ([_basis(rollups, plan, everyone, window)] + [n for n in report.notes if n != coverage_note(report.accounting)]
-             + [n for n in [coverage_note(accounting)] if n])
+    notes = [_basis(rollups, plan, everyone, window)] + report_notes(report.unpriced_nodes, accounting)
     if rollups.filled:
         notes.append(f"the ruler missed {sum(rollups.filled.values()):.0f} evaluations of the roll-ups on "
                      f"{len(rollups.filled)} nodes: each was filled with the evaluation before it")

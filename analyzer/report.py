@@ -50,7 +50,7 @@ def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorC
     reasons = unpriced_nodes(views, catalog)
     unpriced = [{"namespace": j.namespace, "training_job": j.training_job,
                  "reason": _unpriced_reason(views, j, reasons)} for j in jobs if j.cost_dollars is None]
-    return Report(frames.window, priced, jobs, tuple(frames.missing), frames.simulated, _notes(reasons, accounting),
+    return Report(frames.window, priced, jobs, tuple(frames.missing), frames.simulated, report_notes(reasons, accounting),
                   accounting, unpriced, views, prices, reasons)
 
 
@@ -64,25 +64,22 @@ def combine(frames: Frames, reports: list[Report]) -> Report:
     reasons = {host: why for r in reports for host, why in r.unpriced_nodes.items()}
     return Report(frames.window, sorted((f for r in reports for f in r.findings), key=order),
                   sorted((j for r in reports for j in r.jobs), key=lambda j: (j.namespace, j.training_job)),
-                  tuple(frames.missing), frames.simulated, _notes(reasons, accounting), accounting,
+                  tuple(frames.missing), frames.simulated, report_notes(reasons, accounting), accounting,
                   [u for r in reports for u in r.unpriced_jobs], unpriced_nodes=reasons)
 
 
-def _notes(reasons: dict[str, str], accounting: Accounting) -> list[str]:
+def report_notes(reasons: dict[str, str], accounting: Accounting | None) -> list[str]:
+    """What a report says of its figures' basis: the nodes without a price (host -> why)
+    and, where samples cover too little of the GPUs' time, how much they cover."""
     notes = []
     if reasons:
         hosts = sorted(reasons)
         notes.append(f"no price for nodes {', '.join(hosts[:5])}{' …' if len(hosts) > 5 else ''}: "
                      "their dollars are null (add them to a --pricing file)")
-    covered = coverage_note(accounting)
-    return notes + ([covered] if covered else [])
-
-
-def coverage_note(accounting: Accounting | None) -> str | None:
-    if accounting is None or accounting.coverage is None or accounting.coverage >= COVERAGE_WARNING:
-        return None
-    return (f"samples cover {accounting.coverage:.1%} of the GPUs' time: dollars and hours "
-            "are for the covered part only")
+    if accounting is not None and accounting.coverage is not None and accounting.coverage < COVERAGE_WARNING:
+        notes.append(f"samples cover {accounting.coverage:.1%} of the GPUs' time: dollars and hours "
+                     "are for the covered part only")
+    return notes
 
 
 def _state_prices(accounting: Accounting, views: Views, prices: GpuPrices) -> None:

@@ -184,6 +184,16 @@ def test_job_from_pod():
     assert job_from_pod("notebook-0") == "notebook-0"
 
 
+@pytest.fixture(params=["kept connection", "urllib"])
+def transport(request, monkeypatch):
+    """Each way an exchange can go: a thread's kept connection, or urllib's, which a URL
+    the environment proxies takes (forced here: no proxy runs in the tests)."""
+    if request.param == "urllib":
+        monkeypatch.setattr(PrometheusHTTP, "_exchange",
+                            lambda self, path, params, post: self._answer(self._request(path, params, post)))
+
+
+@pytest.mark.usefixtures("transport")
 def test_unreachable_prometheus_is_one_line():
     source = PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_s=2)
     with pytest.raises(PrometheusError, match="cannot reach Prometheus at http://127.0.0.1") as err:
@@ -233,6 +243,7 @@ def answering(status: int, body: bytes, delay: float = 0.0):
     (200, b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1,"x"]]}]}}',
      "answered a matrix that is not Prometheus's"),
 ])
+@pytest.mark.usefixtures("transport")
 def test_prometheus_errors_are_one_line(status, body, message):
     with answering(status, body) as url:
         with pytest.raises(PrometheusError, match=message) as err:
@@ -240,6 +251,7 @@ def test_prometheus_errors_are_one_line(status, body, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.usefixtures("transport")
 def test_a_slow_prometheus_times_out():
     with answering(200, b"{}", delay=3.0) as url:
         with pytest.raises(PrometheusError, match="did not answer within 0.5 s"):
@@ -288,6 +300,7 @@ def hostile(mode: str, target: str = ""):
         server.server_close()
 
 
+@pytest.mark.usefixtures("transport")
 def test_credentials_never_follow_a_redirect():
     """A redirect to another port was followed 17 times with the bearer token, then gave an
     empty report. Now nothing is sent on, and the user is told the URL to give."""
@@ -298,6 +311,7 @@ def test_credentials_never_follow_a_redirect():
     assert other.seen == []
 
 
+@pytest.mark.usefixtures("transport")
 def test_a_dripping_answer_meets_the_deadline():
     """One byte every 0.3 s never trips a per-read timeout; the deadline is for the answer."""
     with hostile("drip") as (url, _):
@@ -305,6 +319,7 @@ def test_a_dripping_answer_meets_the_deadline():
             PrometheusSource(url, timeout_s=1.0, workers=1).frames(Window(time.time() - 60, time.time()))
 
 
+@pytest.mark.usefixtures("transport")
 def test_an_answer_over_the_limit_is_refused_as_it_streams():
     with hostile("flood") as (url, _):
         with pytest.raises(PrometheusError, match="answered more than 1 MiB"):

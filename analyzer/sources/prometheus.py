@@ -292,9 +292,9 @@ class PrometheusSource:
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         asked = QUERIES + (COUNTS if step > self.min_step_s else [])
         jobs = []
-        unread_jobs = {job: set(on) for job, on in (unread_jobs or {}).items()}
+        unread = [(job, set(on)) for job, on in (unread_jobs or {}).items()]
         for part, source in ([(window, self)] if reads is None else
-                             [(part, self.on_hosts(hosts, [job for job, on in unread_jobs.items() if on & set(hosts)]))
+                             [(part, self.on_hosts(hosts, [job for job, on in unread if not on.isdisjoint(hosts)]))
                               for part, hosts in reads.items()]):
             a, b = max(first, math.ceil(part.start / step) * step), min(last, math.floor(part.end / step) * step)
             grid = np.arange(a, b + step / 2, step) if b >= a else np.empty(0)

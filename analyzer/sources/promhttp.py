@@ -20,7 +20,6 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
-import socket
 import ssl
 import threading
 import time
@@ -79,16 +78,20 @@ class _Stale(Exception):
     """A kept connection the server had closed."""
 
 
-class _Kept(http.client.HTTPConnection):
+class _Kept:
     """A connection kept open between exchanges, closed when its thread lets it go."""
+    reused = False
 
     def __del__(self) -> None:
         self.close()
 
 
-class _KeptTLS(http.client.HTTPSConnection):
-    def __del__(self) -> None:
-        self.close()
+class _KeptHTTP(_Kept, http.client.HTTPConnection):
+    pass
+
+
+class _KeptTLS(_Kept, http.client.HTTPSConnection):
+    pass
 
 
 class PrometheusHTTP:
@@ -155,7 +158,7 @@ class PrometheusHTTP:
     def _exchange(self, path: str, params: Mapping[str, str], post: bool) -> bytes:
         if not self._direct:
             return self._answer(self._request(path, params, post))
-        late = PrometheusError(f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s")
+        late = self._late()
         deadline = time.monotonic() + self.timeout_s
         request = self._request(path, params, post)
         conn = self._connection(fresh=False)
@@ -179,63 +182,58 @@ class PrometheusHTTP:
             conn.request(request.get_method(), target.path + (f"?{target.query}" if target.query else ""),
                          body=request.data, headers=dict(request.header_items()))
             return conn.getresponse()
-        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
-            conn.close()
-            if conn.reused:
-                raise _Stale() from None
-            raise PrometheusError(f"cannot reach Prometheus at {self.url}: {exc}") from None
-        except (socket.timeout, TimeoutError):
-            conn.close()
-            raise late from None
         except OSError as exc:
             conn.close()
-            raise PrometheusError(f"cannot reach Prometheus at {self.url}: {exc.strerror or exc}") from None
+            if conn.reused and isinstance(exc, (ConnectionResetError, BrokenPipeError)):   # RemoteDisconnected too
+                raise _Stale() from None
+            raise late if isinstance(exc, TimeoutError) else self._unreachable(exc) from None
 
     def _connection(self, fresh: bool) -> http.client.HTTPConnection:
         conn = getattr(self._kept, "conn", None)
         if conn is None or fresh:
             parts = urllib.parse.urlsplit(self.url)
             conn = (_KeptTLS(parts.hostname, parts.port, timeout=self.timeout_s, context=self._context)
-                    if parts.scheme == "https" else _Kept(parts.hostname, parts.port, timeout=self.timeout_s))
-            conn.reused = False
+                    if parts.scheme == "https" else _KeptHTTP(parts.hostname, parts.port, timeout=self.timeout_s))
             self._kept.conn = conn
         else:
             conn.reused = True
         return conn
 
     def _body(self, resp: http.client.HTTPResponse, url: str, deadline: float, late: PrometheusError) -> bytes:
-        where = f"Prometheus at {self.url}"
         try:
             if resp.status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
                 raise _redirected(url, resp.status, resp.getheader("Location"))
             if not 200 <= resp.status < 300:
-                detail = api_error(resp.read(READ_BYTES)) or resp.reason
-                raise PrometheusError(f"{where} answered HTTP {resp.status}: {detail}")
+                raise self._refused(resp.status, resp.read(READ_BYTES), resp.reason)
             return self._read(resp, deadline, late)
-        except (socket.timeout, TimeoutError):
-            raise late from None
         except OSError as exc:
-            raise PrometheusError(f"cannot reach {where}: {exc.strerror or exc}") from None
+            raise late if isinstance(exc, TimeoutError) else self._unreachable(exc) from None
+
+    def _late(self) -> PrometheusError:
+        return PrometheusError(f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s")
+
+    def _refused(self, code: int, raw: bytes, reason: str) -> PrometheusError:
+        return PrometheusError(f"Prometheus at {self.url} answered HTTP {code}: {api_error(raw) or reason}")
+
+    def _unreachable(self, exc: OSError) -> PrometheusError:
+        return PrometheusError(f"cannot reach Prometheus at {self.url}: {exc.strerror or exc}")
 
     def _answer(self, request: urllib.request.Request) -> bytes:
-        where = f"Prometheus at {self.url}"
-        late = PrometheusError(f"{where} did not answer within {self.timeout_s:g} s")
+        late = self._late()
         deadline = time.monotonic() + self.timeout_s
         try:
             with self._opener.open(request, timeout=self.timeout_s) as resp:
                 return self._read(resp, deadline, late)
         except urllib.error.HTTPError as exc:
-            detail = api_error(exc.read(READ_BYTES)) or exc.reason
-            raise PrometheusError(f"{where} answered HTTP {exc.code}: {detail}") from None
+            raise self._refused(exc.code, exc.read(READ_BYTES), exc.reason) from None
         except urllib.error.URLError as exc:
             reason = exc.reason
-            if isinstance(reason, (socket.timeout, TimeoutError)):
+            if isinstance(reason, TimeoutError):
                 raise late from None
-            raise PrometheusError(f"cannot reach {where}: {getattr(reason, 'strerror', None) or reason}") from None
-        except (socket.timeout, TimeoutError):
-            raise late from None
+            raise PrometheusError(f"cannot reach Prometheus at {self.url}: "
+                                  f"{getattr(reason, 'strerror', None) or reason}") from None
         except OSError as exc:
-            raise PrometheusError(f"cannot reach {where}: {exc.strerror or exc}") from None
+            raise late if isinstance(exc, TimeoutError) else self._unreachable(exc) from None
 
     def _read(self, resp, deadline: float, late: PrometheusError) -> bytes:
         declared = resp.headers.get("Content-Length")
