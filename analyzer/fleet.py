@@ -36,6 +36,7 @@ from .frames import Frames, Window
 from .pricing import Catalog
 from .partition import analyze_apart
 from .report import Report, report_notes
+from .series import labelled, series_codes, text
 from .sources.common import NODE_PRICING_LABELS, TRAINING_TELEMETRY, Progress, missing_signals, within
 from .sources.prometheus import PrometheusSource, dcgm_only
 from .sources.rollups import BARE, RATE_WINDOW_S, RollUpReader, RollUps
@@ -196,8 +197,10 @@ def _without_ranks_of(frames: Frames, jobs: set[Job]) -> Frames:
     rank = frames.rank
     if not jobs or not len(rank):
         return frames
-    names = job_name(rank[L.TRAINING_JOB].astype(str), rank[L.POD].astype(str))
-    held = pd.MultiIndex.from_arrays([rank[L.NAMESPACE].astype(str), names]).isin(list(jobs))
+    # Per distinct holder, not per row: a week's ranks are half a million rows of a few thousand.
+    holder, keys = series_codes(rank, (L.NAMESPACE, L.TRAINING_JOB, L.POD))
+    names = job_name(keys[L.TRAINING_JOB], keys[L.POD])
+    held = pd.MultiIndex.from_arrays([keys[L.NAMESPACE], names]).isin(list(jobs))[holder]
     return replace(frames, rank=rank[~held]) if held.any() else frames
 
 
@@ -206,8 +209,8 @@ def _jobs_on(frames: Frames, hosts: set[str]) -> set[Job]:
     alloc = frames.alloc
     if not hosts or not len(alloc):
         return set()
-    held = alloc[alloc[L.HOSTNAME].astype(str).isin(hosts) & (alloc[L.TRAINING_JOB].astype(str) != "")]
-    return set(zip(held[L.NAMESPACE].astype(str), held[L.TRAINING_JOB].astype(str)))
+    held = alloc[labelled(alloc[L.HOSTNAME], hosts) & ~labelled(alloc[L.TRAINING_JOB], ("",))]
+    return set(zip(text(held[L.NAMESPACE]), text(held[L.TRAINING_JOB])))
 
 
 def _basis(rollups: RollUps, plan: dict[str, list[Window]], everyone: set[str], window: Window) -> str:

@@ -24,7 +24,6 @@ table is filled in the fine regime.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
@@ -32,6 +31,7 @@ import pandas as pd
 
 from burnrate.exporter.recording import TABLES
 
+from . import workers
 from .frames import Frames
 from .series import ramps, series_numbers
 
@@ -55,7 +55,7 @@ def hold(frames: Frames, staleness_s: float = STALENESS_S) -> Frames:
     step = float(frames.step_s)
     limit = float(frames.window.end)        # the window's last samples hold their interval, no further
     # numpy releases the GIL: the tables are held side by side.
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with workers.pool(frames, 2) as pool:
         tables = {name: pool.submit(hold_table, getattr(frames, name), SERIES.get(name, TABLES[name][0]), step,
                                     limit, staleness_s, with_held=name in HELD)
                   for name in TABLES}

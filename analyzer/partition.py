@@ -93,16 +93,22 @@ def split(frames: Frames, plan: Mapping[str, Sequence[Window]], reach: float, un
             if job not in unjoined:
                 for i in on.to_numpy()[1:]:
                     parent[root(i)] = root(on.iloc[0])
-    group = np.array([root(i) for i in range(len(pieces))])
+    groups, group = np.unique([root(i) for i in range(len(pieces))], return_inverse=True)
+    # Each table's rows by group, in their order: one sort rather than a mask per group.
+    rows_of = {}
+    for name in TABLES:
+        of_row = group[piece_of[name]]
+        order = np.argsort(of_row, kind="stable")
+        rows_of[name] = np.split(order, np.searchsorted(of_row[order], np.arange(1, len(groups))))
     step, first = frames.step_s, frames.window.start
     out = []
-    for g in np.unique(group):
+    for g in range(len(groups)):
         mine = [pieces[i][1] for i in np.flatnonzero(group == g)]
         a = first + math.floor((min(p.start for p in mine) - first) / step) * step
         b = first + math.ceil((max(p.end for p in mine) - first) / step) * step
         out.append(dataclasses.replace(
             frames, window=Window(max(a, frames.window.start), min(b, frames.window.end)),
-            **{name: getattr(frames, name)[group[piece_of[name]] == g] for name in TABLES}))
+            **{name: getattr(frames, name).take(rows_of[name][g]) for name in TABLES}))
     return out
 
 

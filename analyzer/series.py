@@ -1,6 +1,8 @@
 """Numbering the series of a tidy frame, shared by the views and the holding step."""
 from __future__ import annotations
 
+from typing import Collection
+
 import numpy as np
 import pandas as pd
 
@@ -8,6 +10,35 @@ import pandas as pd
 def category_codes(column: pd.Series) -> tuple[np.ndarray, int]:
     cat = column if column.dtype == "category" else column.astype("category")
     return cat.cat.codes.to_numpy().astype(np.int64), len(cat.cat.categories)
+
+
+def text(column: pd.Series) -> np.ndarray:
+    """A label column as text (an object array; a missing value stays NaN, as astype(str)
+    leaves it): each distinct value of a categorical converted once, not each row."""
+    if not isinstance(column.dtype, pd.CategoricalDtype):
+        return column.astype(str).to_numpy(object)
+    return _names(column)[column.cat.codes.to_numpy()]
+
+
+def labelled(column: pd.Series, values: Collection[str]) -> np.ndarray:
+    """Rows whose label's text is one of `values`, compared once per distinct value."""
+    if not isinstance(column.dtype, pd.CategoricalDtype):
+        return column.astype(str).isin(list(values)).to_numpy()
+    return np.isin(_names(column), list(values))[column.cat.codes.to_numpy()]
+
+
+def distinct_text(column: pd.Series) -> set[str]:
+    """The distinct texts of a label column's rows."""
+    if not isinstance(column.dtype, pd.CategoricalDtype):
+        return set(column.astype(str).unique())
+    codes = column.cat.codes.to_numpy().astype(np.int64)
+    used = np.bincount(codes + 1, minlength=len(column.cat.categories) + 1) > 0      # -1 first: NaN is last
+    return set(_names(column)[np.roll(used, -1)])
+
+
+def _names(column: pd.Series) -> np.ndarray:
+    """A categorical's categories as text, with NaN last, where code -1 points."""
+    return np.append(column.cat.categories.astype(str).to_numpy(object), np.nan).astype(object)
 
 
 def series_numbers(frame: pd.DataFrame, by: tuple[str, ...]) -> np.ndarray:

@@ -11,7 +11,6 @@ views it was computed from, and the dashboard reads them rather than build its o
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Mapping, NamedTuple
 from functools import cached_property
@@ -22,6 +21,7 @@ import pandas as pd
 from .frames import Frames
 from .holding import hold
 from .runs import label_runs
+from . import workers
 from .series import category_codes, ramps, series_codes
 from .workloads import WorkloadClass, classify
 
@@ -226,7 +226,7 @@ class Views:
     def build(self) -> Views:
         """Every grid and job index, built side by side (numpy releases the GIL) and
         before detectors share the views from several threads."""
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        with workers.pool(self.frames, 2) as pool:
             grids = [pool.submit(lambda name=name: getattr(self, name)) for name in ("rank", "gpu")]
             for future in grids:
                 future.result()
@@ -321,13 +321,17 @@ class Views:
     @cached_property
     def classes(self) -> dict[tuple[str, str], WorkloadClass]:
         """Each job's workload class and the evidence for it (analyzer.workloads)."""
-        owners = self.frames.owners
-        kind_of = dict(zip(zip(owners["namespace"], owners["pod"]), owners["owner_kind"]))
         pods: dict[tuple[str, str], set[str]] = {}
         for grid in (self.alloc, self.rank):
             names = grid.keys["pod"].to_numpy()
             for job, rows in self.job_rows(grid).items():
                 pods.setdefault(job, set()).update(names[rows])
+        # The owners of these pods alone: the owners table is the whole fleet's, analysed in parts.
+        owners = self.frames.owners
+        if len(owners):
+            wanted = [(job[0], p) for job, names in pods.items() for p in names]
+            owners = owners[pd.MultiIndex.from_arrays([owners["namespace"], owners["pod"]]).isin(wanted)]
+        kind_of = dict(zip(zip(owners["namespace"], owners["pod"]), owners["owner_kind"]))
         return {job: classify(job, sorted(names), [kind_of[(job[0], p)] for p in sorted(names) if (job[0], p) in kind_of],
                               job in self.telemetry_jobs, self.class_overrides)
                 for job, names in pods.items()}

@@ -1,6 +1,7 @@
 """PrometheusSource against a real Prometheus: a simulated fleet back-filled with
 promtool gives the same frames as the recording it came from; errors are one line."""
 import contextlib
+import gc
 import http.server
 import json
 import subprocess
@@ -19,7 +20,7 @@ from burnrate.analyzer.frames import Window
 from burnrate.analyzer.openmetrics import write_openmetrics
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import PrometheusError, PrometheusSource, RecordingSource
-from burnrate.analyzer.sources.promhttp import PrometheusHTTP
+from burnrate.analyzer.sources.promhttp import PrometheusHTTP, collector_paused
 from burnrate.analyzer.sources.prometheus import _union, job_from_pod, selector
 from tests.conftest import free_port, require
 from tests.processes import prometheus
@@ -428,13 +429,35 @@ def test_prometheus_and_the_recording_cost_the_same_at_slower_scrapes(tmp_path, 
 
 def test_the_rows_of_a_table_are_its_distinct_places_in_order_however_sparse():
     """Assembly takes the union of every column's places through a bitmap where the table
-    is dense enough and np.unique where it is not: both give the same rows."""
+    is dense enough and a sort where it is not: both give the same rows."""
     rng = np.random.default_rng(0)
     places = [rng.integers(0, 5_000, size) for size in (0, 300, 1_000)]
     expected = np.unique(np.concatenate(places))
     assert len(expected) < 1_300
     dense = _union(places, 5_000)
-    sparse = _union(places, 2**40)      # far too large a bitmap: np.unique's way
+    sparse = _union(places, 2**40)      # far too large a bitmap: a sort's way
     np.testing.assert_array_equal(dense, expected)
     np.testing.assert_array_equal(sparse, expected)
     assert len(_union([], 10)) == 0 and len(_union([], 2**40)) == 0
+
+
+def test_the_collector_is_paused_while_answers_are_read_and_left_as_it_was(fleet, monkeypatch):
+    """Range answers are decoded with Python's cyclic collector off (their points are
+    millions of short-lived tuples); afterwards it is on again, or still off where it was."""
+    url, _, window = fleet
+    seen = []
+    answer = PrometheusSource._answer
+    monkeypatch.setattr(PrometheusSource, "_answer", lambda self, *a: seen.append(gc.isenabled()) or answer(self, *a))
+    frames = PrometheusSource(url).frames(window, {"gpu": ("gpu_util",)})
+    assert len(frames.gpu) and seen and not any(seen)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(ZeroDivisionError), collector_paused():
+        1 / 0
+    assert gc.isenabled()

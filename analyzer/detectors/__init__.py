@@ -10,11 +10,10 @@ episodes (analyzer.episodes): one finding per problem, not per GPU and stretch.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .. import episodes
+from .. import episodes, workers
 from ..findings import Finding
 from ..frames import Frames
 from . import (dataloader_starvation, diverging, gpu_error, idle_gpu, low_mfu, stalled, straggler,
@@ -71,7 +70,7 @@ def detect_all(data: Frames | Views, config: DetectorConfig = DetectorConfig()) 
     # Runs end one sample interval after their last sample; never past the window.
     last = views.frames.window.end
     # Detectors are pure and spend their time in numpy, which runs without the GIL.
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+    with workers.pool(views.frames, WORKERS) as pool:
         each = pool.map(lambda kind: DETECTORS[kind](views, getattr(config, kind)), DETECTORS)
         found = [replace(f, end=max(min(f.end, last), f.start)) for fs in each for f in fs]
     kept = [f for f in found if not _explained(f, found) and _has_evidence(f, views)]

@@ -19,6 +19,8 @@ from pandas.api.types import union_categoricals
 
 from burnrate.exporter import labels as L
 
+from ..series import labelled
+
 SHARE_RATIO = "share_ratio"
 ALLOCATED = "allocated"
 POD_LABELS = "pod_labels"
@@ -37,7 +39,7 @@ def best_allocation(alloc: pd.DataFrame, gpu: pd.DataFrame, first: float, step: 
         rows = alloc[alloc["allocated"].to_numpy() > 0]
         candidates.append(_candidate(rows, None, ALLOCATED))
     if len(gpu) and L.POD in gpu:
-        rows = gpu[gpu[L.POD].astype(str) != ""]
+        rows = gpu[~labelled(gpu[L.POD], ("",))]
         candidates.append(_candidate(rows, None, POD_LABELS))
     candidates = [c for c in candidates if len(c)]
     if not candidates:

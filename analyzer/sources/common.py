@@ -11,6 +11,7 @@ from burnrate.exporter.recording import TABLES
 
 from ..frames import Window
 from ..resample import step_for
+from ..series import distinct_text
 
 TRAINING_TELEMETRY = "training telemetry"
 NODE_PRICING_LABELS = "node pricing labels"
@@ -64,4 +65,4 @@ def column_order(table: str, columns: Sequence[str] | None = None) -> list[str]:
 
 
 def is_simulated(gpu: pd.DataFrame) -> bool:
-    return bool(len(gpu)) and bool(gpu["modelName"].astype(str).str.contains(SIMULATED, regex=False).any())
+    return any(SIMULATED in model for model in distinct_text(gpu["modelName"])) if len(gpu) else False

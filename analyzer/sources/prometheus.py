@@ -39,10 +39,11 @@ from ..frames import OWNER_COLUMNS, Frames, Window, empty_owners
 from ..recording import empty_table
 from ..holding import hold
 from ..resample import MAX_POINTS, reduction, step_for
+from ..series import distinct_text, labelled, text
 from ..timeparse import parse_duration
 from .common import DEFAULT_STEP_S, Progress, column_order, is_simulated, missing_signals, within
 from .allocation import best_allocation, empty_alloc
-from .promhttp import PrometheusError, PrometheusHTTP
+from .promhttp import PrometheusError, PrometheusHTTP, collector_paused
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _POD_SUFFIX = re.compile(r"-(?:worker|master|launcher)-\d+$")
@@ -303,17 +304,18 @@ class PrometheusSource:
         if not jobs:   # a drill-down with nothing to read: the store's prices still price the rest
             return hold(replace(_empty(window, step), gpu_hour_prices=self.opencost_prices(window)))
         self._answered = 0
-        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-            answers = list(pool.map(lambda job: self._answer(job, step, len(jobs), progress), jobs))
-        results: dict[tuple[str, str], list[dict]] = {}
-        for (_, q, _), answer in zip(jobs, answers):
-            results.setdefault((q.table, q.column), []).extend(answer)
-        owners = self.owners(window)
-        exporters = (self.exporter_pods(window) if reads is None else
-                     self.on_hosts([h for hosts in reads.values() for h in hosts]).exporter_pods(
-                         Window(min(p.start for p in reads), max(p.end for p in reads))))
-        return hold(replace(_assemble(results, window, step, first, columns, owners, exporters),
-                            owners=owners, gpu_hour_prices=self.opencost_prices(window)))
+        with collector_paused():
+            with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
+                answers = list(pool.map(lambda job: self._answer(job, step, len(jobs), progress), jobs))
+            results: dict[tuple[str, str], list[dict]] = {}
+            for (_, q, _), answer in zip(jobs, answers):
+                results.setdefault((q.table, q.column), []).extend(answer)
+            owners = self.owners(window)
+            exporters = (self.exporter_pods(window) if reads is None else
+                         self.on_hosts([h for hosts in reads.values() for h in hosts]).exporter_pods(
+                             Window(min(p.start for p in reads), max(p.end for p in reads))))
+            return hold(replace(_assemble(results, window, step, first, columns, owners, exporters),
+                                owners=owners, gpu_hour_prices=self.opencost_prices(window)))
 
     def opencost_prices(self, window: Window) -> dict[str, float]:
         """OpenCost's price of one GPU-hour per node, averaged over the window, where
@@ -481,7 +483,7 @@ class _Points:
     def __init__(self, key_labels: tuple[str, ...], grid_start: float, step: float) -> None:
         self.key_labels, self.start, self.step = key_labels, grid_start, step
         self.keys: dict[tuple[str, ...], int] = {}
-        self.points: dict[str, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+        self.points: dict[str, list[tuple[int, np.ndarray]]] = {}
         self.row_labels: list[tuple[int, np.ndarray, tuple[str, ...]]] = []
 
     def add(self, column: str, series: dict, row_labels: tuple[str, ...] = ()) -> None:
@@ -490,11 +492,9 @@ class _Points:
             metric = {**metric, L.HOSTNAME: metric["hostname"]}
         key = tuple(metric.get(n, "") for n in self.key_labels)
         k = self.keys.setdefault(key, len(self.keys))
-        values = series["values"]
-        index = np.rint((values[:, 0] - self.start) / self.step).astype(np.int64)
-        self.points.setdefault(column, []).append((k, index, values[:, 1]))
+        self.points.setdefault(column, []).append((k, series["values"]))
         if row_labels:
-            self.row_labels.append((k, index, tuple(metric.get(n, "") for n in row_labels)))
+            self.row_labels.append((k, series["values"], tuple(metric.get(n, "") for n in row_labels)))
 
     def frame(self, columns: dict[str, str], n_times: int, row_label_names: tuple[str, ...] = ()) -> pd.DataFrame:
         """Rows where any column has a point, by time and then by series, as the points
@@ -502,16 +502,19 @@ class _Points:
         as a (times × series) grid: a fleet's allocation table fills under 2% of one."""
         n_keys = max(len(self.keys), 1)
 
-        def places(points) -> tuple[np.ndarray, np.ndarray]:
-            if not points:
-                return np.empty(0, np.int64), np.empty(0, np.int64)
-            index = np.concatenate([i for _, i, _ in points])
-            key = np.concatenate([np.full(len(i), k, np.int64) for k, i, _ in points])
+        def places(keys: list[int], series: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """The grid places of the series' points within the window, where they fall inside
+            it, and their values: for all the series at once, not one by one."""
+            if not series:
+                return np.empty(0, np.int64), np.empty(0, bool), np.empty(0)
+            points = np.concatenate(series)
+            index = np.rint((points[:, 0] - self.start) / self.step).astype(np.int64)
+            key = np.repeat(np.asarray(keys, np.int64), [len(s) for s in series])
             inside = (index >= 0) & (index < n_times)
-            return (index * n_keys + key)[inside], inside
+            return (index * n_keys + key)[inside], inside, points[:, 1]
 
-        located = {column: places(self.points.get(column, ())) for column in columns}
-        rows = _union([place for place, _ in located.values()], n_times * n_keys)
+        located = {column: places(*_unzip(self.points.get(column, ()))) for column in columns}
+        rows = _union([place for place, _, _ in located.values()], n_times * n_keys)
         time_index, key_index = np.divmod(rows, n_keys)
         frame = pd.DataFrame({"t": self.start + time_index * self.step})
         key_table = list(self.keys) or [("",) * len(self.key_labels)]
@@ -520,34 +523,45 @@ class _Points:
             frame[name] = pd.Categorical.from_codes(categories.codes[key_index], categories.categories)
         if row_label_names:
             row_sets: dict[tuple[str, ...], int] = {}
-            labelled = [(k, i, np.full(len(i), row_sets.setdefault(labels, len(row_sets)), np.int64))
-                        for k, i, labels in self.row_labels]
-            place, inside = places(labelled)
+            keys, series, sets = [], [], []
+            for k, values, labels in self.row_labels:
+                keys.append(k)
+                series.append(values)
+                sets.append(row_sets.setdefault(labels, len(row_sets)))
+            place, inside, _ = places(keys, series)
             codes = np.full(len(rows), len(row_sets), np.int64)     # the last entry: no labels
             if len(place) and len(rows):
                 # Labels of a point in no chosen column name no row.
                 at = np.minimum(np.searchsorted(rows, place), len(rows) - 1)
                 found = rows[at] == place
-                codes[at[found]] = np.concatenate([c for _, _, c in labelled])[inside][found]
+                codes[at[found]] = np.repeat(np.asarray(sets, np.int64), [len(s) for s in series])[inside][found]
             row_table = list(row_sets) + [("",) * len(row_label_names)]
             for position, name in enumerate(row_label_names):
                 categories = pd.Categorical([labels[position] for labels in row_table])
                 frame[name] = pd.Categorical.from_codes(categories.codes[codes], categories.categories)
         for column, dtype in columns.items():
             values = np.full(len(rows), np.nan)
-            place, inside = located[column]
+            place, inside, column_values = located[column]
             if len(place):
-                values[np.searchsorted(rows, place)] = np.concatenate([v for _, _, v in self.points[column]])[inside]
+                values[np.searchsorted(rows, place)] = column_values[inside]
             frame[column] = values.astype(dtype)
         return frame
 
 
+def _unzip(points: Sequence[tuple[int, np.ndarray]]) -> tuple[list[int], list[np.ndarray]]:
+    return [k for k, _ in points], [values for _, values in points]
+
+
 def _union(places: list[np.ndarray], size: int) -> np.ndarray:
     """The sorted distinct places in [0, size): through a bitmap of the places when it
-    is no larger than a few bytes a point (a fraction of the time np.unique takes)."""
+    is no larger than a few bytes a point (a fraction of the time a sort takes)."""
     n = sum(len(p) for p in places)
     if size > 8 * n + 2**24:
-        return np.unique(np.concatenate(places or [np.empty(0, np.int64)]))
+        # Sorted and thinned: np.unique hashes, and its hash is slow on places a stride apart.
+        every = np.sort(np.concatenate(places or [np.empty(0, np.int64)]))
+        first = np.ones(len(every), bool)
+        first[1:] = every[1:] != every[:-1]
+        return every[first]
     present = np.zeros(size, dtype=bool)
     for place in places:
         present[place] = True
@@ -584,7 +598,7 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
     owned = _owner_names(owners)
     gpu = _label_jobs(table("gpu", gpu_frame) if columns is None or "gpu" in columns else empty_table("gpu"), owned)
     agent_rows = _agent_rows(gpu)
-    hosts = set(gpu[L.HOSTNAME].astype(str).unique())
+    hosts = distinct_text(gpu[L.HOSTNAME])
     dcgm_nodes = dcgm_only(gpu)
     if "xid_total" in gpu.columns:
         # An agent counts XIDs from zero: no series yet means none happened; dcgm-exporter cannot say.
@@ -655,16 +669,18 @@ def _label_jobs(frame: pd.DataFrame, owned: dict[tuple[str, str], str]) -> pd.Da
     named after its pod's controller, else after the pod (job_from_pod)."""
     if not len(frame):
         return frame
-    pods = frame[L.POD].astype(str)
-    jobs = frame[L.TRAINING_JOB].astype(str)
-    unnamed = (jobs == "") & (pods != "")
+    unnamed = labelled(frame[L.TRAINING_JOB], ("",)) & ~labelled(frame[L.POD], ("",))
     if unnamed.any():
-        held = pd.MultiIndex.from_arrays([frame[L.NAMESPACE].astype(str)[unnamed], pods[unnamed]])
+        jobs = text(frame[L.TRAINING_JOB])
+        held = pd.MultiIndex.from_arrays([text(frame[L.NAMESPACE])[unnamed], text(frame[L.POD])[unnamed]])
         pairs = held.unique()          # named once per pod, not per row
         names = pd.Series([owned.get(pair) or job_from_pod(pair[1]) for pair in pairs], index=pairs)
-        jobs = jobs.copy()
         jobs[unnamed] = names.reindex(held).to_numpy()
-    frame[L.TRAINING_JOB] = pd.Categorical(jobs)
+        frame[L.TRAINING_JOB] = pd.Categorical(jobs)
+    elif isinstance(frame[L.TRAINING_JOB].dtype, pd.CategoricalDtype):
+        frame[L.TRAINING_JOB] = frame[L.TRAINING_JOB].cat.remove_unused_categories()
+    else:
+        frame[L.TRAINING_JOB] = pd.Categorical(text(frame[L.TRAINING_JOB]))
     if "up" in frame.columns:
         frame["up"] = frame["up"].astype("<f4")
     return frame

@@ -462,7 +462,8 @@ class RollUpReader:
             key = tuple(next((labels[n] for n in HOSTNAME_SPELLINGS if labels.get(n)), "") if n == L.HOSTNAME
                         else labels.get(n, "") for n in by)
             if all(k for n, k in zip(by, key) if n == L.HOSTNAME):
-                out.setdefault(key, {}).update((round(float(t), 3), float(v)) for t, v in series["values"])
+                times, values = series["values"].T.tolist()
+                out.setdefault(key, {}).update((round(t, 3), v) for t, v in zip(times, values))
         return out
 
     def telemetry_nodes(self, jobs: set[Job]) -> set[str]:
