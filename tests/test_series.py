@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from burnrate.analyzer.series import distinct_text, labelled, text
+from burnrate.analyzer.sources.common import is_simulated
 
 VALUES = ["b", "", None, "a", "b", "x"]
 
@@ -35,3 +36,10 @@ def test_unused_categories_are_not_distinct_values():
     column = pd.Series(pd.Categorical(["a"], categories=["a", "gone"]))
     assert distinct_text(column) == {"a"}
     assert distinct_text(column.iloc[:0]) == set()
+
+
+def test_a_simulated_fleet_is_told_by_its_model_names_even_with_some_missing():
+    models = pd.Categorical(["NVIDIA H100 80GB HBM3 (simulated)", None], categories=["NVIDIA H100 80GB HBM3 (simulated)", "A"])
+    assert is_simulated(pd.DataFrame({"modelName": models}))
+    assert not is_simulated(pd.DataFrame({"modelName": pd.Categorical(["A", None])}))
+    assert not is_simulated(pd.DataFrame({"modelName": pd.Categorical([])}))

@@ -65,4 +65,4 @@ def column_order(table: str, columns: Sequence[str] | None = None) -> list[str]:
 
 
 def is_simulated(gpu: pd.DataFrame) -> bool:
-    return any(SIMULATED in model for model in distinct_text(gpu["modelName"])) if len(gpu) else False
+    return any(isinstance(model, str) and SIMULATED in model for model in distinct_text(gpu["modelName"]))
