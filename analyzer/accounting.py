@@ -14,6 +14,7 @@ node that stopped reporting for an hour lowers it; one that joined late does not
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
@@ -95,14 +96,14 @@ def account(v: Views, idle_util_pct: float = IdleConfig().util_max_pct) -> Accou
         unallocated_gpu_hours=(observed_s - allocated_total) / 3600,
         busy_gpu_hours=(allocated_total - idle_total) / 3600, idle_gpu_hours=idle_total / 3600,
         util_unknown_gpu_hours=(float(per_gpu["unknown"].sum()) + orphan) / 3600,
-        coverage=min(observed_s / life, 1.0) if life > 0 else None,
+        coverage=covered(observed_s, life),
         row_gpu_hours=row_seconds / 3600, per_node=per_node)
 
 
 def node_figures(observed: float, allocated: float, idle: float, lifetime: float) -> dict[str, float | None]:
     return {"observed_gpu_hours": observed / 3600, "allocated_gpu_hours": allocated / 3600,
             "unallocated_gpu_hours": (observed - allocated) / 3600, "busy_gpu_hours": (allocated - idle) / 3600,
-            "idle_gpu_hours": idle / 3600, "coverage": min(observed / lifetime, 1.0) if lifetime > 0 else None}
+            "idle_gpu_hours": idle / 3600, "coverage": covered(observed, lifetime)}
 
 
 def _lifetime(seen: np.ndarray) -> np.ndarray:
@@ -128,23 +129,29 @@ def added(parts: list[Accounting]) -> Accounting:
             mine = per_node.get(host)
             per_node[host] = dict(figures) if mine is None else {
                 **mine, **{name: float(mine[name]) + float(figures[name]) for name in HOURS},
-                "coverage": _coverage(float(mine[HOURS[0]]) + float(figures[HOURS[0]]),
-                                      _life(mine) + _life(figures))}
+                "coverage": covered(float(mine[HOURS[0]]) + float(figures[HOURS[0]]),
+                                    node_lifetime(mine) + node_lifetime(figures))}
     observed = sum(p.observed_gpu_hours for p in parts)
     return Accounting(
         observed_gpu_hours=observed, allocated_gpu_hours=sum(p.allocated_gpu_hours for p in parts),
         unallocated_gpu_hours=sum(p.unallocated_gpu_hours for p in parts),
         busy_gpu_hours=sum(p.busy_gpu_hours for p in parts), idle_gpu_hours=sum(p.idle_gpu_hours for p in parts),
         util_unknown_gpu_hours=sum(p.util_unknown_gpu_hours for p in parts),
-        coverage=_coverage(observed, sum(p.observed_gpu_hours / p.coverage for p in parts if p.coverage)),
+        coverage=covered(observed, sum(lifetime(p.observed_gpu_hours, p.coverage) for p in parts)),
         row_gpu_hours=np.concatenate([p.row_gpu_hours for p in parts]) if parts else np.zeros(0),
         per_node=per_node)
 
 
-def _life(figures: dict[str, float | str | None]) -> float:
-    coverage = figures.get("coverage")
-    return float(figures["observed_gpu_hours"]) / float(coverage) if coverage else 0.0
+def lifetime(observed_gpu_hours: float, coverage: float | str | None) -> float:
+    """The GPU-hours the GPUs were there: observed over coverage (none where it is unknown)."""
+    return observed_gpu_hours / float(coverage) if coverage else 0.0
 
 
-def _coverage(observed: float, life: float) -> float | None:
-    return min(observed / life, 1.0) if life > 0 else None
+def node_lifetime(figures: Mapping[str, float | str | None]) -> float:
+    """A node's lifetime in GPU-hours, from its figures in `per_node`."""
+    return lifetime(float(figures["observed_gpu_hours"]), figures.get("coverage"))
+
+
+def covered(observed_gpu_hours: float, life: float) -> float | None:
+    """Coverage: observed over the lifetime, at most all of it; unknown without a lifetime."""
+    return min(observed_gpu_hours / life, 1.0) if life > 0 else None

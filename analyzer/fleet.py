@@ -28,7 +28,7 @@ import pandas as pd
 from burnrate.exporter import labels as L
 
 from . import episodes
-from .accounting import Accounting, node_figures
+from .accounting import Accounting, covered, lifetime, node_figures, node_lifetime
 from .cost import AdviceConfig, JobCost, NodePrice, capacity_advice, checkpoint_advice, node_price, sum_known
 from .detectors import DetectorConfig
 from .findings import KINDS
@@ -309,7 +309,7 @@ def _accounting(drilled: Accounting | None, rollups: RollUps, hosts: list[str],
     def total(seconds: dict[str, float]) -> float:
         return sum(seconds.get(host, 0.0) for host in hosts) / 3600
 
-    drilled_life = drilled.observed_gpu_hours / drilled.coverage if drilled.coverage else 0.0
+    drilled_life = lifetime(drilled.observed_gpu_hours, drilled.coverage)
     all_observed = drilled.observed_gpu_hours + total(observed)
     all_life = drilled_life + sum(life.values()) / 3600
     return replace(drilled, observed_gpu_hours=all_observed,
@@ -317,7 +317,7 @@ def _accounting(drilled: Accounting | None, rollups: RollUps, hosts: list[str],
                    unallocated_gpu_hours=drilled.unallocated_gpu_hours + total(observed) - total(allocated),
                    busy_gpu_hours=drilled.busy_gpu_hours + total(allocated) - total(idle),
                    idle_gpu_hours=drilled.idle_gpu_hours + total(idle),
-                   coverage=min(all_observed / all_life, 1.0) if all_life > 0 else drilled.coverage,
+                   coverage=covered(all_observed, all_life) if all_life > 0 else drilled.coverage,
                    per_node=per_node)
 
 
@@ -330,11 +330,11 @@ def _without(accounting: Accounting, hosts: set[str]) -> Accounting:
     def less(name: str) -> float:
         return getattr(accounting, name) - sum(float(f.get(name) or 0.0) for f in gone)
 
-    life = accounting.observed_gpu_hours / accounting.coverage if accounting.coverage else 0.0
-    life -= sum(float(f["observed_gpu_hours"]) / float(f["coverage"]) for f in gone if f.get("coverage"))
+    life = lifetime(accounting.observed_gpu_hours, accounting.coverage)
+    life -= sum(node_lifetime(f) for f in gone)
     observed = less("observed_gpu_hours")
     return replace(accounting, observed_gpu_hours=observed, allocated_gpu_hours=less("allocated_gpu_hours"),
                    unallocated_gpu_hours=less("unallocated_gpu_hours"), busy_gpu_hours=less("busy_gpu_hours"),
                    idle_gpu_hours=less("idle_gpu_hours"),
-                   coverage=min(observed / life, 1.0) if life > 0 else None,
+                   coverage=covered(observed, life),
                    per_node={h: f for h, f in accounting.per_node.items() if h not in hosts})

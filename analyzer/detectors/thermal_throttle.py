@@ -38,18 +38,9 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         return []
     clock = gpu.values["sm_clock_mhz"]
     bits = np.nan_to_num(gpu.values["throttle_reasons"]).astype(np.int64)
-    peak = np.full(gpu.size, np.nan)
-    has = np.isfinite(clock).any(axis=1)
-    peak[has] = np.nanmax(clock[has], axis=1)
-    model = gpu.keys["modelName"].to_numpy()
-    ref = np.full(gpu.size, np.nan)
-    given = v.frames.usual_peak_sm_clock_mhz
-    for name in np.unique(model):
-        mine = (model == name) & has
-        if name in given:
-            ref[model == name] = given[name]
-        elif mine.any():
-            ref[model == name] = np.median(peak[mine])
+    # Fleet mode's parts are given the peaks of all its GPUs (analyzer.partition).
+    usual = v.frames.usual_peak_sm_clock_mhz or usual_peaks(v.frames.gpu)
+    ref = np.array([usual.get(str(model), np.nan) for model in gpu.keys["modelName"]], np.float64)
     with np.errstate(invalid="ignore"):
         slow = (bits & throttle.THERMAL).astype(bool) & (clock < config.clock_ratio * ref[:, None])
     found = runs(slow, v.span(config.min_minutes), v.gap(config.gap_minutes))
@@ -76,8 +67,8 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
 
 
 def usual_peaks(gpu: pd.DataFrame) -> dict[str, float]:
-    """Each model's usual peak SM clock over a gpu frame, as `detect` takes it from its grid:
-    the median over the GPUs (by UUID) of each one's highest clock."""
+    """Each model's usual peak SM clock over a gpu frame: the median over the GPUs (by UUID)
+    of each one's highest clock."""
     if not len(gpu) or "sm_clock_mhz" not in gpu.columns:
         return {}
     peaks = gpu.groupby("UUID", observed=True).agg(peak=("sm_clock_mhz", "max"), model=("modelName", "first"))
