@@ -38,9 +38,13 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         return []
     clock = gpu.values["sm_clock_mhz"]
     bits = np.nan_to_num(gpu.values["throttle_reasons"]).astype(np.int64)
+    peak = np.full(gpu.size, np.nan)
+    has = np.isfinite(clock).any(axis=1)
+    peak[has] = np.nanmax(clock[has], axis=1)
+    model = gpu.keys["modelName"].astype(str).to_numpy()
     # Fleet mode's parts are given the peaks of all its GPUs (analyzer.partition).
-    usual = v.frames.usual_peak_sm_clock_mhz or usual_peaks(v.frames.gpu)
-    ref = np.array([usual.get(str(model), np.nan) for model in gpu.keys["modelName"]], np.float64)
+    usual = v.frames.usual_peak_sm_clock_mhz or _median_by_model(peak, model)
+    ref = np.array([usual.get(name, np.nan) for name in model], np.float64)
     with np.errstate(invalid="ignore"):
         slow = (bits & throttle.THERMAL).astype(bool) & (clock < config.clock_ratio * ref[:, None])
     found = runs(slow, v.span(config.min_minutes), v.gap(config.gap_minutes))
@@ -72,5 +76,10 @@ def usual_peaks(gpu: pd.DataFrame) -> dict[str, float]:
     if not len(gpu) or "sm_clock_mhz" not in gpu.columns:
         return {}
     peaks = gpu.groupby("UUID", observed=True).agg(peak=("sm_clock_mhz", "max"), model=("modelName", "first"))
-    peaks = peaks[np.isfinite(peaks["peak"].to_numpy(np.float64))]
-    return {str(model): float(clock) for model, clock in peaks.groupby("model", observed=True)["peak"].median().items()}
+    return _median_by_model(peaks["peak"].to_numpy(np.float64), peaks["model"].astype(str).to_numpy())
+
+
+def _median_by_model(peak: np.ndarray, model: np.ndarray) -> dict[str, float]:
+    """The median of the GPUs' peak clocks per model, over the GPUs that have one."""
+    has = np.isfinite(peak)
+    return {str(name): float(np.median(peak[has & (model == name)])) for name in np.unique(model[has])}
