@@ -60,6 +60,10 @@ FIELDS: tuple[Field, ...] = (
     Field("checkpoint_time", AMOUNT, nullable=True, required=False),
     Field("checkpoint_s", AMOUNT, nullable=True, required=False, default=0.0, delta=True),   # null reads as 0.0
     Field("eval_s", AMOUNT, nullable=True, required=False, default=0.0, delta=True),
+    # The ledger's run boundaries: when this process started (before the model loaded) and the
+    # step it resumed from (0: a fresh start). Null where the loop cannot know: never a made-up 0.
+    Field("start_time", AMOUNT, nullable=True, required=False),
+    Field("resumed_from", COUNT, nullable=True, required=False),
 )
 # Sent for whoever reads the JSON lines (how MFU was computed); the agent ignores them, as it
 # ignores any field it does not know, so that a newer trainer's messages are never dropped.

@@ -120,6 +120,7 @@ class Signals:
         self.c_samples = steps0 * self.spb[self.rank_job]
         self.c_tokens = self.c_samples * self.tps[self.rank_job]
         self.c_flops = steps0 * self.mfu[self.rank_job] * self.peak[self.rank_gpu] * T_r
+        self.started = t0 - job_steps0 * self.T      # when each job's processes started
         self.c_gauges = np.full((5, n_r), np.nan)       # mfu, loss, grad_norm, last_step_time, last checkpoint
         self.c_gauges[3] = t0
         self.c_energy = rng.uniform(1e9, 5e9, n_g)
@@ -183,7 +184,13 @@ class Signals:
                 "compute_s": cum["compute_s"], "samples": cum["samples"], "tokens": cum["tokens"],
                 "flops": cum["flops"], "mfu": gauges[0], "loss": gauges[1], "grad_norm": gauges[2],
                 "last_step_time": gauges[3], "world_size": np.broadcast_to(self.size[rj], steps.shape),
-                "last_checkpoint_time": ckpt, "_present": present, "_running": run_r,
+                "last_checkpoint_time": ckpt, "global_step": done,
+                # Simulated processes began before the history, fresh (resumed from step 0),
+                # and their loop spends no time saving or evaluating (checkpoints are instants).
+                "start_time": np.broadcast_to(self.started[rj], steps.shape),
+                "resumed_from": np.zeros(steps.shape), "checkpoint_s": np.zeros(steps.shape),
+                "eval_s": np.zeros(steps.shape),
+                "_present": present, "_running": run_r,
                 "_busy": busy, "_thermal": thermal}
 
     def _burst(self, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

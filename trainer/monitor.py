@@ -32,6 +32,7 @@ import atexit
 import contextlib
 import errno
 import logging
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -138,13 +139,17 @@ class Monitor:
         socket_path: str | None = None,
         jsonl_path: str | None = None,
         job: str = "local",
-        start_step: int = 0,
+        start_step: int | None = None,
+        start_time: float | None = None,
         on_report: Callable[[dict], None] | None = None,
     ) -> None:
         """`model` and `seq_len` give the FLOPs per token (or pass `flops_per_token`);
         `device` defaults to the model's; `peak` overrides the peak FLOP/s table.
         Reports go out every `every_steps` steps, or when 0, every `every_s` seconds;
-        `on_report` also gets each record (to print progress, say)."""
+        `on_report` also gets each record (to print progress, say). `start_step` is the step
+        a resumed run continues from (0 for a fresh start); left out, the ledger knows the
+        steps but not whether any were computed again. `start_time` is when this process
+        started (default: the kernel's record of it), for the ledger's start-up time."""
         self.seq_len = seq_len
         if flops_per_token is None and model is not None and seq_len:
             flops_per_token = model_flops_per_token(model, seq_len)
@@ -157,7 +162,9 @@ class Monitor:
         self.every_s = every_s
         self.identity = identity or Identity.from_env(job)
         self.sink = sink or TelemetrySink(socket_path, jsonl_path)
-        self.step_no = start_step
+        self.step_no = start_step or 0
+        self.resumed_from = start_step
+        self.start_time = process_start_time() if start_time is None else start_time
         self.on_report = on_report
         self.last_compute_s = 0.0
         self.last_checkpoint_time: float | None = None
@@ -382,6 +389,8 @@ class Monitor:
             "checkpoint_time": self.last_checkpoint_time,
             "checkpoint_s": iv.checkpoint_s,
             "eval_s": iv.eval_s,
+            "start_time": self.start_time,
+            "resumed_from": self.resumed_from,
         }
         if not self.sink.send(record) and not self._warned:
             self._warned = True
@@ -402,6 +411,23 @@ class Monitor:
         else:
             log.warning("burnrate: telemetry to %s is dropped: %s", self.sink.path,
                         error.strerror if error is not None else "unknown error")
+
+
+def process_start_time() -> float:
+    """Unix time this process started, from /proc (so the model's loading, which happens
+    before any monitor exists, counts as start-up); where /proc is absent, this module's import."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            # Field 22, after the parenthesised command name (which may hold spaces).
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
 
 
 @contextlib.contextmanager

@@ -139,6 +139,7 @@ def _apply(rank: _Rank, record: Record) -> None:
     rank.counters = list(map(add, rank.counters, _deltas(record)))
     gauges = rank.gauges
     gauges["world_size"] = float(record.world_size)
+    gauges["global_step"] = float(record.step)
     if record.steps > 0:
         gauges["last_step_time"] = record.time
     # None means "not known": keep the last value rather than erase it.
@@ -150,5 +151,9 @@ def _apply(rank: _Rank, record: Record) -> None:
         gauges["mfu"] = record.mfu
     if record.checkpoint_time is not None:
         gauges["last_checkpoint_time"] = record.checkpoint_time
+    if record.start_time is not None:
+        gauges["start_time"] = record.start_time
+    if record.resumed_from is not None:
+        gauges["resumed_from"] = float(record.resumed_from)
     if record.local_rank is not None:
         rank.local_rank = record.local_rank
