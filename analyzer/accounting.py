@@ -34,6 +34,9 @@ class Accounting:
     util_unknown_gpu_hours: float     # allocated with no utilization sample: counted as busy
     coverage: float | None            # None when no GPU was seen at all
     row_gpu_hours: np.ndarray         # per alloc-grid row: its holder's GPU-hours
+    # (gpu, time) seconds that a whole share held in each cell stands for: the cell's observed
+    # time, split where shares add up to more than a GPU. Empty for accountings added up.
+    cell_seconds: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32), repr=False)
     per_node: dict[str, dict[str, float | str | None]] = field(default_factory=dict)   # prices added by the report
 
     def to_dict(self) -> dict[str, object]:
@@ -67,9 +70,9 @@ def account(v: Views, idle_util_pct: float = IdleConfig().util_max_pct) -> Accou
         # A GPU is observed while any of its series has a sample: its holders' too.
         observed[gpus] = np.maximum(observed[gpus], np.maximum.reduceat(row_held[by_gpu], starts, axis=0))
     row_seconds = np.zeros(len(rows))
+    # Shares adding up to more than a GPU split it: each holder's part of the observed time.
+    part = observed / np.maximum(total, 1.0)
     if known.any():
-        # Shares adding up to more than a GPU split it: each holder's part of the observed time.
-        part = observed / np.maximum(total, 1.0)
         row_seconds[known] = np.einsum("rt,rt->r", share[known], part[rows[known]])
     # Holders of GPUs that have no device series at all stand for their own time.
     orphan_seconds = (np.minimum(share[~known], 1.0) * row_held[~known]).sum(axis=1)
@@ -97,7 +100,24 @@ def account(v: Views, idle_util_pct: float = IdleConfig().util_max_pct) -> Accou
         busy_gpu_hours=(allocated_total - idle_total) / 3600, idle_gpu_hours=idle_total / 3600,
         util_unknown_gpu_hours=(float(per_gpu["unknown"].sum()) + orphan) / 3600,
         coverage=covered(observed_s, life),
-        row_gpu_hours=row_seconds / 3600, per_node=per_node)
+        row_gpu_hours=row_seconds / 3600, per_node=per_node,
+        cell_seconds=part.astype(np.float32))
+
+
+def holder_seconds(v: Views, accounting: Accounting, rows: np.ndarray) -> np.ndarray:
+    """(time,) seconds the alloc-grid `rows` held together in each bin, share-weighted: the
+    bins of their `row_gpu_hours`."""
+    alloc = v.alloc
+    held = np.zeros(v.n)
+    if not len(rows):
+        return held
+    gpu_rows = alloc.keys["gpu_row"].to_numpy()[rows]
+    row_held = alloc.values["held_s"][rows]
+    share = np.where(row_held > 0, alloc.values["share"][rows], 0.0)
+    known = gpu_rows >= 0
+    held += (share[known] * accounting.cell_seconds[gpu_rows[known]]).sum(axis=0)
+    held += (np.minimum(share[~known], 1.0) * row_held[~known]).sum(axis=0)
+    return held
 
 
 def node_figures(observed: float, allocated: float, idle: float, lifetime: float) -> dict[str, float | None]:

@@ -15,7 +15,8 @@ import numpy as np
 
 from .accounting import Accounting, account
 from .views import Views
-from .findings import KINDS, Finding
+from .findings import KINDS, Finding, iso
+from .ledger import Ledger
 from .frames import Frames
 from .pricing import ON_DEMAND, SPOT, Catalog
 from .workloads import BATCH, TRAINING, WorkloadClass
@@ -56,6 +57,30 @@ class JobCost:
     workload_class: str = BATCH
     class_basis: str = ""
     cost_basis: str = "per-GPU series"   # or the roll-ups that fleet mode costed it from
+    ledger: Ledger | None = None
+    ledger_basis: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def goodput(self) -> float | None:
+        return self.ledger.goodput(self.gpu_hours) if self.ledger is not None else None
+
+    def ledger_dollars(self, hours: float | None) -> float | None:
+        """A ledger figure's dollars, at the job's own rate."""
+        if hours is None or self.cost_dollars is None or self.gpu_hours <= 0:
+            return None
+        return hours * self.cost_dollars / self.gpu_hours
+
+    def ledger_dict(self) -> dict[str, dict[str, float | None] | None] | None:
+        if self.ledger is None:
+            return None
+        return {name: None if hours is None else {"gpu_hours": _round(hours), "dollars": _round(self.ledger_dollars(hours))}
+                for name, hours in self.ledger.gpu_hours.items()}
+
+    def runs_list(self) -> list[dict[str, object]]:
+        return [{"process_start": _iso(r.process_start), "first_step": _iso(r.first_step), "last_step": _iso(r.last_step),
+                 "resumed_from": r.resumed_from, "last_step_number": r.last_step_number,
+                 "ledger": {name: _round(hours) for name, hours in r.gpu_hours.items()}}
+                for r in (self.ledger.runs if self.ledger is not None else ())]
 
     def to_dict(self) -> dict[str, object]:
         gpus = int(self.gpus) if float(self.gpus).is_integer() else round(self.gpus, 4)
@@ -69,7 +94,13 @@ class JobCost:
             "on_demand_cost_dollars": _round(self.on_demand_cost_dollars),
             "advice": self.advice, "class": self.workload_class, "class_basis": self.class_basis,
             "cost_basis": self.cost_basis,
+            "ledger": self.ledger_dict(), "ledger_basis": self.ledger_basis, "goodput": _round(self.goodput),
+            "runs": self.runs_list(),
         }
+
+
+def _iso(t: float | None) -> str | None:
+    return None if t is None else iso(t)
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
@@ -153,7 +184,8 @@ def price_findings(findings: list[Finding], views: Views, prices: GpuPrices,
 
 def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = (),
               advice: AdviceConfig = AdviceConfig(), accounting: Accounting | None = None,
-              prices: GpuPrices | None = None) -> tuple[list[JobCost], list[Finding]]:
+              prices: GpuPrices | None = None, ledgers: dict[tuple[str, str], Ledger] | None = None,
+              ) -> tuple[list[JobCost], list[Finding]]:
     """Per-job costs, and the findings with their wasted dollars filled in."""
     v = Views.of(data)
     prices = prices or gpu_prices(v, catalog)
@@ -201,10 +233,24 @@ def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = 
             cost_per_step=cost / steps if cost is not None and steps else None,
             cost_per_billion_tokens=cost / (tokens / 1e9) if cost is not None and tokens else None,
             mfu=mfu, waste_dollars=waste,
-            advice=_advice(v, j, prices, gpu_row, rank_rows.get(job), advice, kind.name),
+            advice=_advice(v, j, prices, gpu_row, rank_rows.get(job), measured(advice, (ledgers or {}).get(job)),
+                           kind.name) | {"basis": advice_basis((ledgers or {}).get(job))},
             workload_class=kind.name, class_basis=kind.basis,
+            ledger=(ledgers or {}).get(job) if kind.name == TRAINING else None,
+            ledger_basis=_ledger_basis(job, kind.name, ledgers, j["gpu_hours"]),
         ))
     return out, priced
+
+
+def _ledger_basis(job: tuple[str, str], workload_class: str, ledgers: dict | None, gpu_hours: float) -> dict[str, str]:
+    """What the job's ledger is computed from, or why it has none."""
+    if workload_class != TRAINING:
+        return {"ledger": f"a ledger is kept for training jobs; this is {workload_class}"}
+    ledger = (ledgers or {}).get(job)
+    if ledger is None:
+        return {"ledger": "no training telemetry from the job while it held GPUs" if gpu_hours > 0
+                else "the job held no GPU in this window"}
+    return ledger.basis
 
 
 def sum_known(dollars: np.ndarray, hours: np.ndarray) -> float | None:
@@ -271,11 +317,33 @@ def _checkpoint_interval(v: Views, rows: np.ndarray | None) -> float | None:
     return float(np.median(np.diff(seen))) if len(seen) > 2 else None
 
 
+def prior_mtbf_s(gpus: float, nodes: int, config: AdviceConfig, on_spot: bool = True) -> float | None:
+    """Expected seconds between interruptions of a job on `gpus` GPUs over `nodes` nodes:
+    hardware failures at Llama 3's rate, plus spot interruptions where it runs on spot."""
+    if gpus <= 0:
+        return None
+    spot = nodes * config.spot_interruptions_per_node_month / 730.0 if on_spot else 0.0
+    return 3600 / (gpus * HARDWARE_FAILURES_PER_GPU_HOUR + spot)
+
+
+def job_prior_mtbf(v: Views, ledgers: dict[tuple[str, str], Ledger], config: AdviceConfig,
+                   prices: GpuPrices) -> dict[tuple[str, str], float | None]:
+    """Each ledgered job's prior time between interruptions, on the nodes and capacity it held."""
+    alloc_rows = v.job_rows(v.alloc)
+    gpu_row = v.alloc.keys["gpu_row"].to_numpy() if v.alloc.size else np.zeros(0, np.int64)
+    out = {}
+    for job, ledger in ledgers.items():
+        g = gpu_row[alloc_rows.get(job, np.zeros(0, np.int64))]
+        g = g[g >= 0]
+        hosts = {v.gpu.keys["Hostname"].iloc[i] for i in g}
+        out[job] = prior_mtbf_s(ledger.gpus, len(hosts), config, any(prices.capacity[i] == SPOT for i in g))
+    return out
+
+
 def checkpoint_advice(gpus: float, nodes: int, observed: float | None, config: AdviceConfig) -> dict[str, object]:
     """The job's expected time between interruptions on spot and Young's checkpoint interval;
     capacity advice, where the job allows it, is added by the caller."""
-    mtbf_s = 3600 / (gpus * HARDWARE_FAILURES_PER_GPU_HOUR
-                     + nodes * config.spot_interruptions_per_node_month / 730.0) if gpus > 0 else None
+    mtbf_s = prior_mtbf_s(gpus, nodes, config)
     return {
         "observed_checkpoint_interval_s": observed,
         "mtbf_hours_on_spot": round(mtbf_s / 3600, 1) if mtbf_s else None,
@@ -283,6 +351,28 @@ def checkpoint_advice(gpus: float, nodes: int, observed: float | None, config: A
                                   if config.checkpoint_seconds and mtbf_s else None),
         "capacity": None,
     }
+
+
+def measured(config: AdviceConfig, ledger: Ledger | None) -> AdviceConfig:
+    """The advice's save and restart times from the job's own ledger where it measured them."""
+    if ledger is None:
+        return config
+    if ledger.save_seconds is not None:
+        config = replace(config, checkpoint_seconds=ledger.save_seconds)
+    if ledger.restarts and ledger.gpus > 0:
+        # A restart costs its gap and the next run's start-up, per GPU.
+        later = sum(r.gpu_hours["startup"] for r in ledger.runs[1:])
+        gap = (ledger.gpu_hours["restart"] or 0.0) + later
+        config = replace(config, restart_seconds=gap * 3600 / ledger.gpus / ledger.restarts)
+    return config
+
+
+def advice_basis(ledger: Ledger | None) -> dict[str, str]:
+    """Where the advice's save and restart times came from."""
+    saves = ledger is not None and ledger.save_seconds is not None
+    restarts = ledger is not None and ledger.restarts > 0
+    return {"checkpoint_seconds": f"measured: {ledger.saves} saves" if saves else "AdviceConfig (not measured)",
+            "restart_seconds": f"measured: {ledger.restarts} restarts" if restarts else "AdviceConfig (not measured)"}
 
 
 def _advice(v: Views, job: dict, prices: GpuPrices, gpu_row: np.ndarray, rank_rows: np.ndarray | None,

@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 KINDS = ("dataloader_starvation", "idle_gpu", "unallocated_gpu", "straggler", "stalled",
-         "diverging", "thermal_throttle", "gpu_error", "low_mfu", "underused_gpu")
+         "diverging", "thermal_throttle", "gpu_error", "low_mfu", "underused_gpu",
+         "lost_progress", "checkpoint_overhead", "slow_startup")
 SEVERITIES = ("info", "warning", "critical")
 
 

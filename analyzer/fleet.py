@@ -264,7 +264,9 @@ def _job_cost(rollups: RollUps, job: Job, prices: dict[str, NodePrice], advice: 
         waste_dollars={kind: waste.get(kind, 0.0) for kind in KINDS if kind != "unallocated_gpu"},
         advice=_advice(rollups, job, gpus, held, prices, caps, advice),
         workload_class=TRAINING, class_basis="trainer telemetry",
-        cost_basis=f"roll-ups every {rollups.interval_s:g} s")
+        cost_basis=f"roll-ups every {rollups.interval_s:g} s",
+        ledger_basis={"ledger": "costed from the roll-ups, which do not keep each run's steps: analyse the job "
+                                "over its own window (or without --fleet) for its ledger"})
 
 
 def _advice(rollups: RollUps, job: Job, gpus: float, held: dict[str, float], prices: dict[str, NodePrice],

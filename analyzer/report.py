@@ -12,10 +12,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from .accounting import COVERAGE_WARNING, Accounting, account, added
-from .cost import AdviceConfig, GpuPrices, JobCost, gpu_prices, job_costs
-from .detectors import DetectorConfig, detect_all, order
+from .cost import AdviceConfig, GpuPrices, JobCost, gpu_prices, job_costs, job_prior_mtbf
+from .detectors import DetectorConfig, detect_all, ledger_findings, order
 from .findings import Finding, iso
 from .frames import Frames, Window
+from .ledger import job_ledgers
+from burnrate.exporter.ledger import BADPUT, NAMES, PRODUCTIVE
 from .pricing import Catalog
 from .views import Views
 
@@ -45,7 +47,10 @@ def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorC
     findings = detect_all(views, config)
     accounting = account(views)
     prices = gpu_prices(views, catalog)
-    jobs, priced = job_costs(views, catalog, findings, advice, accounting, prices)
+    ledgers = job_ledgers(views, accounting, config.stalled, config.idle_gpu.util_max_pct)
+    findings = sorted(findings + ledger_findings.detect(ledgers, job_prior_mtbf(views, ledgers, advice, prices),
+                                                        config.ledger), key=order)
+    jobs, priced = job_costs(views, catalog, findings, advice, accounting, prices, ledgers)
     _state_prices(accounting, views, prices)
     reasons = unpriced_nodes(views, catalog)
     unpriced = [{"namespace": j.namespace, "training_job": j.training_job,
@@ -123,10 +128,26 @@ def to_document(report: Report) -> dict[str, Any]:
         "findings": [f.to_dict() for f in report.findings],
         "jobs": [j.to_dict() for j in report.jobs],
         "accounting": {**(report.accounting.to_dict() if report.accounting else {}),
-                       "unpriced_jobs": report.unpriced_jobs},
+                       **fleet_ledger(report.jobs), "unpriced_jobs": report.unpriced_jobs},
         "missing_signals": list(report.missing),
         "simulated": report.simulated,
     }
+
+
+def fleet_ledger(jobs: list[JobCost]) -> dict[str, Any]:
+    """The training jobs' ledgers added up, and the fleet's goodput over the GPU-hours they
+    cover. A category unknown for some job is added over the jobs that know it, and says so."""
+    kept = [j for j in jobs if j.ledger is not None]
+    ledger: dict[str, dict[str, float | None]] = {}
+    for name in NAMES:
+        known = [j for j in kept if j.ledger.gpu_hours[name] is not None]
+        dollars = [j.ledger_dollars(j.ledger.gpu_hours[name]) for j in known]
+        ledger[name] = {"gpu_hours": round(sum(j.ledger.gpu_hours[name] for j in known), 4),
+                        "dollars": round(sum(dollars), 4) if None not in dollars else None,
+                        "jobs_unknown": len(kept) - len(known)}
+    hours = sum(j.gpu_hours for j in kept)
+    return {"ledger": ledger, "goodput": round(ledger[PRODUCTIVE]["gpu_hours"] / hours, 4) if hours > 0 else None,
+            "ledger_jobs": len(kept)}
 
 
 def render_json(report: Report) -> str:
@@ -137,7 +158,7 @@ FINDING_COLUMNS = ("kind", "severity", "namespace", "training_job", "Hostname", 
                    "wasted_gpu_hours", "wasted_dollars", "evidence", "recommendation")
 JOB_COLUMNS = ("namespace", "training_job", "class", "gpus", "gpu_hours", "capacity_type", "cost_dollars",
                "on_demand_cost_dollars", "steps", "tokens", "cost_per_step", "cost_per_billion_tokens", "mfu",
-               "waste_dollars", "advice", "class_basis", "cost_basis")
+               "waste_dollars", "advice", "class_basis", "cost_basis", "goodput", "ledger", "ledger_basis", "runs")
 
 
 def render_clusters(reports: dict[str, Report], format: str) -> str:
@@ -263,8 +284,27 @@ def render_table(report: Report) -> str:
                       f"beyond the jobs, unallocated GPUs and other capacity ${free:,.2f}"]
     else:
         lines.append("  none")
+    lines += _ledger_lines(jobs)
     lines += _accounting_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def _ledger_lines(jobs: list[JobCost]) -> list[str]:
+    """One line per training job: its goodput and where most of the rest went."""
+    kept = [j for j in jobs if j.ledger is not None]
+    if not kept:
+        return []
+    rows = []
+    for j in kept:
+        hours = j.ledger.gpu_hours
+        worst = max((n for n in BADPUT if hours[n]), key=lambda n: hours[n], default=None)
+        unknown = [n for n in NAMES if hours[n] is None]
+        rows.append([f"{j.namespace}/{j.training_job}", _num(j.goodput, "{:.1%}"), _num(j.gpu_hours),
+                     _money(j.ledger_dollars(hours[PRODUCTIVE])),
+                     f"{worst} {_num(hours[worst], '{:,.2f}')} GPU-h ${_money(j.ledger_dollars(hours[worst]))}"
+                     if worst else "-", str(len(j.ledger.runs)), ", ".join(unknown) or "-"])
+    return ["", f"LEDGER ({len(kept)} training jobs: where their GPU-hours went)"] + _table(
+        ["JOB", "GOODPUT", "GPU-H", "PRODUCTIVE $", "LARGEST BADPUT", "RUNS", "UNKNOWN"], rows, {1, 2, 3, 5})
 
 
 def _accounting_lines(report: Report) -> list[str]:

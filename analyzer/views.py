@@ -32,9 +32,11 @@ HOLDER = ("namespace", "pod", "training_job")
 # that runs one job after another keeps each job's steps and time apart.
 RANK_KEY = ("namespace", "training_job", "pod", "rank")
 RANK_LABELS = ("Hostname",)
-RANK_COUNTERS = ("steps", "step_s", "data_wait_s", "compute_s", "tokens")
-RANK_TIMES = ("last_step_time", "last_checkpoint_time")
-RANK_GAUGES = ("mfu", "loss", "grad_norm") + RANK_TIMES
+RANK_COUNTERS = ("steps", "step_s", "data_wait_s", "compute_s", "tokens", "checkpoint_s", "eval_s")
+RANK_TIMES = ("last_step_time", "last_checkpoint_time", "start_time")
+# Step numbers, kept exact: the ledger compares them with the step a run resumed from.
+RANK_STEPS = ("global_step", "resumed_from")
+RANK_GAUGES = ("mfu", "loss", "grad_norm") + RANK_TIMES + RANK_STEPS
 GPU_SIGNALS = ("gpu_util", "up", "sm_clock_mhz", "throttle_reasons")
 HELD = ("held_s",)    # seconds each sample stands for (analyzer.holding)
 # The value columns the detectors and the cost model read, per table: what a
@@ -292,7 +294,7 @@ class Views:
         f = self.frames.rank
         cols = tuple(c for c in RANK_COUNTERS + RANK_GAUGES if c in f.columns)
         grid = build_grid(f, RANK_KEY, cols, self.start, self.step, self.n, labels=RANK_LABELS,
-                          counters=RANK_COUNTERS, wide=RANK_TIMES)
+                          counters=RANK_COUNTERS, wide=RANK_TIMES + RANK_STEPS)
         keys = grid.keys
         keys["job"] = job_name(keys["training_job"], keys["pod"])
         keys["rank_no"] = pd.to_numeric(keys["rank"], errors="coerce")

@@ -16,7 +16,7 @@ from typing import Callable
 from .. import episodes, workers
 from ..findings import Finding
 from ..frames import Frames
-from . import (dataloader_starvation, diverging, gpu_error, idle_gpu, low_mfu, stalled, straggler,
+from . import (dataloader_starvation, diverging, gpu_error, idle_gpu, ledger_findings, low_mfu, stalled, straggler,
                thermal_throttle, unallocated_gpu, underused_gpu)
 from ..workloads import TRAINING
 from ..views import Views
@@ -62,6 +62,7 @@ class DetectorConfig:
     low_mfu: low_mfu.Config = field(default_factory=low_mfu.Config)
     underused_gpu: underused_gpu.Config = field(default_factory=underused_gpu.Config)
     episodes: episodes.Config = field(default_factory=episodes.Config)
+    ledger: ledger_findings.Config = field(default_factory=ledger_findings.Config)
 
 
 def detect_all(data: Frames | Views, config: DetectorConfig = DetectorConfig()) -> list[Finding]:

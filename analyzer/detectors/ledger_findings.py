@@ -1,0 +1,138 @@
+"""Findings read from the ledger (analyzer.ledger), where acting on them pays:
+
+- `lost_progress`: restarts cost more recomputed steps than a sensible checkpoint interval
+  would. The interval to use is Daly's refinement of Young's, τ = √(2·C·M) − C (Young 1974;
+  Daly 2006), from the job's *measured* blocking save time C and, where it restarted, its
+  measured time between failures M (else the prior of cost.checkpoint_advice: hardware
+  failures at Llama 3's rate plus spot interruptions on spot nodes).
+- `checkpoint_overhead`: blocking saves take a larger share of the loop than that interval's
+  optimum (C/τ), by more than `Config.overhead_factor`.
+- `slow_startup`: a run took longer than `Config.startup_minutes` from its start to its first
+  step.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..findings import Finding
+
+if TYPE_CHECKING:       # the ledger reads the stalled detector's config: no import cycle at run time
+    from ..ledger import Ledger
+
+LOST_PROGRESS, CHECKPOINT_OVERHEAD, SLOW_STARTUP = "lost_progress", "checkpoint_overhead", "slow_startup"
+KINDS = (LOST_PROGRESS, CHECKPOINT_OVERHEAD, SLOW_STARTUP)
+
+
+@dataclass(frozen=True)
+class Config:
+    lost_factor: float = 1.5
+    """Lost progress per restart above this many times the expected loss at the advised interval
+    (half an interval) is a finding: restarts land anywhere in an interval, so up to a whole one
+    is lost by chance; 1.5 halves leaves room for that without hiding a cadence far too long."""
+    overhead_factor: float = 2.0
+    """Blocking saves above twice the optimal share of the loop (C/τ) are worth changing: at the
+    optimum, saving and recomputing cost the same, and the total is flat near it."""
+    overhead_min_share: float = 0.02
+    """...and above 2% of the loop's time: below that, no change of cadence pays for a look."""
+    startup_minutes: float = 10.0
+    """A run that takes longer than this to its first step: a large image pulled each time, a
+    model or data set loaded over the network, a slow checkpoint restore."""
+
+
+def advised_interval(save_seconds: float, mtbf_seconds: float) -> float:
+    """Daly's first-order optimum checkpoint interval (work between saves), τ = √(2CM) − C;
+    Young's √(2CM) where C is not small against M."""
+    young = math.sqrt(2.0 * save_seconds * mtbf_seconds)
+    return young - save_seconds if save_seconds < 2.0 * mtbf_seconds else young
+
+
+def detect(ledgers: dict[tuple[str, str], Ledger], prior_mtbf_s: dict[tuple[str, str], float | None],
+           config: Config = Config()) -> list[Finding]:
+    """`prior_mtbf_s`: each job's expected time between interruptions where it has none of its
+    own to measure (cost.checkpoint_advice)."""
+    out: list[Finding] = []
+    for job, ledger in ledgers.items():
+        out += _lost_progress(job, ledger, prior_mtbf_s.get(job), config)
+        out += _checkpoint_overhead(job, ledger, prior_mtbf_s.get(job), config)
+        out += _slow_startup(job, ledger, config)
+    return out
+
+
+def mtbf(ledger: Ledger, prior: float | None) -> tuple[float | None, str]:
+    """The job's time between failures: measured from its restarts, else the prior."""
+    if ledger.restarts:
+        return (ledger.end - ledger.start) / ledger.restarts, f"measured: {ledger.restarts} restarts in this window"
+    return prior, "no restart in this window: the expected rate of hardware failures and spot interruptions"
+
+
+def _finding(kind: str, job: tuple[str, str], ledger: Ledger, wasted: float, evidence: dict,
+             recommendation: str, severity: str = "warning") -> Finding:
+    return Finding(kind, severity, ledger.start, ledger.end, namespace=job[0], training_job=job[1],
+                   wasted_gpu_hours=max(wasted, 0.0), evidence=evidence, recommendation=recommendation)
+
+
+def _lost_progress(job: tuple[str, str], ledger: Ledger, prior: float | None, config: Config) -> list[Finding]:
+    lost = ledger.gpu_hours["lost_progress"]
+    if not ledger.restarts or not lost or ledger.gpus <= 0:
+        return []
+    per_restart_s = lost * 3600 / ledger.gpus / ledger.restarts
+    evidence = {"restarts": ledger.restarts, "lost_progress_gpu_hours": lost,
+                "lost_minutes_per_restart": per_restart_s / 60,
+                "restart_gpu_hours": ledger.gpu_hours["restart"] or 0.0, "saves": ledger.saves}
+    if ledger.save_seconds is None:
+        return [_finding(LOST_PROGRESS, job, ledger, lost, evidence,
+                         "Each restart recomputed the steps since the run began: no checkpoint was seen. "
+                         "Save checkpoints and resume from the newest (--resume).")]
+    m, basis = mtbf(ledger, prior)
+    tau = advised_interval(ledger.save_seconds, m)
+    expected_s = tau / 2
+    if per_restart_s <= config.lost_factor * expected_s:
+        return []
+    evidence.update(save_seconds=ledger.save_seconds, mtbf_hours=m / 3600, mtbf_basis=basis,
+                    advised_interval_s=tau)
+    wasted = (per_restart_s - expected_s) * ledger.restarts * ledger.gpus / 3600
+    return [_finding(LOST_PROGRESS, job, ledger, wasted, evidence,
+                     f"Restarts lost {per_restart_s / 60:.0f} min of steps each; checkpoint every {tau / 60:.0f} min "
+                     f"(Daly's interval for a {ledger.save_seconds:.0f} s save and {m / 3600:.1f} h between "
+                     "failures) to lose half that.")]
+
+
+def _checkpoint_overhead(job: tuple[str, str], ledger: Ledger, prior: float | None, config: Config) -> list[Finding]:
+    hours = ledger.gpu_hours
+    saving = hours["checkpoint"]
+    loop = sum(hours[n] or 0.0 for n in ("productive", "data_wait", "sync_wait", "checkpoint", "evaluation",
+                                           "lost_progress"))
+    if not saving or loop <= 0 or ledger.save_seconds is None:
+        return []
+    m, basis = mtbf(ledger, prior)
+    if not m:
+        return []
+    tau = advised_interval(ledger.save_seconds, m)
+    optimum = ledger.save_seconds / (tau + ledger.save_seconds)
+    share = saving / loop
+    if share <= max(config.overhead_factor * optimum, config.overhead_min_share):
+        return []
+    evidence = {"checkpoint_share": share, "optimal_share": optimum, "save_seconds": ledger.save_seconds,
+                "saves": ledger.saves, "mtbf_hours": m / 3600, "mtbf_basis": basis, "advised_interval_s": tau}
+    return [_finding(CHECKPOINT_OVERHEAD, job, ledger, saving - optimum * loop, evidence,
+                     f"Blocking saves took {share:.0%} of the loop: save asynchronously "
+                     f"(torch.distributed.checkpoint.async_save) or every {tau / 60:.0f} min, which costs "
+                     f"{optimum:.1%} against failures every {m / 3600:.1f} h.")]
+
+
+def _slow_startup(job: tuple[str, str], ledger: Ledger, config: Config) -> list[Finding]:
+    if ledger.gpus <= 0:
+        return []
+    limit_h = config.startup_minutes / 60
+    minutes = [r.gpu_hours["startup"] * 60 / ledger.gpus for r in ledger.runs]
+    slow = [m for m in minutes if m > config.startup_minutes]
+    if not slow:
+        return []
+    wasted = sum(m / 60 - limit_h for m in slow) * ledger.gpus
+    evidence = {"startup_minutes": minutes, "slow_runs": len(slow), "runs": len(minutes)}
+    return [_finding(SLOW_STARTUP, job, ledger, wasted, evidence,
+                     f"{len(slow)} of {len(minutes)} runs took over {config.startup_minutes:.0f} min to their first "
+                     "step: pre-pull the image on the nodes, cache the model and data locally, restore checkpoints "
+                     "from local or parallel storage.")]

@@ -1,0 +1,218 @@
+"""The ledger on hand-built runs whose every interval is known: two runs with a crash, a
+resume from an older checkpoint and a hang, an evaluation and a stall inside a run, the
+null a missing resume point gives, and the findings read from it. (The independent check
+against a generator that shares nothing with the analyzer is tests/test_contract_ledger.py.)"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from burnrate.agent.telemetry.schema import validate
+from burnrate.agent.telemetry.state import RankTable
+from burnrate.analyzer.detectors import ledger_findings
+from burnrate.analyzer.ledger import Ledger, RunLedger
+from burnrate.analyzer.pricing import load_catalog
+from burnrate.analyzer.report import analyze, render_table, to_document
+from burnrate.exporter.ledger import NAMES
+from burnrate.exporter.telemetry import encode
+from burnrate.trainer.monitor import Monitor
+from tests.test_detectors import STEP, T0, Fleet
+
+GPUS = 2
+BIN_GPU_HOURS = STEP * GPUS / 3600
+
+
+def two_runs(resumed: bool = True, fresh_pod: bool = False) -> Fleet:
+    """480 bins of 15 s, 2 ranks on 2 GPUs held throughout.
+    Run 1 starts at bin 0, steps from bin 20 to 199 (10 steps a bin: 12 s compute, 1 s data
+    wait, 2 s the rest), crashes after step 1800; its last checkpoint was step 1500 (bin 169).
+    Run 2 starts at bin 210, resumes from 1500, steps from bin 220 to 400, then hangs with its
+    ranks still reporting until the end."""
+    f = Fleet()
+    f.node("node-a")
+    b = np.arange(f.n)
+    run1, run2 = (b >= 20) & (b <= 199), (b >= 220) & (b <= 400)
+    stepping = run1 | run2
+    number = np.where(b <= 199, np.clip(10 * (b - 19), 0, None), 1500 + np.clip(10 * (np.minimum(b, 400) - 219), 0, None))
+    start = np.where(b < 210, T0, T0 + 210 * STEP)
+    alive = (b <= 199) | (b >= 210)
+    for r in range(GPUS):
+        f.gpu("node-a", r)
+        f.alloc("node-a", r, f"llm-{r}", "llm")
+        per = {"steps": np.where(stepping, 10.0, 0.0), "step_s": np.where(stepping, 15.0, 0.0),
+               "wait_s": np.where(stepping, 1.0, 0.0), "compute_s": np.where(stepping, 12.0, 0.0),
+               "tokens": np.where(stepping, 1000.0, 0.0)}
+        pods = {"mask": alive}
+        if fresh_pod:
+            for mask, pod in ((b <= 199, f"llm-{r}"), (b >= 210, f"llm-{r}-b")):
+                _rank(f, r, pod, {k: np.where(mask, v, 0.0) for k, v in per.items()}, number, start,
+                      np.where(b < 210, 0.0, 1500.0) if resumed else None, mask)
+            continue
+        _rank(f, r, f"llm-{r}", per, number, start, np.where(b < 210, 0.0, 1500.0) if resumed else None, **pods)
+    return f
+
+
+def _rank(f: Fleet, r: int, pod: str, per: dict, number, start, resumed, mask) -> None:
+    f.rank("llm", r, "node-a", steps=per["steps"], step_s=per["step_s"], wait_s=per["wait_s"],
+           compute_s=per["compute_s"], tokens=per["tokens"], mask=mask)
+    frame = f.rows["rank"][-1]
+    frame["pod"] = pod
+    frame["global_step"] = number[mask]
+    frame["start_time"] = start[mask]
+    frame["resumed_from"] = resumed[mask] if resumed is not None else np.nan
+    frame["checkpoint_s"] = 0.0
+    frame["eval_s"] = 0.0
+
+
+def ledger_of(f: Fleet, job: str = "llm") -> dict:
+    report = analyze(f.frames(), load_catalog())
+    doc = to_document(report)
+    return next(j for j in doc["jobs"] if j["training_job"] == job), doc, report
+
+
+@pytest.mark.parametrize("fresh_pod", [False, True], ids=["same pod", "new pod"])
+def test_two_runs_split_exactly(fresh_pod):
+    job, doc, _ = ledger_of(two_runs(fresh_pod=fresh_pod))
+    hours = {k: v["gpu_hours"] for k, v in job["ledger"].items()}
+    kept = 150 + 181
+    expected = {"startup": 30, "restart": 10, "lost_progress": 30, "productive": kept * 12 / 15,
+                "data_wait": kept / 15, "sync_wait": kept * 2 / 15, "checkpoint": 0, "evaluation": 0,
+                "stalled": 79, "no_process": 0}
+    for name in NAMES:
+        assert hours[name] == pytest.approx(expected[name] * BIN_GPU_HOURS, abs=1e-3), name
+    assert sum(hours.values()) == pytest.approx(job["gpu_hours"], abs=1e-3)
+    assert job["goodput"] == pytest.approx(hours["productive"] / job["gpu_hours"], abs=1e-4)
+    runs = job["runs"]
+    assert [r["resumed_from"] for r in runs] == [0, 1500]
+    assert [r["last_step_number"] for r in runs] == [1800, 3310]
+    assert runs[1]["process_start"] == "2027-01-15T08:52:30Z"
+    assert sum(runs[0]["ledger"].values()) == pytest.approx(210 * BIN_GPU_HOURS, abs=1e-3)
+    assert runs[0]["ledger"]["restart"] == pytest.approx(10 * BIN_GPU_HOURS, abs=1e-3)
+    assert runs[1]["ledger"]["stalled"] == pytest.approx(79 * BIN_GPU_HOURS, abs=1e-3)
+    # Dollars at the job's own rate, summing to its cost.
+    dollars = sum(v["dollars"] for v in job["ledger"].values())
+    assert dollars == pytest.approx(job["cost_dollars"], abs=0.01)
+    assert doc["accounting"]["ledger"]["lost_progress"]["gpu_hours"] == pytest.approx(hours["lost_progress"])
+
+
+def test_a_restart_without_its_resume_point_leaves_lost_progress_unknown():
+    job, _, report = ledger_of(two_runs(resumed=False))
+    assert job["ledger"]["lost_progress"] is None
+    assert "resumed from" in job["ledger_basis"]["lost_progress"]
+    assert job["runs"][1]["resumed_from"] is None
+    # Still every hour somewhere: the steps computed again read as the run's own.
+    known = sum(v["gpu_hours"] for v in job["ledger"].values() if v is not None)
+    assert known == pytest.approx(job["gpu_hours"], abs=1e-3)
+    assert "lost_progress" in render_table(report).split("LEDGER")[1].splitlines()[3]
+
+
+def test_a_job_without_telemetry_has_no_ledger_and_says_why():
+    f = two_runs()
+    f.gpu("node-a", 5)
+    f.alloc("node-a", 5, "batch-0", "batch-job")
+    job, doc, _ = ledger_of(f, "batch-job")
+    assert job["ledger"] is None and job["goodput"] is None
+    assert job["ledger_basis"]["ledger"]
+    assert doc["accounting"]["ledger_jobs"] == 1
+
+
+def test_evaluation_and_a_stall_inside_a_run():
+    """One run: steps every bin, but bins 100-103 evaluate (reported as 60 s of eval_s at bin
+    104), and bins 200-239 hang (no step until bin 240 reports 40 bins' time as step time)."""
+    f = Fleet()
+    f.node("node-a")
+    b = np.arange(f.n)
+    quiet = ((b >= 100) & (b < 104)) | ((b >= 200) & (b < 240))
+    steps = np.where(quiet, 0.0, 10.0)
+    step_s = np.where(quiet, 0.0, 15.0)
+    step_s[240] = 15.0 * 41          # the hung step ends with the stall in its time
+    f.gpu("node-a", 0)
+    f.alloc("node-a", 0, "llm-0", "llm")
+    f.rank("llm", 0, "node-a", steps=steps, step_s=step_s, wait_s=np.where(quiet, 0.0, 1.0),
+           compute_s=np.where(quiet, 0.0, 12.0))
+    frame = f.rows["rank"][-1]
+    frame["global_step"] = np.cumsum(steps)
+    frame["start_time"] = T0 - 3600.0
+    frame["resumed_from"] = 0.0
+    frame["checkpoint_s"] = 0.0
+    frame["eval_s"] = np.cumsum(np.where(b == 104, 60.0, 0.0))
+    job, _, _ = ledger_of(f)
+    hours = {k: v["gpu_hours"] for k, v in job["ledger"].items()}
+    one = STEP / 3600
+    # Bin 104 holds 15 s of steps and 60 s of evaluation: the 5 bins split 60:15.
+    assert hours["evaluation"] == pytest.approx(5 * 60 / 75 * one, abs=1e-4)
+    # The 40 silent bins, less the usual 1.5 s step, are a stall.
+    assert hours["stalled"] == pytest.approx((40 * STEP - 1.5) / 3600, abs=1e-4)
+    assert hours["productive"] + hours["data_wait"] + hours["sync_wait"] == pytest.approx(
+        (480 - 5 - 40) * one + 5 * 15 / 75 * one + 1.5 / 3600, abs=1e-3)
+    assert hours["sync_wait"] / hours["productive"] == pytest.approx(2 / 12, rel=0.01)
+    assert hours["startup"] == 0 and hours["restart"] == 0
+
+
+def _ledger(runs: int, lost: float, restart: float, startup: list[float], checkpoint: float = 0.0,
+            saves: int = 10, save_seconds: float | None = 30.0, hours: float = 10.0, gpus: float = 8) -> Ledger:
+    names = dict.fromkeys(NAMES, 0.0)
+    names.update(lost_progress=lost, restart=restart, checkpoint=checkpoint, startup=sum(startup),
+                 productive=hours * gpus - lost - restart - checkpoint - sum(startup))
+    return Ledger(names, runs=[RunLedger(None, None, None, 0, 0, {**dict.fromkeys(NAMES, 0.0), "startup": s})
+                               for s in startup][:runs], gpus=gpus, start=T0, end=T0 + hours * 3600,
+                  saves=saves, save_seconds=save_seconds)
+
+
+def test_lost_progress_finding_gives_dalys_interval_from_measured_figures():
+    # 2 restarts in 10 h on 8 GPUs: M = 5 h; C = 30 s -> tau = sqrt(2*30*18000) - 30 = 1009 s.
+    ledger = _ledger(3, lost=2 * 8 * 0.5, restart=0.2, startup=[0.1, 0.1, 0.1])
+    (f,) = [x for x in ledger_findings.detect({("ml", "llm"): ledger}, {}) if x.kind == "lost_progress"]
+    tau = (2 * 30 * 18000) ** 0.5 - 30
+    assert f.evidence["advised_interval_s"] == pytest.approx(tau)
+    assert f.evidence["mtbf_basis"].startswith("measured: 2 restarts")
+    assert f.evidence["lost_minutes_per_restart"] == pytest.approx(30.0)
+    assert f.wasted_gpu_hours == pytest.approx((1800 - tau / 2) * 2 * 8 / 3600)
+    assert "checkpoint every 17 min" in f.recommendation
+
+
+def test_no_lost_progress_finding_when_the_loss_is_what_the_interval_costs():
+    tau = (2 * 30 * 18000) ** 0.5 - 30
+    lost = 2 * 8 * (tau / 2) / 3600
+    assert not [x for x in ledger_findings.detect({("ml", "llm"): _ledger(3, lost, 0.2, [0.1] * 3)}, {})
+                if x.kind == "lost_progress"]
+
+
+def test_checkpoint_overhead_and_slow_startup():
+    # No restart: the prior M; 10 % of the loop in saves is far above C/(tau+C).
+    ledger = _ledger(1, 0.0, 0.0, [8 * 25 / 60], checkpoint=8.0)
+    found = {x.kind: x for x in ledger_findings.detect({("ml", "llm"): ledger}, {("ml", "llm"): 100 * 3600.0})}
+    over = found["checkpoint_overhead"]
+    tau = (2 * 30 * 360000) ** 0.5 - 30
+    assert over.evidence["optimal_share"] == pytest.approx(30 / (tau + 30))
+    assert over.evidence["mtbf_basis"].startswith("no restart")
+    assert over.wasted_gpu_hours == pytest.approx(8.0 - 30 / (tau + 30) * (80 - 8 * 25 / 60))
+    slow = found["slow_startup"]
+    assert slow.evidence["startup_minutes"] == [pytest.approx(25.0)]
+    assert slow.wasted_gpu_hours == pytest.approx(15 / 60 * 8)
+
+
+def test_the_monitor_sends_its_start_and_resume_point_and_the_agent_exports_them(tmp_path):
+    sent = []
+    mon = Monitor(flops_per_token=1.0, seq_len=4, start_step=1500, every_steps=1, socket_path=str(tmp_path / "none"),
+                  on_report=sent.append)
+    with mon.checkpoint():
+        pass
+    mon.step(samples=2)
+    mon.close()
+    record = sent[0]
+    assert record["resumed_from"] == 1500 and record["step"] == 1501
+    assert 0 < record["start_time"] <= record["time"]
+    table = RankTable(max_ranks=8, max_ranks_per_job=8, forget_after_s=60)
+    assert table.add(validate(encode(record)), now=record["time"])
+    values = table.states()[0].values
+    assert values["global_step"] == 1501 and values["resumed_from"] == 1500
+    assert values["start_time"] == record["start_time"] and values["checkpoint_s"] == record["checkpoint_s"] > 0
+    # A loop that does not say where it resumed sends null, never a made-up 0.
+    unknown = []
+    Monitor(flops_per_token=1.0, seq_len=4, every_steps=1, socket_path=str(tmp_path / "none"),
+            on_report=unknown.append).step(samples=1)
+    assert unknown[0]["resumed_from"] is None
+    assert json.loads(encode(unknown[0]))["resumed_from"] is None
