@@ -15,3 +15,13 @@ def assert_exact_counts(inbox, job: str, steps: int, samples: int, seq: int, mod
     assert v["flops"] == pytest.approx(samples * seq * model_flops_per_token(model, seq))
     assert 0 < v["compute_s"] and v["compute_s"] + v["data_wait_s"] <= v["step_s"]
     assert v["loss"] > 0 and rank.key.training_job == job
+
+
+def assert_ledger_facts(rank, steps: int) -> None:
+    """What the ledger reads of a fresh run: where it began, at step 0, and how far it got."""
+    import time
+
+    v = rank.values
+    assert v["resumed_from"] == 0 and v["global_step"] == steps
+    # This test process started the run: its start is before the steps and not long before.
+    assert time.time() - 3600 < v["start_time"] <= v["last_step_time"]

@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 from burnrate.agent.telemetry.inbox import TelemetryInbox  # noqa: E402
 from burnrate.trainer.huggingface import BurnrateCallback  # noqa: E402
-from tests.framework_runs import assert_exact_counts  # noqa: E402
+from tests.framework_runs import assert_exact_counts, assert_ledger_facts  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -41,3 +41,4 @@ def test_a_hugging_face_trainer_reports_exact_counts(tmp_path):
         assert_exact_counts(inbox, "hf", STEPS, STEPS * ACCUM * BATCH, SEQ, model)
         (rank,) = inbox.ranks()
     assert rank.values.get("last_checkpoint_time", 0) > 0     # the save at step 3, kept out of the step times
+    assert_ledger_facts(rank, STEPS)

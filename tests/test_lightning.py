@@ -11,7 +11,7 @@ pl = pytest.importorskip("pytorch_lightning")
 from burnrate.agent.telemetry.inbox import TelemetryInbox  # noqa: E402
 from burnrate.trainer.lightning import BurnrateCallback  # noqa: E402
 from burnrate.trainer.model import GPT, GPTConfig  # noqa: E402
-from tests.framework_runs import assert_exact_counts  # noqa: E402
+from tests.framework_runs import assert_exact_counts, assert_ledger_facts  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -51,3 +51,4 @@ def test_a_lightning_trainer_reports_exact_counts(tmp_path):
                              enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
         trainer.fit(module, loader(), loader())
         assert_exact_counts(inbox, "lightning", STEPS, STEPS * ACCUM * BATCH, SEQ, module.gpt)
+        assert_ledger_facts(inbox.ranks()[0], STEPS)

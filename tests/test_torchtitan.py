@@ -18,6 +18,7 @@ pytest.importorskip("torchtitan")
 from burnrate.agent.telemetry.inbox import TelemetryInbox  # noqa: E402
 from burnrate.trainer.flops import palm_flops_per_token  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
+from tests.framework_runs import assert_ledger_facts  # noqa: E402
 from tests.torchtitan_job import CHECKPOINT_EVERY, GLOBAL_BATCH, LOG_FREQ, SEQ, STEPS, VALIDATE_EVERY  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -55,6 +56,7 @@ def test_torchtitans_trainer_reports_exact_counts_and_its_own_figures(tmp_path):
     assert v["flops"] == samples * SEQ * flops["torchtitan"]
     assert flops["torchtitan"] == palm_flops_per_token(0, LAYERS, HEADS, HEAD_DIM, SEQ) + flops["burnrate"]
     assert 0 < v["compute_s"] and v["compute_s"] + v["data_wait_s"] <= v["step_s"]
+    assert_ledger_facts(rank, STEPS)
 
     records = {r["step"]: r for r in map(json.loads, (tmp_path / "rank0.jsonl").read_text().splitlines())}
     assert sorted(records) == list(range(1, STEPS + 1))
