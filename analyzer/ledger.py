@@ -105,7 +105,7 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, busy: np.ndarray, stal
         return np.nan_to_num(rank.values[name][rows].astype(np.float64))
 
     for name, category in (("checkpoint_s", "checkpoint"), ("eval_s", "evaluation")):
-        if name not in rank.values:
+        if name not in rank.values or not np.isfinite(rank.values[name][rows]).any():
             basis[category] = ("the telemetry has no such counter (an older agent or monitor): its time is "
                                "in the other categories of the steps around it")
     steps, step_s = counter("steps"), counter("step_s")
