@@ -29,7 +29,8 @@ from burnrate.exporter import labels as L
 
 from . import episodes
 from .accounting import Accounting, covered, lifetime, node_figures, node_lifetime
-from .cost import AdviceConfig, JobCost, NodePrice, capacity_advice, checkpoint_advice, node_price, sum_known
+from .cost import (AdviceConfig, JobCost, NodePrice, advice_basis, capacity_advice, checkpoint_advice, node_price,
+                   sum_known)
 from .detectors import DetectorConfig
 from .findings import KINDS
 from .frames import Frames, Window
@@ -262,7 +263,7 @@ def _job_cost(rollups: RollUps, job: Job, prices: dict[str, NodePrice], advice: 
         cost_per_billion_tokens=cost / (tokens / 1e9) if cost is not None and tokens else None,
         mfu=rollups.mfu.get(job),
         waste_dollars={kind: waste.get(kind, 0.0) for kind in KINDS if kind != "unallocated_gpu"},
-        advice=_advice(rollups, job, gpus, held, prices, caps, advice),
+        advice=_advice(rollups, job, gpus, held, prices, caps, advice) | {"basis": advice_basis(None)},
         workload_class=TRAINING, class_basis="trainer telemetry",
         cost_basis=f"roll-ups every {rollups.interval_s:g} s",
         ledger_basis={"ledger": "costed from the roll-ups, which do not keep each run's steps: analyse the job "

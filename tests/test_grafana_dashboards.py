@@ -12,7 +12,9 @@ import threading
 import time
 
 import pytest
+import yaml
 
+from burnrate.exporter import ledger, ledger_rules
 from burnrate.exporter.telemetry import TelemetrySink
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.processes import agent, prometheus, wait_http
@@ -76,6 +78,17 @@ def test_dashboard_structure(name):
         assert pos["x"] + pos["w"] <= 24, p["title"]
 
 
+def ledger_rules_file(tmp_path) -> str:
+    """The shipped burnrate-ledger group, evaluated each second instead of each minute (as the
+    chart's prometheusRule.interval does), so that the Goodput row's recording rules have
+    values within the test."""
+    with open(os.path.join(ROOT, "manifests", "alerts", "burnrate-rules.yaml")) as fh:
+        [group] = [g for g in yaml.safe_load(fh)["groups"] if g["name"] == ledger_rules.GROUP]
+    path = tmp_path / "ledger-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{**group, "interval": "1s"}]}))
+    return str(path)
+
+
 def telemetry(rank: int, step: int) -> dict:
     return {"v": 1, "training_job": JOB, "namespace": NAMESPACE, "pod": f"{JOB}-worker-{rank}", "rank": rank,
             "world_size": 2, "local_rank": rank, "step": step, "time": time.time(), "steps": 1,
@@ -129,8 +142,10 @@ def test_every_panel_query_returns_data(tmp_path):
                       f"    static_configs: [{{targets: ['{url.removeprefix('http://')}']}}]\n"
                       "  - job_name: burnrate-analyzer\n"
                       f"    static_configs: [{{targets: ['127.0.0.1:{analyzer_port}']}}]\n")
-            with prometheus(tmp_path, scrape=scrape) as prom, analyzer(tmp_path, prom.url, analyzer_port):
+            with prometheus(tmp_path, scrape=scrape, config=f"rule_files: [{ledger_rules_file(tmp_path)}]\n") as prom, \
+                    analyzer(tmp_path, prom.url, analyzer_port):
                 prom.wait_for(f'burnrate_gpu_allocated{{training_job="{JOB}"}}')
+                prom.wait_for(f'{ledger_rules.goodput_record()}{{training_job="{JOB}"}}', timeout=30)
                 # The analyzer has exported a report that prices the job and names its finding.
                 prom.wait_for(f'burnrate_job_cost_dollars{{training_job="{JOB}"}}', timeout=60)
                 prom.wait_for(f'burnrate_finding{{training_job="{JOB}"}}', timeout=60)
@@ -173,6 +188,19 @@ def test_every_panel_query_returns_data(tmp_path):
                 assert [r["metric"]["training_job"] for r in answers["Cost per job"][0]] == [JOB]
                 assert "dataloader_starvation" in {r["metric"]["kind"] for r in answers["Waste per kind"][0]}
                 assert value(answers["Analysis age"][0]) < 30
+                # The Goodput row: each rank, on a GPU of its own, computes 0.15 s, waits 0.3 s for
+                # data and so 0.05 s for the other rank in every 0.5 s step, and saves and evaluates
+                # nothing. Its counters and its GPUs' start together, so the shares hold before the
+                # 5-minute window has filled.
+                assert value(answers["Goodput"][0]) == pytest.approx(0.15 / 0.5, rel=0.1)
+                stacked = answers["Where the job's GPU-time goes"]
+                assert len(stacked) == len(ledger.COUNTED) + 1
+                rate = {c.name: value(result) for c, result in zip(ledger.COUNTED, stacked)}
+                assert rate["productive"] > 0
+                assert rate["data_wait"] == pytest.approx(2 * rate["productive"], rel=0.05)
+                assert rate["sync_wait"] == pytest.approx(rate["productive"] / 3, rel=0.05)
+                assert rate["checkpoint"] == rate["evaluation"] == 0
+                assert value(stacked[-1]) > 0  # the GPUs held
         finally:
             stop.set()
             trainer.join(5)

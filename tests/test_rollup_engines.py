@@ -4,7 +4,8 @@ writes the results as blocks) and VictoriaMetrics' (`vmalert -replay`, which wri
 through remote write). The fleet is hand-written with tests/contract_fleet.py (from the contract
 and the README's counter definitions, not from the agent): 15, 30 and 60 s scrapes, a missed
 scrape, an agent restart, a time-sliced GPU, GPU Operator's label layout on one node. Per job,
-namespace and node, the roll-ups summed over the window give the truth, on both engines."""
+namespace and node, the roll-ups summed over the window give the truth, on both engines; so do
+the ledger's records (the burnrate-ledger group) per job and namespace, and the job's goodput."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ import re
 
 import pytest
 
+from burnrate.exporter import ledger_rules as LR
 from tests.conftest import ROOT
 from tests.contract_fleet import BASE_TIME, Node, Workload, backfill_prometheus, generate, import_victoria
 from tests.processes import prometheus, victoria_metrics
@@ -26,6 +28,14 @@ EVALUATED_TO = END + AFTER_S
 JOB = "cluster_hostname_namespace_training_job:burnrate_gpu_{}_seconds:rate5m"
 NODE = "cluster_hostname:burnrate_gpu_observed_seconds:rate5m"
 NAMESPACE = "cluster_namespace:burnrate_gpu_{}_seconds:rate5m"
+# The ledger's categories the fleet's ranks report (no checkpoint or evaluation counters), and
+# the share of each rank's held time in each: steps back to back, 85% compute
+# (contract_fleet._sample_training), the workload's data wait, the rest waiting on the others.
+LEDGER = ("productive", "data_wait", "sync_wait")
+
+
+def ledger_shares(w: Workload) -> dict[str, float]:
+    return {"productive": 0.85, "data_wait": w.data_wait, "sync_wait": 1.0 - 0.85 - w.data_wait, "gpu": 1.0}
 
 
 def fleet():
@@ -60,6 +70,14 @@ def integrals(server, names: dict[str, str], by: str) -> dict[str, dict[tuple, f
     return out
 
 
+def goodput(server) -> dict[tuple, float]:
+    """Each job's goodput record, its median over the window: its share of compute while it runs."""
+    window = f"{int(EVALUATED_TO - START + 3600)}s"
+    result = server.get("/api/v1/query", query=f"quantile_over_time(0.5, {LR.goodput_record()}[{window}])",
+                        time=str(EVALUATED_TO))["result"]
+    return {(r["metric"]["namespace"], r["metric"]["training_job"]): float(r["value"][1]) for r in result}
+
+
 def readme_job_hours(server) -> dict[str, dict[tuple, float]]:
     """The README's two queries for each job's GPU-hours and idle GPU-hours, over this window
     instead of a week, in seconds."""
@@ -77,15 +95,45 @@ def readme_job_hours(server) -> dict[str, dict[tuple, float]]:
 
 
 def figures(server) -> dict[str, dict[tuple, float]]:
+    def ledger_names(level):
+        return {**{f"{prefix}_{c}": LR.category_record(c, level) for c in LEDGER},
+                f"{prefix}_gpu": LR.gpu_record(level)}
+
+    prefix = "ledger_job"
+    job = ledger_names(LR.JOB)
+    prefix = "ledger_namespace"
+    namespace = ledger_names(LR.NAMESPACE)
     return {**readme_job_hours(server),
+            **integrals(server, job, "namespace, training_job"),
+            **integrals(server, namespace, "namespace"),
             **integrals(server, {"node_observed": NODE, "node_allocated": JOB.format("allocated"),
                                  "node_idle": JOB.format("idle")}, "Hostname"),
             **integrals(server, {"namespace_allocated": NAMESPACE.format("allocated"),
                                  "namespace_idle": NAMESPACE.format("idle")}, "namespace")}
 
 
+def ledgered(f) -> list[Workload]:
+    return [w for w in f.workloads if w.kind == "training" and w.telemetry]
+
+
+def ledger_figures(f, jobs: dict[tuple, float]) -> dict[str, dict[tuple, float]]:
+    """The ledger's records summed, from each job's GPU-seconds (or their margin): one rank per
+    whole GPU, so a training job's rank-seconds are its GPU-seconds, each category its share.
+    Every holder's GPUs count per job; a namespace's over its jobs that report steps."""
+    out: dict[str, dict[tuple, float]] = {"ledger_job_gpu": dict(jobs)}
+    for w in ledgered(f):
+        for part, share in ledger_shares(w).items():
+            seconds = jobs[(w.namespace, w.name)] * share
+            if part != "gpu":
+                out.setdefault(f"ledger_job_{part}", {})[(w.namespace, w.name)] = seconds
+            by_ns = out.setdefault(f"ledger_namespace_{part}", {})
+            by_ns[(w.namespace,)] = by_ns.get((w.namespace,), 0.0) + seconds
+    return out
+
+
 def truth(f) -> dict[str, dict[tuple, float]]:
     jobs = {(w.namespace, w.name): f.truth.job_gpu_hours[(w.namespace, w.name)] * 3600 for w in f.workloads}
+    ledger = ledger_figures(f, jobs)
     idle = {(w.namespace, w.name): jobs[(w.namespace, w.name)] * (not w.busy) for w in f.workloads}
     namespaces: dict[tuple, float] = {}
     namespace_idle: dict[tuple, float] = {}
@@ -98,7 +146,7 @@ def truth(f) -> dict[str, dict[tuple, float]]:
             "node_observed": {(n,): v["observed_gpu_hours"] * 3600 for n, v in per_node.items()},
             "node_allocated": {(n,): v["allocated_gpu_hours"] * 3600 for n, v in per_node.items()},
             "node_idle": {(n,): v["idle_gpu_hours"] * 3600 for n, v in per_node.items()},
-            "namespace_allocated": namespaces, "namespace_idle": namespace_idle}
+            "namespace_allocated": namespaces, "namespace_idle": namespace_idle, **ledger}
 
 
 def margins(f) -> dict[str, dict[tuple, float]]:
@@ -120,8 +168,9 @@ def margins(f) -> dict[str, dict[tuple, float]]:
         for n, g in w.placements:
             node_held[(n,)] = node_held.get((n,), 0.0) + w.share * len(g) * edge(nodes[n])
     observed = {(n.name,): n.gpus * edge(n) for n in f.nodes}
+    ledger = ledger_figures(f, jobs)
     return {"job_allocated": jobs, "job_idle": jobs, "node_observed": observed, "node_allocated": node_held,
-            "node_idle": node_held, "namespace_allocated": nss, "namespace_idle": nss}
+            "node_idle": node_held, "namespace_allocated": nss, "namespace_idle": nss, **ledger}
 
 
 def assert_near_truth(got: dict, f, engine: str) -> None:
@@ -136,19 +185,23 @@ def assert_near_truth(got: dict, f, engine: str) -> None:
 
 def test_the_rollups_give_the_truth_on_prometheus_and_on_victoria_metrics(tmp_path):
     f = fleet()
-    rules = rollup_rules(tmp_path)
+    rules = rollup_rules(tmp_path, groups=("burnrate-rollups", LR.GROUP))
     # Prometheus: the fleet back-filled, the rules evaluated over it by promtool into blocks of
     # their own, then both read by a Prometheus started on them.
     data = backfill_prometheus(f, tmp_path)
     evaluate_in_prometheus(tmp_path, data, rules, START, END)
     with prometheus(tmp_path, storage=data) as prom:
         from_prometheus = figures(prom)
+        prometheus_goodput = goodput(prom)
 
     # VictoriaMetrics: the fleet imported, the rules replayed by vmalert into it.
     with victoria_metrics(tmp_path) as vm:
         import_victoria(f, vm.url)
         replay_in_victoria(tmp_path, vm.url, rules, START, END)
         from_victoria = figures(vm)
+        victoria_goodput = goodput(vm)
 
     assert_near_truth(from_prometheus, f, "prometheus")
     assert_near_truth(from_victoria, f, "victoria-metrics")
+    for engine, got in (("prometheus", prometheus_goodput), ("victoria-metrics", victoria_goodput)):
+        assert got == pytest.approx({(w.namespace, w.name): 0.85 for w in ledgered(f)}, rel=0.01), engine

@@ -1,0 +1,215 @@
+"""The recording rules of the ledger's counted part, and the alert on goodput, rendered from the
+ledger's definitions (exporter/ledger.py) and the catalog's names: the `burnrate-ledger` group of
+manifests/alerts/burnrate-rules.yaml. Rendered, not written by hand, so that the rules and the
+analyzer count the same counters with the same signs; tests/test_ledger_rules.py fails while
+the rules file holds another group than this renders.
+
+`python -m burnrate.exporter.ledger_rules` prints the group, as an item of the file's `groups:`.
+No third-party imports: the YAML is written here.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from . import catalog as C
+from . import ledger
+from . import labels as L
+
+GROUP = "burnrate-ledger"
+BEGIN = f"  # BEGIN {GROUP}: rendered by exporter/ledger_rules.py (`python -m burnrate.exporter.ledger_rules`); edit that, not this."
+END = f"  # END {GROUP}"
+
+GOODPUT_LOW = 0.5
+"""Below this share of its held GPU-time in its ranks' compute, a job warns. Under a half,
+more GPU-time goes elsewhere (waiting for data or for other ranks, checkpoints, evaluation,
+start-up, stalls) than into the steps: well past what any one of those costs in a healthy
+run, and the point where fixing the job buys back more than the compute it runs. Each cause
+has its own alert at its own threshold; this one catches several smaller ones adding up."""
+GOODPUT_LOW_FOR = "30m"
+"""How long goodput must stay below GOODPUT_LOW. Longer than a usual start-up (scheduling,
+image pull, model load and restore take minutes) plus the 5-minute window catching up, and
+than one checkpoint save or evaluation pass, so that the warning is about a steady state,
+not a pause the job recovers from; the same 30 minutes as GPUIdleWhileAllocated's warning."""
+
+WINDOW = "5m"
+WINDOW_S = 300  # the roll-ups' rate5m: increase() over it, which VictoriaMetrics sums like Prometheus
+JOB = ("cluster", L.NAMESPACE, L.TRAINING_JOB)
+NAMESPACE = ("cluster", L.NAMESPACE)
+ALLOCATED = C.BY_NAME["burnrate_gpu_allocated_seconds_total"].sample_name
+
+
+def record(level: tuple[str, ...], metric: str) -> str:
+    return f"{'_'.join(level)}:{metric}"
+
+
+def category_record(name: str, level: tuple[str, ...] = JOB) -> str:
+    return record(level, f"burnrate_ledger_{name}_seconds:rate{WINDOW}")
+
+
+def gpu_record(level: tuple[str, ...] = JOB) -> str:
+    return record(level, f"burnrate_ledger_gpu_seconds:rate{WINDOW}")
+
+
+def goodput_record(level: tuple[str, ...] = JOB) -> str:
+    return record(level, "burnrate_goodput:ratio")
+
+
+def rank_counter(field: str) -> str:
+    [spec] = [m for m in C.CATALOG if m.source == C.RANK and m.field == field]
+    return spec.sample_name
+
+
+def _by(level: tuple[str, ...]) -> str:
+    return ", ".join(level)
+
+
+def _rate(sample: str) -> str:
+    """Per job, a counter's rate5m, the workload's namespace taken from exported_namespace
+    where the exported-labels profile put it."""
+    return (f"sum by ({_by(JOB)}) (label_replace(increase({sample}[{WINDOW}]) / {WINDOW_S}, "
+            f'"{L.NAMESPACE}", "$1", "exported_namespace", "(.+)"))')
+
+
+def job_category(category: ledger.Category) -> str:
+    terms = [("- " if sign < 0 else "+ ") + _rate(rank_counter(field)) for field, sign in category.counters]
+    if len(terms) == 1 and category.counters[0][1] > 0:
+        return terms[0][2:]
+    # Summed per job before the clamp: the timers are read apart, so a rank's parts can
+    # exceed its step by noise, and per job that noise still cancels in the categories' sum.
+    inner = "\n  ".join([terms[0].removeprefix("+ ")] + terms[1:])
+    return f"clamp_min(\n  {inner},\n  0\n)"
+
+
+# A job's GPUs, share-weighted: the ledger's whole. GPUs of pods the agent could not name a job
+# for (training_job empty) are no job's.
+JOB_GPU = _rate(f'{ALLOCATED}{{{L.TRAINING_JOB}!=""}}')
+
+
+def _and(expr: str, condition: str) -> str:
+    """Per job, `expr` where `condition` has a value."""
+    return f"(\n  {_indent(expr)}\n)\nand on ({_by(JOB)})\n(\n  {_indent(condition)}\n)"
+
+
+def _per_namespace(expr: str) -> str:
+    return f"sum by ({_by(NAMESPACE)}) (\n  {_indent(expr)}\n)"
+
+
+def _indent(expr: str) -> str:
+    return expr.replace("\n", "\n  ")
+
+
+def _spelled(duration: str) -> str:
+    number, unit = re.fullmatch(r"(\d+)([mh])", duration).groups()
+    return f"{number} {'minutes' if unit == 'm' else 'hours'}"
+
+
+def rules() -> list[tuple[str, dict]]:
+    """(why, rule) for each rule of the group, in evaluation order. Each record is written from
+    the raw counters, none from another record, so that back-filling tools (promtool tsdb
+    create-blocks-from rules, vmalert -replay), which cannot see a rule's results in the same
+    pass, compute them too."""
+    productive = job_category({c.name: c for c in ledger.COUNTED}[ledger.PRODUCTIVE])
+    held = f"{JOB_GPU} > 0"
+    out: list[tuple[str, dict]] = []
+    for i, c in enumerate(ledger.COUNTED):
+        why = ("Per job, each category its ranks' counters measure (ledger.COUNTED), in rank-seconds "
+               "per second: the category's counters summed with their signs." if i == 0 else "")
+        out.append((why, {"record": category_record(c.name), "expr": job_category(c)}))
+    out.append(("The GPUs the job holds, share-weighted: the GPU-seconds per second that all its "
+                "categories add up to.", {"record": gpu_record(), "expr": JOB_GPU}))
+    out.append(("Goodput: the productive share of what the job holds, only while it holds GPUs.",
+                {"record": goodput_record(), "expr": f"{productive}\n/ on ({_by(JOB)})\n({held})"}))
+    for i, c in enumerate(ledger.COUNTED):
+        why = ("Per namespace, over its jobs that hold GPUs and report steps: a job without telemetry "
+               "has no productive time to count, and its GPU-time would read as badput." if i == 0 else "")
+        out.append((why, {"record": category_record(c.name, NAMESPACE),
+                          "expr": _per_namespace(_and(job_category(c), held))}))
+    namespace_gpu = _per_namespace(_and(held, productive))
+    out.append(("", {"record": gpu_record(NAMESPACE), "expr": namespace_gpu}))
+    out.append(("", {"record": goodput_record(NAMESPACE),
+                     "expr": f"{_per_namespace(_and(productive, held))}\n/ on ({_by(NAMESPACE)})\n{namespace_gpu}"}))
+    out.append((f"A job whose goodput stays under {GOODPUT_LOW:g} for {GOODPUT_LOW_FOR}: GOODPUT_LOW and "
+                "GOODPUT_LOW_FOR in exporter/ledger_rules.py say why (no detector of the analyzer has them).", {
+        "alert": "TrainingGoodputLow",
+        "expr": f"{goodput_record()} < {GOODPUT_LOW:g}",
+        "for": GOODPUT_LOW_FOR,
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "Training job {{ $labels.namespace }}/{{ $labels.training_job }} has a goodput of "
+                       "{{ $value | humanizePercentage }}.",
+            "description": f"For {_spelled(GOODPUT_LOW_FOR)}, under {GOODPUT_LOW:.0%} of the GPU-time the job "
+                           "holds has gone into its ranks' compute. The rest waits for data or for other ranks, "
+                           "saves checkpoints, evaluates, or is time no counter sees (start-up, restarts, "
+                           "stalls, lost progress); the training-job dashboard's Goodput row splits it.",
+            "runbook_url": "docs/runbooks.md#traininggoodputlow",
+        }}))
+    for _, rule in out:
+        # YAML's block scalars end in a newline: expressions written as one are read back so.
+        if "\n" in rule["expr"]:
+            rule["expr"] += "\n"
+    return out
+
+
+def group() -> dict:
+    return {"name": GROUP, "interval": "1m", "rules": [rule for _, rule in rules()]}
+
+
+# Plain scalars YAML reads back as the same text: a word first (or a duration), then no comment
+# and no mapping; YAML 1.1's booleans and null aside.
+_PLAIN = re.compile(r"(?!(?:true|false|yes|no|on|off|null|y|n)$)(?:[A-Za-z]|\d+[smhdwy]$)(?:(?! #|: )[^\n])*(?<![: ])",
+                    re.IGNORECASE)
+
+
+def _scalar(value: str, indent: str) -> str:
+    if "\n" in value:
+        return "|\n" + "\n".join(f"{indent}  {line}" for line in value.rstrip("\n").split("\n"))
+    return value if _PLAIN.fullmatch(value) else json.dumps(value)
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(indent) + 2 + len(line) + 1 + len(word) > 100:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return [f"{indent}# {line}" for line in lines + [line]]
+
+
+def _mapping(value: dict, indent: str, first: str) -> list[str]:
+    out = []
+    for i, (key, v) in enumerate(value.items()):
+        lead = first if i == 0 else indent
+        if isinstance(v, dict):
+            out.append(f"{lead}{key}:")
+            out.extend(_mapping(v, indent + "  ", indent + "  "))
+        else:
+            out.append(f"{lead}{key}: {_scalar(v, indent)}")
+    return out
+
+
+def render() -> str:
+    """The group as an item of a rules file's `groups:`, between the markers the test and the
+    regeneration find it by."""
+    lines = [BEGIN,
+             *_wrap("The ledger's counted part (exporter/ledger.py): where each job's GPU-time went, from "
+                    "its ranks' counters, per job and per namespace, as rank-seconds (or GPU-seconds) per "
+                    "second over 5 minutes, written increase(...[5m]) / 300 as the roll-ups are. The "
+                    "categories measured otherwise (start-up, restarts, lost progress, stalls, no process) "
+                    "are the analyzer's: here they are the gap between the categories' sum and the GPUs held. "
+                    "Regenerate with BURNRATE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_ledger_rules.py "
+                    "tests/test_alert_rules.py.",
+                    "  "),
+             f"  - name: {GROUP}", "    interval: 1m", "    rules:"]
+    for why, rule in rules():
+        if why:
+            lines.extend(_wrap(why, "      "))
+        lines.extend(_mapping(rule, "        ", "      - "))
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

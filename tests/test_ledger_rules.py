@@ -1,0 +1,104 @@
+"""The `burnrate-ledger` rule group: rendered by exporter/ledger_rules.py from the ledger's
+definitions (exporter/ledger.py) and the catalog, and carried verbatim by
+manifests/alerts/burnrate-rules.yaml. After changing either, regenerate the group and then the
+PrometheusRule with
+  BURNRATE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_ledger_rules.py tests/test_alert_rules.py
+(the tests fail while they differ). Its values are checked by promtool on
+tests/rules/burnrate-ledger.test.yaml (tests/test_alert_rules.py) and on both engines by
+tests/test_rollup_engines.py."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+import yaml
+
+from burnrate.exporter import catalog, ledger
+from burnrate.exporter import ledger_rules as R
+from tests.conftest import PYTHON, ROOT
+from tests.test_alert_rules import LEDGER_TESTS, RULES, load_rules, metric_names
+
+# The rendered group in the rules file, markers included.
+BLOCK = re.compile(rf"^  # BEGIN {R.GROUP}\b.*?^  # END {R.GROUP}\n", re.M | re.S)
+
+
+def shipped_group() -> dict:
+    [group] = [g for g in load_rules()["groups"] if g["name"] == R.GROUP]
+    return group
+
+
+def test_the_rules_file_carries_the_group_as_rendered_now():
+    with open(RULES) as fh:
+        text = fh.read()
+    if os.environ.get("BURNRATE_UPDATE_GOLDEN"):
+        text, n = BLOCK.subn(lambda _: R.render(), text)
+        assert n == 1, f"{RULES} has no '# BEGIN {R.GROUP}' ... '# END {R.GROUP}' block to replace"
+        with open(RULES, "w") as fh:
+            fh.write(text)
+    stale = ("manifests/alerts/burnrate-rules.yaml holds another burnrate-ledger group than "
+             "exporter/ledger_rules.py renders; rerun with BURNRATE_UPDATE_GOLDEN=1")
+    assert [m.group() for m in BLOCK.finditer(text)] == [R.render()], stale
+    assert shipped_group() == R.group(), stale
+
+
+def test_the_rendered_yaml_reads_back_as_the_group():
+    assert yaml.safe_load(R.render()) == [R.group()]
+
+
+def test_the_module_prints_the_group():
+    proc = subprocess.run([PYTHON, "-m", "burnrate.exporter.ledger_rules"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == R.render()
+
+
+def test_each_counted_category_is_recorded_from_its_own_counters_per_job_and_per_namespace():
+    records = {rule["record"]: rule["expr"] for rule in shipped_group()["rules"] if "record" in rule}
+    allocated = catalog.BY_NAME["burnrate_gpu_allocated_seconds_total"].sample_name
+    for c in ledger.COUNTED:
+        counters = {R.rank_counter(field) for field, _ in c.counters}
+        assert counters <= catalog.sample_names(), c.name
+        assert metric_names(records[R.category_record(c.name)]) == counters, c.name
+        assert metric_names(records[R.category_record(c.name, R.NAMESPACE)]) == counters | {allocated}, c.name
+    for level in (R.JOB, R.NAMESPACE):
+        assert metric_names(records[R.gpu_record(level)]) <= {allocated, R.rank_counter("compute_s")}
+        assert metric_names(records[R.goodput_record(level)]) == {allocated, R.rank_counter("compute_s")}
+    # Every record reads raw counters only: back-filling tools cannot see another rule's results.
+    assert all(not (metric_names(expr) & records.keys()) for expr in records.values())
+    # Per job and per namespace, nothing else; kept by `cluster` where the agents carry it.
+    assert {name.split(":")[0] for name in records} == {"cluster_namespace_training_job", "cluster_namespace"}
+    assert len(records) == 2 * (len(ledger.COUNTED) + 2)
+
+
+def test_the_goodput_alert_uses_the_named_threshold_and_duration():
+    [alert] = [rule for rule in shipped_group()["rules"] if "alert" in rule]
+    assert alert["alert"] == "TrainingGoodputLow"
+    assert alert["expr"] == f"{R.goodput_record()} < {R.GOODPUT_LOW:g}"
+    assert alert["for"] == R.GOODPUT_LOW_FOR
+    assert alert["labels"] == {"severity": "warning"}
+    assert alert["annotations"]["runbook_url"] == "docs/runbooks.md#traininggoodputlow"
+
+
+def test_every_ledger_record_is_unit_tested_at_two_scrape_intervals():
+    records = {rule["record"] for rule in shipped_group()["rules"] if "record" in rule}
+    with open(LEDGER_TESTS) as fh:
+        tests = yaml.safe_load(fh)["tests"]
+    assert sorted(test["interval"] for test in tests) == ["15s", "1m"]
+    for test in tests:
+        tested = {re.match(r"[\w:]+", case["expr"]).group() for case in test["promql_expr_test"]}
+        assert tested == records
+        fired = {case["alertname"] for case in test["alert_rule_test"] if case["exp_alerts"]}
+        assert fired == {"TrainingGoodputLow"}
+
+
+def test_the_training_job_dashboard_stacks_every_counted_category():
+    """The Goodput row reads the job-level records, one target per category in the ledger's
+    order and the GPUs held last (tests/test_grafana_dashboards.py runs them)."""
+    with open(os.path.join(ROOT, "manifests", "grafana", "burnrate-training-job.json")) as fh:
+        panels = {p["title"]: p for p in json.load(fh)["panels"]}
+    selector = '{namespace="$namespace", training_job="$training_job"}'
+    assert [t["expr"] for t in panels["Goodput"]["targets"]] == [R.goodput_record() + selector]
+    stacked = [t["expr"] for t in panels["Where the job's GPU-time goes"]["targets"]]
+    assert stacked == [R.category_record(c.name) + selector for c in ledger.COUNTED] + [R.gpu_record() + selector]
