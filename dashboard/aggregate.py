@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from burnrate.analyzer.cost import GpuPrices
+from burnrate.analyzer.cost import GpuPrices, JobCost
 from burnrate.analyzer.detectors import idle_gpu
 from burnrate.analyzer.views import RankSteps, Views, build_grid
 from burnrate.analyzer.findings import Finding
+from burnrate.analyzer.ledger import Ledger
 from burnrate.analyzer.report import Report, headline, where
+from burnrate.exporter.ledger import BADPUT, PRODUCTIVE
 
 MAX_BUCKETS = 300
 # An allocated GPU at or below the idle detector's threshold counts as idle.
@@ -189,6 +191,7 @@ class JobDetail:
     checkpoints: list[float]            # unix times
     steps: RankSteps
     findings: list[Finding] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)   # from the job's ledger's runs
 
     @property
     def empty(self) -> bool:
@@ -258,7 +261,8 @@ def job_detail(views: Views, report: Report, namespace: str, training_job: str,
         checkpoints = [float(t) for t in saved if views.start <= t <= views.frames.window.end]
     return JobDetail(namespace, training_job, times, labels, series, over_ranks("mfu"), throughput, unit,
                      first_rank("loss"), first_rank("grad_norm"), checkpoints, views.rank_steps(rows),
-                     [f for f in report.findings if f.job == job])
+                     [f for f in report.findings if f.job == job],
+                     restarts(next((j.ledger for j in report.jobs if (j.namespace, j.training_job) == job), None)))
 
 
 @dataclass(frozen=True)
@@ -301,3 +305,104 @@ def cost_summary(report: Report) -> CostSummary:
         spot_on_demand_dollars=float(spot["on_demand_cost_dollars"].sum()),
         total_dollars=float(priced["cost_dollars"].sum()),
         unpriced_jobs=int(jobs["cost_dollars"].isna().sum()))
+
+
+# --- the ledger: where each GPU-hour a training job held went ------------------------------
+@dataclass(frozen=True)
+class Restart:
+    """The gap between one run's last step (its start, if it never stepped) and the next
+    run's process start; `resumed_from` is the step the next run said it resumed from."""
+    start: float                # unix seconds
+    end: float
+    resumed_from: int | None
+
+    @property
+    def label(self) -> str:
+        if self.resumed_from is None:
+            return "restart, resume step not reported"
+        return f"restart, resumed from step {self.resumed_from:,}"
+
+
+def restarts(ledger: Ledger | None) -> list[Restart]:
+    """A marker per restart of a job, from its ledger's runs."""
+    out = []
+    runs = ledger.runs if ledger is not None else []
+    for before, after in zip(runs, runs[1:]):
+        start = before.last_step if before.last_step is not None else before.process_start
+        if start is None or after.process_start is None:
+            continue
+        out.append(Restart(float(start), float(max(after.process_start, start)), after.resumed_from))
+    return out
+
+
+def unmeasured(job: JobCost) -> list[tuple[str, str]]:
+    """The ledger's categories that cannot be measured for `job`, each with why."""
+    if job.ledger is None:
+        return []
+    return [(name, job.ledger_basis.get(name) or job.ledger.basis.get(name, "not measured"))
+            for name, hours in job.ledger.gpu_hours.items() if hours is None]
+
+
+def _priced(jobs: list[JobCost]) -> bool:
+    return all(j.cost_dollars is not None for j in jobs)
+
+
+def namespace_goodput(report: Report) -> pd.DataFrame:
+    """One row per namespace with a training job's ledger: its jobs, their GPU-hours, the
+    GPU-hours-weighted goodput (productive over held), and the badput per cause in GPU-hours
+    (`<cause>_gpu_hours`) and dollars (`<cause>_dollars`, None where a job is unpriced)."""
+    by_ns: dict[str, list[JobCost]] = {}
+    for j in report.jobs:
+        if j.ledger is not None and j.gpu_hours > 0:
+            by_ns.setdefault(j.namespace, []).append(j)
+    rows = []
+    for namespace, jobs in by_ns.items():
+        held = sum(j.gpu_hours for j in jobs)
+        productive = sum(j.ledger.gpu_hours.get(PRODUCTIVE) or 0.0 for j in jobs)
+        row: dict[str, object] = {"namespace": namespace, "jobs": len(jobs), "gpu_hours": held,
+                                  "goodput": productive / held if held else None,
+                                  "priced": _priced(jobs)}
+        for cause in BADPUT:
+            hours = [j.ledger.gpu_hours.get(cause) or 0.0 for j in jobs]
+            row[f"{cause}_gpu_hours"] = sum(hours)
+            row[f"{cause}_dollars"] = (sum(j.ledger_dollars(h) for j, h in zip(jobs, hours))
+                                       if row["priced"] else None)
+        rows.append(row)
+    columns = ["namespace", "jobs", "gpu_hours", "goodput", "priced"] + \
+        [f"{c}_{unit}" for c in BADPUT for unit in ("gpu_hours", "dollars")]
+    frame = pd.DataFrame(rows, columns=columns)
+    return frame.sort_values("gpu_hours", ascending=False, kind="stable").reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class BadputTimeline:
+    """The fleet's badput by cause over time, summed over the training jobs' ledgers."""
+    times: np.ndarray                   # bucket starts
+    hours: np.ndarray                   # each bucket's length in hours (the last may be short)
+    rate: dict[str, np.ndarray]         # cause -> $ per hour (or GPU-hours per hour), per bucket
+    dollars: bool                       # whether `rate` is $/h; GPU-hours per hour where a job is unpriced
+    jobs: int                           # the jobs with a ledger it sums
+
+    def total(self, cause: str) -> float:
+        """The cause's $ (or GPU-hours) over the window: the area under its band."""
+        return float((self.rate[cause] * self.hours).sum())
+
+
+def badput_timeline(report: Report, views: Views, max_buckets: int = MAX_BUCKETS) -> BadputTimeline:
+    k = bins_per_bucket(views.n, max_buckets)
+    jobs = [j for j in report.jobs if j.ledger is not None and j.ledger.timeline]
+    dollars = _priced(jobs)
+    nb = -(-views.n // k)
+    hours = np.minimum(k, views.n - np.arange(nb) * k) * views.step / 3600
+    rate = {}
+    for cause in BADPUT:
+        total = np.zeros(nb)
+        for j in jobs:
+            seconds = j.ledger.timeline.get(cause)
+            if seconds is None or not np.any(seconds):
+                continue
+            # GPU-seconds per bucket; at the job's own rate when every job has one
+            scale = (j.cost_dollars / j.gpu_hours if dollars and j.gpu_hours > 0 else 1.0) / 3600
+            total += bucket_sum(seconds, k)[0] * scale
+        rate[cause] = total / hours
+    return BadputTimeline(bucket_times(views, k), hours, rate, dollars, len(jobs))

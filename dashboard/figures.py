@@ -10,17 +10,27 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from burnrate.analyzer.cost import JobCost
 from burnrate.analyzer.findings import KINDS
 from burnrate.analyzer.views import RankSteps
+from burnrate.exporter.ledger import BADPUT, CATEGORIES, PRODUCTIVE
 
-from .aggregate import CostSummary, Fleet, JobDetail
+from .aggregate import BadputTimeline, CostSummary, Fleet, JobDetail
 
 SIMULATED_NOTE = "simulated data"
 SEVERITY_COLORS = {"critical": "#c0392b", "warning": "#e67e22", "info": "#2980b9"}
 STATE_COLORS = {"busy": "#2e86de", "idle": "#f39c12", "utilization unknown": "#636e72", "unallocated": "#b2bec3"}
 PHASE_COLORS = {"data wait": "#e17055", "compute": "#00b894", "other": "#b2bec3"}
 KIND_COLORS = dict(zip(KINDS, ("#e17055", "#fdcb6e", "#b2bec3", "#6c5ce7", "#d63031", "#e84393",
-                               "#fd79a8", "#2d3436", "#0984e3")))
+                               "#fd79a8", "#2d3436", "#0984e3", "#74b9ff", "#a29bfe", "#00cec9",
+                               "#ffeaa7")))
+# The ledger's categories, one colour each wherever they are drawn.
+LEDGER_COLORS = dict(zip(("productive", "data_wait", "sync_wait", "checkpoint", "evaluation", "startup", "restart",
+                          "lost_progress", "stalled", "no_process"),
+                         ("#00b894", "#e17055", "#fdcb6e", "#74b9ff", "#a29bfe", "#81ecec", "#d63031",
+                          "#e84393", "#6c5ce7", "#636e72")))
+MEANINGS = {c.name: c.meaning for c in CATEGORIES}
+RESTART_COLOR = "#d63031"
 
 
 def _title(text: str, simulated: bool) -> str:
@@ -148,6 +158,7 @@ def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
     if detail.checkpoints:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="checkpoint",
                                  line={"color": "#b2bec3", "dash": "dash"}), row=1, col=1)
+    _mark_restarts(fig, detail)
     # A date axis over the job's own time on every row: a row without traces (no findings)
     # would otherwise make the shared axis linear and squeeze every panel into the edge.
     fig.update_xaxes(type="date", range=_job_extent(detail))
@@ -164,11 +175,28 @@ def _job_extent(detail: JobDetail) -> list[pd.Timestamp] | None:
         if values.size:
             seen |= np.isfinite(values).any(axis=0)
     times = pd.DatetimeIndex(detail.times)
-    ends = list(_datetimes([v for f in detail.findings for v in (f.start, f.end)]))
+    ends = list(_datetimes([v for f in detail.findings for v in (f.start, f.end)] +
+                           [v for r in detail.restarts for v in (r.start, r.end)]))
     if seen.any():
         step = times[1] - times[0] if len(times) > 1 else pd.Timedelta(0)
         ends += [times[seen].min(), times[seen].max() + step]
     return [min(ends), max(ends)] if ends else None
+
+
+def _mark_restarts(fig: go.Figure, detail: JobDetail) -> None:
+    """A band through every panel from each run's last step to the next run's process start
+    (its edge a line, so a restart shorter than a pixel still shows), labelled at the top."""
+    if not detail.restarts:
+        return
+    starts, ends = _datetimes([r.start for r in detail.restarts]), _datetimes([r.end for r in detail.restarts])
+    for r, x0, x1 in zip(detail.restarts, starts, ends):
+        fig.add_shape(type="rect", xref="x", yref="paper", x0=x0, x1=x1, y0=0, y1=1, layer="below",
+                      fillcolor=RESTART_COLOR, opacity=0.15, line={"color": RESTART_COLOR, "width": 1})
+        fig.add_annotation(x=x0, xref="x", y=1, yref="paper", yanchor="bottom", xanchor="right", showarrow=False,
+                           text=r.label, font={"size": 11, "color": RESTART_COLOR},
+                           bgcolor="rgba(255,255,255,0.85)", name="restart")
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="restart",
+                             line={"color": RESTART_COLOR, "width": 6}, opacity=0.4), row=1, col=1)
 
 
 def _datetimes(seconds: list[float]) -> pd.DatetimeIndex:
@@ -242,3 +270,106 @@ def cost_per_billion_tokens(summary: CostSummary, simulated: bool, top: int = 15
     fig.update_xaxes(title="$ per billion tokens", tickprefix="$")
     fig.update_layout(hovermode="y")
     return _layout(fig, "Cost per billion tokens (highest)", simulated, height=max(320, 26 * len(jobs) + 100))
+
+
+def _label(category: str) -> str:
+    return category.replace("_", " ")
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _hours(value: float) -> str:
+    return f"{value:,.2f} GPU-h"
+
+
+def ledger_waterfall(job: JobCost, simulated: bool) -> go.Figure:
+    """Where the job's money went: what it was allocated, less each cause of badput, leaves
+    what its productive steps cost. In GPU-hours where the job has no price. Categories that
+    cannot be measured (None) are not drawn: the page says why."""
+    if job.ledger is None:
+        return empty_figure(job.ledger_basis.get("ledger", "no ledger for this job"))
+    priced = job.cost_dollars is not None
+    value = job.ledger_dollars if priced else (lambda hours: hours)
+    show = _money if priced else _hours
+    causes = [(c, value(h)) for c in BADPUT if (h := job.ledger.gpu_hours.get(c)) is not None and h > 0]
+    allocated = job.cost_dollars if priced else job.gpu_hours
+    productive = value(job.ledger.gpu_hours.get(PRODUCTIVE) or 0.0)
+    hours = [job.gpu_hours] + [job.ledger.gpu_hours[c] for c, _ in causes] + \
+        [job.ledger.gpu_hours.get(PRODUCTIVE) or 0.0]
+    why = ["every GPU-hour the job held"] + [MEANINGS[c] for c, _ in causes] + [MEANINGS[PRODUCTIVE]]
+    fig = go.Figure(go.Waterfall(
+        x=["allocated"] + [_label(c) for c, _ in causes] + [_label(PRODUCTIVE)],
+        measure=["absolute"] + ["relative"] * len(causes) + ["total"],
+        y=[allocated] + [-v for _, v in causes] + [productive],
+        text=[show(allocated)] + [f"−{show(v)}" for _, v in causes] + [show(productive)],
+        textposition="outside", cliponaxis=False,
+        customdata=[[_hours(h), w] for h, w in zip(hours, why)],
+        hovertemplate="%{x}: %{text} (%{customdata[0]})<br>%{customdata[1]}<extra></extra>",
+        decreasing={"marker": {"color": LEDGER_COLORS["data_wait"]}},
+        totals={"marker": {"color": LEDGER_COLORS[PRODUCTIVE]}},
+        connector={"line": {"color": "#b2bec3", "dash": "dot", "width": 1}}))
+    if priced:
+        fig.update_yaxes(title="$", tickprefix="$", rangemode="tozero")
+    else:
+        fig.update_yaxes(title="GPU-hours (the job has no price)", rangemode="tozero")
+    fig.update_layout(hovermode="x", showlegend=False)
+    spent = show(allocated)
+    return _layout(fig, f"Where the {spent} went · goodput {_percent(job.goodput)}", simulated, height=360)
+
+
+def namespace_goodput(frame: pd.DataFrame, simulated: bool) -> go.Figure:
+    """Per namespace, its training jobs' goodput (GPU-hours-weighted) beside their badput by
+    cause: in $ where every such job has a price, else in GPU-hours."""
+    if frame.empty:
+        return empty_figure("no training job has a ledger in this window")
+    dollars = bool(frame["priced"].all())
+    unit = "dollars" if dollars else "gpu_hours"
+    frame = frame.iloc[::-1]            # the most GPU-hours on top
+    names = _plain(frame["namespace"])
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, column_widths=[0.3, 0.7], horizontal_spacing=0.03,
+                        subplot_titles=["goodput (productive / held GPU-hours)",
+                                        "badput by cause, $" if dollars else "badput by cause, GPU-hours "
+                                        "(some jobs have no price)"])
+    fig.add_trace(go.Bar(x=frame["goodput"], y=names, orientation="h", marker_color=LEDGER_COLORS[PRODUCTIVE],
+                         text=[_percent(g) for g in frame["goodput"]], textposition="auto", showlegend=False,
+                         customdata=np.stack([frame["jobs"], frame["gpu_hours"]], axis=1),
+                         hovertemplate="%{y}: goodput %{text} of %{customdata[1]:,.1f} GPU-hours "
+                                       "(%{customdata[0]} training jobs)<extra></extra>"), row=1, col=1)
+    for cause in BADPUT:
+        values = frame[f"{cause}_{unit}"].astype(float)
+        if not (values > 0).any():
+            continue
+        fig.add_trace(go.Bar(x=values.round(4), y=names, orientation="h", name=_label(cause),
+                             marker_color=LEDGER_COLORS[cause],
+                             hovertemplate=f"%{{y}}: {_label(cause)} " +
+                                           ("$%{x:,.2f}" if dollars else "%{x:,.2f} GPU-h") + "<extra></extra>"),
+                      row=1, col=2)
+    fig.update_layout(barmode="stack", hovermode="closest")
+    fig.update_xaxes(range=[0, 1], tickformat=".0%", row=1, col=1)
+    fig.update_xaxes(tickprefix="$" if dollars else "", rangemode="tozero", row=1, col=2)
+    fig.update_annotations(font={"size": 12})
+    fig = _layout(fig, "Goodput by namespace (training jobs)", simulated, height=max(320, 34 * len(frame) + 160))
+    fig.update_layout(legend={"orientation": "h", "y": -0.2, "traceorder": "normal"})
+    return fig
+
+
+def badput_over_time(timeline: BadputTimeline, simulated: bool) -> go.Figure:
+    """The fleet's badput by cause, stacked: the training jobs' ledgers summed over time."""
+    if not timeline.jobs:
+        return empty_figure("no training job has a ledger in this window")
+    causes = [c for c in BADPUT if np.any(timeline.rate[c] > 0)]
+    if not causes:
+        return empty_figure("the training jobs' ledgers show no badput in this window")
+    fig = go.Figure()
+    for cause in causes:
+        fig.add_trace(go.Scatter(x=timeline.times, y=np.round(timeline.rate[cause], 4), name=_label(cause),
+                                 stackgroup="badput", line={"width": 0.5, "color": LEDGER_COLORS[cause]}))
+    if timeline.dollars:
+        fig.update_yaxes(title="badput $ per hour", tickprefix="$", rangemode="tozero")
+    else:
+        fig.update_yaxes(title="badput GPU-hours per hour<br>(some jobs have no price)", rangemode="tozero")
+    fig = _layout(fig, f"Fleet badput by cause ({timeline.jobs} training jobs)", simulated)
+    fig.update_layout(legend={"traceorder": "normal"})
+    return fig

@@ -11,12 +11,17 @@ import socket
 import threading
 import time
 
+from dataclasses import replace
+
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 import pytest
-from dash import no_update
+from dash import html, no_update
 
+from burnrate.analyzer.ledger import Ledger, RunLedger
 from burnrate.analyzer.sources import PrometheusSource, RecordingSource
+from burnrate.exporter.ledger import BADPUT, NAMES
 from burnrate.analyzer.views import RankSteps
 from burnrate.cli import main as burnrate
 from burnrate.dashboard import aggregate, figures
@@ -425,3 +430,144 @@ def test_the_command_serves_with_a_production_server_that_holds_under_bad_client
         finally:
             for s in stalled:
                 s.close()
+
+
+# --- the ledger: where each GPU-hour a training job held went -----------------------------
+def _ledgered(analysis):
+    return [j for j in analysis.report.jobs if j.ledger is not None]
+
+
+def _bars(fig: go.Figure) -> dict[str, float]:
+    """The waterfall's bars as drawn: label -> value."""
+    (wf,) = fig.data
+    return dict(zip(wf.x, wf.y))
+
+
+def test_the_waterfall_takes_each_cause_of_badput_out_of_the_jobs_cost(analysis):
+    """allocated $ (the job's cost), less every cause of badput that is > 0, leaves the
+    productive $, each bar at the job's rate, and the title says the goodput."""
+    jobs = _ledgered(analysis)
+    assert len(jobs) >= 5 and any(sum(1 for c in BADPUT if j.ledger.gpu_hours[c]) >= 3 for j in jobs)
+    for job in jobs:
+        fig = figures.ledger_waterfall(job, False)
+        (wf,) = fig.data
+        causes = [c for c in BADPUT if job.ledger.gpu_hours[c] > 0]
+        assert list(wf.x) == ["allocated"] + [c.replace("_", " ") for c in causes] + ["productive"]
+        assert list(wf.measure) == ["absolute"] + ["relative"] * len(causes) + ["total"]
+        assert wf.y[0] == job.cost_dollars
+        for cause, value in zip(causes, wf.y[1:-1]):
+            assert value == pytest.approx(-job.ledger_dollars(job.ledger.gpu_hours[cause]))
+        assert wf.y[-1] == pytest.approx(job.ledger_dollars(job.ledger.gpu_hours["productive"]))
+        # What Plotly draws as the total: the cost less the badput, which is the productive $ to a cent.
+        assert sum(wf.y[:-1]) == pytest.approx(wf.y[-1], abs=0.01)
+        assert wf.text[0] == f"${job.cost_dollars:,.2f}" and wf.text[-1] == f"${wf.y[-1]:,.2f}"
+        assert f"goodput {job.goodput:.0%}" in fig.layout.title.text
+        assert fig.layout.yaxis.tickprefix == "$"
+
+
+def _two_runs(job, lost_progress: float | None = 0.25) -> Ledger:
+    """A hand-built ledger of `job`: a run that stepped to step 500 and died, a restart, and a
+    second run that resumed from step 400, its categories adding up to the job's GPU-hours."""
+    t0 = float(job.ledger.runs[0].first_step)
+    hours = dict.fromkeys(NAMES, 0.0)
+    hours.update(startup=0.1, restart=0.3, lost_progress=lost_progress, data_wait=0.2, sync_wait=0.15)
+    hours["productive"] = job.gpu_hours - sum(v or 0.0 for v in hours.values())
+    runs = [RunLedger(t0 - 300, t0, t0 + 1200, 0, 500, {}), RunLedger(t0 + 1500, t0 + 1620, t0 + 2400, 400, 900, {})]
+    why = "the next run did not report the step it resumed from"
+    basis = {} if lost_progress is not None else {"lost_progress": why}
+    return Ledger(hours, basis, runs)
+
+
+def test_a_category_that_cannot_be_measured_is_not_a_bar_but_named_with_why(analysis, pages):
+    job = next(j for j in _ledgered(analysis) if j.training_job == "dlrm-1")
+    ledger = _two_runs(job, lost_progress=None)
+    job = replace(job, ledger=ledger, ledger_basis=ledger.basis)
+    panel = pages["job"].ledger_panel(job, False)
+    bars = _bars(_find(panel, "job-waterfall").figure)
+    assert "lost progress" not in bars and {"startup", "restart", "data wait"} <= set(bars)
+    assert sum(list(bars.values())[:-1]) == pytest.approx(bars["productive"], abs=0.01)
+    note = _text(_find(panel, "job-ledger-note"))
+    assert note.startswith("lost progress")
+    assert "not measured: the next run did not report the step it resumed from" in note
+    # Unpriced: the same waterfall in GPU-hours, and the axis says so.
+    unpriced = figures.ledger_waterfall(replace(job, cost_dollars=None), False)
+    hours = _bars(unpriced)
+    assert hours["allocated"] == job.gpu_hours and hours["restart"] == -0.3
+    assert hours["productive"] == pytest.approx(ledger.gpu_hours["productive"])
+    assert "no price" in unpriced.layout.yaxis.title.text and "GPU-hours" in unpriced.layout.yaxis.title.text
+    assert f"{job.gpu_hours:,.2f} GPU-h went" in unpriced.layout.title.text
+
+
+def test_a_job_without_a_ledger_says_why_instead_of_an_empty_figure(app, pages):
+    with app.server.test_request_context():
+        page = html.Div(pages["job"].update({"namespace": "notebooks", "training_job": "jupyter-frank-1"}, "", 1))
+    assert _find(page, "job-waterfall") is None
+    assert _text(_find(page, "job-ledger-none")) == \
+        "No GPU-hour ledger for this job: a ledger is kept for training jobs; this is interactive."
+    with app.server.test_request_context():
+        page = html.Div(pages["job"].update({"namespace": "ml-research", "training_job": "dlrm-1"}, "", 1))
+    assert _find(page, "job-waterfall") is not None and _find(page, "job-ledger-none") is None
+
+
+def test_restarts_are_marked_from_one_runs_last_step_to_the_next_ones_start(analysis):
+    """A hand-built two-run ledger: the job's over-time figure shades its restart through
+    every panel, from the first run's last step to the second run's process start."""
+    report = analysis.report
+    job = next(j for j in report.jobs if j.training_job == "dlrm-1")
+    ledger = _two_runs(job)
+    report = replace(report, jobs=[replace(j, ledger=ledger) if j is job else j for j in report.jobs])
+    detail = aggregate.job_detail(analysis.views, report, job.namespace, job.training_job)
+    first, second = ledger.runs
+    assert detail.restarts == [aggregate.Restart(first.last_step, second.process_start, 400)]
+    fig = figures.job_timeline(detail, False)
+    (band,) = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert pd.Timestamp(band.x0) == pd.Timestamp(first.last_step, unit="s").round("ms")
+    assert pd.Timestamp(band.x1) == pd.Timestamp(second.process_start, unit="s").round("ms")
+    assert (band.yref, band.y0, band.y1) == ("paper", 0, 1)
+    (label,) = [a for a in fig.layout.annotations if a.text.startswith("restart")]
+    assert label.text == "restart, resumed from step 400" and pd.Timestamp(label.x) == pd.Timestamp(band.x0)
+    # A job of one run has none.
+    plain = aggregate.job_detail(analysis.views, analysis.report, job.namespace, job.training_job)
+    assert plain.restarts == [] and not [s for s in figures.job_timeline(plain, False).layout.shapes
+                                         if s.type == "rect"]
+
+
+def test_namespace_goodput_is_its_training_jobs_hours_weighted_goodput(analysis):
+    jobs = _ledgered(analysis)
+    frame = aggregate.namespace_goodput(analysis.report)
+    assert set(frame["namespace"]) == {j.namespace for j in jobs}
+    fig = figures.namespace_goodput(frame, False)
+    drawn = dict(zip(fig.data[0].y, fig.data[0].x))
+    badput = {t.name: dict(zip(t.y, t.x)) for t in fig.data[1:]}
+    weighted_differs = False
+    for namespace in frame["namespace"]:
+        mine = [j for j in jobs if j.namespace == namespace]
+        weighted = sum(j.goodput * j.gpu_hours for j in mine) / sum(j.gpu_hours for j in mine)
+        weighted_differs |= abs(weighted - np.mean([j.goodput for j in mine])) > 0.01
+        assert drawn[namespace] == pytest.approx(weighted)
+        for cause in BADPUT:
+            dollars = sum(j.ledger_dollars(j.ledger.gpu_hours[cause]) for j in mine)
+            assert badput.get(cause.replace("_", " "), {}).get(namespace, 0.0) == pytest.approx(dollars, abs=1e-4)
+    assert weighted_differs      # the recording's namespaces tell a weighted mean from a plain one
+
+
+def test_the_fleets_badput_over_time_adds_up_to_the_jobs_badput(analysis):
+    jobs = _ledgered(analysis)
+    for priced in (True, False):
+        report = analysis.report if priced else replace(
+            analysis.report, jobs=[replace(j, cost_dollars=None) if j.training_job == "dlrm-1" else j
+                                   for j in analysis.report.jobs])
+        timeline = aggregate.badput_timeline(report, analysis.views)
+        fig = figures.badput_over_time(timeline, False)
+        drawn = {t.name: float((np.asarray(t.y) * timeline.hours).sum()) for t in fig.data}
+
+        def measure(j, hours):
+            return j.ledger_dollars(hours) if priced else hours
+
+        expected = {c.replace("_", " "): sum(measure(j, j.ledger.gpu_hours[c]) for j in jobs) for c in BADPUT}
+        assert set(drawn) == {c for c, v in expected.items() if v > 0}
+        for cause, total in drawn.items():
+            assert total == pytest.approx(expected[cause], rel=1e-3, abs=1e-3), cause
+        assert sum(drawn.values()) == pytest.approx(sum(expected.values()), rel=1e-4)
+        title = fig.layout.yaxis.title.text
+        assert title.startswith("badput $ per hour") if priced else title.startswith("badput GPU-hours per hour")

@@ -62,8 +62,10 @@ def _screenshot(driver, name: str) -> None:
     if not out:
         return
     os.makedirs(out, exist_ok=True)
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(WIDTH, min(max(height, 800), 4000))
+    # The window's height holds the browser's own bars too: the page's, plus theirs, shows all of it.
+    height, bars = driver.execute_script("return [document.documentElement.scrollHeight, "
+                                         "window.outerHeight - window.innerHeight]")
+    driver.set_window_size(WIDTH, min(max(height, 800), 4000) + bars)
     driver.save_screenshot(os.path.join(out, f"{name}.png"))
     driver.set_window_size(WIDTH, HEIGHT)
 
@@ -347,3 +349,36 @@ def test_names_from_the_cluster_are_text_never_links(browser, tmp_path):
         ticks = browser.execute_script(
             "return Array.from(document.querySelectorAll('#cost-jobs .ytick text')).map(t => t.textContent);")
         assert {f"demo/{name}" for name in HOSTILE_JOBS} <= set(ticks)     # the chart names namespace/job
+
+
+WATERFALL = """
+const g = document.getElementById('job-waterfall');
+return {bars: Array.from(g.querySelectorAll('.trace.bars .bartext')).map(t => t.textContent),
+        labels: Array.from(g.querySelectorAll('.xtick text')).map(t => t.textContent),
+        title: g.querySelector('.gtitle').textContent};
+"""
+
+
+def test_a_training_jobs_page_opens_with_where_its_money_went(served, browser):
+    """The waterfall a user reads at the top of a training job's page: the job's cost, less
+    each cause of badput, leaves its productive dollars, as the analysis computed them."""
+    from burnrate.analyzer.pricing import load_catalog
+    from burnrate.analyzer.report import analyze
+    from burnrate.analyzer.sources import RecordingSource
+    from burnrate.exporter.ledger import BADPUT
+    base, truth, root = served
+    namespace, name = _straggler_job(truth)
+    job = next(j for j in analyze(RecordingSource(root).frames(), load_catalog(None)).jobs
+               if (j.namespace, j.training_job) == (namespace, name))
+    _load(browser, f"{base}/job/{namespace}/{name}", "#job-waterfall")
+    seen = browser.execute_script(WATERFALL)
+    causes = [c for c in BADPUT if job.ledger.gpu_hours[c] > 0]
+    assert len(causes) >= 2
+    assert seen["labels"] == ["allocated"] + [c.replace("_", " ") for c in causes] + ["productive"]
+    assert seen["bars"] == [f"${job.cost_dollars:,.2f}"] + \
+        [f"−${job.ledger_dollars(job.ledger.gpu_hours[c]):,.2f}" for c in causes] + \
+        [f"${job.ledger_dollars(job.ledger.gpu_hours['productive']):,.2f}"]
+    shown = [float(text.replace("−", "-").replace("$", "").replace(",", "")) for text in seen["bars"]]
+    assert sum(shown[:-1]) == pytest.approx(shown[-1], abs=0.01 * len(shown))      # each rounded to a cent
+    assert f"goodput {job.goodput:.0%}" in seen["title"]
+    assert _errors(browser) == []

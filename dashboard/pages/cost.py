@@ -7,9 +7,10 @@ from dash import Input, Output, State, callback, ctx, html, no_update
 from burnrate.analyzer.accounting import COVERAGE_WARNING
 from burnrate.analyzer.report import Report
 
-from ..aggregate import cost_summary
+from ..aggregate import badput_timeline, cost_summary, namespace_goodput
 from ..data import Analysis
-from ..figures import cost_by_job, cost_by_namespace, cost_per_billion_tokens, spot_savings, waste_by_cause
+from ..figures import (badput_over_time, cost_by_job, cost_by_namespace, cost_per_billion_tokens,
+                       namespace_goodput as goodput_figure, spot_savings, waste_by_cause)
 from ..ui import graph, job_href, money, render, stat
 
 dash.register_page(__name__, path="/cost", name="Cost", title="burnrate · cost", order=3)
@@ -58,6 +59,9 @@ def content(a: Analysis, _search: str) -> list:
         html.Div([graph("cost-jobs", cost_by_job(summary, sim)),
                   graph("cost-waste", waste_by_cause(summary, sim))], className="br-row"),
         graph("cost-tokens", cost_per_billion_tokens(summary, sim)),
+        html.H3("Goodput: where the training jobs' GPU-hours went"),
+        graph("cost-goodput", goodput_figure(namespace_goodput(a.report), sim)),
+        graph("cost-badput", badput_over_time(badput_timeline(a.report, a.views), sim)),
     ]
 
 

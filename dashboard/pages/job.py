@@ -4,9 +4,11 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, callback, dcc, html
 
-from ..aggregate import job_detail
+from burnrate.analyzer.cost import JobCost
+
+from ..aggregate import job_detail, unmeasured
 from ..data import Analysis
-from ..figures import SEVERITY_COLORS, job_timeline, rank_breakdown
+from ..figures import SEVERITY_COLORS, job_timeline, ledger_waterfall, rank_breakdown
 from ..ui import graph, money, notice, render, stat
 
 dash.register_page(__name__, path_template="/job/<namespace>/<training_job>", name="Job",
@@ -35,12 +37,14 @@ def content(a: Analysis, namespace: str, training_job: str) -> list:
     if match.empty:
         return [notice(f"No job {namespace}/{training_job} held GPUs in this window.")]
     row = match.iloc[0]
+    job = next(j for j in a.report.jobs if (j.namespace, j.training_job) == (namespace, training_job))
     detail = job_detail(a.views, a.report, namespace, training_job)
     sim = a.simulated
     mfu, tps = row["mfu"], row["tokens_per_s"]
     stats = html.Div([
         stat("GPUs", f"{row['gpus']:g}", row["capacity_type"]),
         stat("cost so far", money(row["cost_dollars"]), f"{money(row['dollars_per_hour'])}/h"),
+        stat("goodput", "-" if job.goodput is None else f"{job.goodput:.0%}", "productive / held GPU-hours"),
         stat("MFU", "-" if mfu != mfu or mfu is None else f"{mfu:.1%}"),
         stat("tokens/s", "-" if tps != tps or tps is None else f"{tps:,.0f}"),
         stat("findings", str(len(detail.findings)), f"{money(row['waste_dollars'])} wasted"),
@@ -50,8 +54,22 @@ def content(a: Analysis, namespace: str, training_job: str) -> list:
                          html.B(f" {f.kind} "), html.Span(f"{money(f.wasted_dollars)} wasted · "),
                          html.Span(f.recommendation)]) for f in detail.findings]
     return [
+        ledger_panel(job, sim),
         stats,
         html.Ul(findings, className="br-findings") if findings else html.P("No findings for this job."),
         graph("job-ranks", rank_breakdown(detail.steps, sim)),
         graph("job-timeline", job_timeline(detail, sim)),
     ]
+
+
+def ledger_panel(job: JobCost, simulated: bool) -> html.Div:
+    """The job's ledger as a waterfall, with the categories it cannot measure and why; one
+    line saying why where the job has no ledger."""
+    if job.ledger is None:
+        why = job.ledger_basis.get("ledger", "no ledger for this job")
+        return html.Div(html.P(f"No GPU-hour ledger for this job: {why}.", id="job-ledger-none", className="br-hint"),
+                        id="job-ledger")
+    missing = unmeasured(job)
+    note = html.Ul([html.Li([html.B(name.replace("_", " ")), f" not measured: {why}"]) for name, why in missing],
+                   id="job-ledger-note", className="br-hint") if missing else None
+    return html.Div([graph("job-waterfall", ledger_waterfall(job, simulated)), note], id="job-ledger")
