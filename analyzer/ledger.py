@@ -9,14 +9,17 @@ bin is given to the categories by what the job's ranks were doing:
 - before a run's first step the held time is `startup` (from the allocation for the first
   run, from the process's start for later ones), after a run's last step and before the next
   run's processes start it is `restart`, after the last run's last step it is `stalled`
-  while the process is alive (its ranks still report, or its GPUs are busy above the idle
-  utilization: a rank hung in a collective spins) and `no_process` once it is not;
-- in between, each bin is split in proportion to the rank-seconds its counters grew by:
-  compute, data wait, the rest of the step time (sync wait), checkpoint and evaluation. A
-  bin whose counters did not grow takes the split of the bin that ends its gap (an
-  evaluation or a slow step reports its time when it ends); a gap longer than
-  `stalled.Config.interval_factor` usual step times, ended by steps alone, is a stall: its
-  time beyond the usual step is `stalled`, and is taken out of the step time that reported it;
+  while its ranks still report and `no_process` once they do not (ranks whose series
+  vanish while the job still holds its GPUs stopped reporting at their last step);
+- in between, the held time is split in proportion to the rank-seconds the run's counters
+  grew by: compute, data wait, the rest of the step time (sync wait), checkpoint and
+  evaluation. The split is over the run's whole stretch of steps (and, apart, over its
+  steps that were computed again), not sample by sample: a save or an evaluation reports
+  its time only when it ends, often a sample or more after it began;
+- a stretch of samples that report nothing new for longer than `stalled.Config.interval_factor`
+  usual step times is a stall: its time beyond the usual step and beyond the save or
+  evaluation that ended it is `stalled`, and is taken back out of the step time that
+  reported it. Samples missing altogether (a late scrape) are not a stall;
 - steps a run completed after the step the next run resumed from (`global_step` against
   the next run's `resumed_from`) are `lost_progress`, their whole step time.
 """
@@ -29,7 +32,6 @@ import numpy as np
 from burnrate.exporter.ledger import NAMES, PRODUCTIVE
 
 from .accounting import Accounting, holder_seconds
-from .detectors.idle_gpu import Config as IdleConfig
 from .detectors.stalled import Config as StalledConfig
 from .views import Views
 
@@ -72,8 +74,7 @@ class Ledger:
         return productive / gpu_hours if productive is not None and gpu_hours > 0 else None
 
 
-def job_ledgers(v: Views, accounting: Accounting, stalled: StalledConfig = StalledConfig(),
-                idle_util_pct: float = IdleConfig().util_max_pct) -> dict[tuple[str, str], Ledger]:
+def job_ledgers(v: Views, accounting: Accounting, stalled: StalledConfig = StalledConfig()) -> dict[tuple[str, str], Ledger]:
     """The ledger of every job that sent training telemetry and held GPUs in the window."""
     alloc_rows = v.job_rows(v.alloc)
     out = {}
@@ -81,21 +82,11 @@ def job_ledgers(v: Views, accounting: Accounting, stalled: StalledConfig = Stall
         if job in alloc_rows and accounting.cell_seconds.size:
             held = holder_seconds(v, accounting, alloc_rows[job])
             if held.sum() > 0:
-                out[job] = _ledger(v, rows, held, _busy(v, alloc_rows[job], idle_util_pct), stalled)
+                out[job] = _ledger(v, rows, held, stalled)
     return out
 
 
-def _busy(v: Views, rows: np.ndarray, idle_util_pct: float) -> np.ndarray:
-    """(time,) whether any GPU the alloc rows hold runs above the idle utilization."""
-    util = v.gpu.values.get("gpu_util")
-    gpus = v.alloc.keys["gpu_row"].to_numpy()[rows]
-    gpus = gpus[gpus >= 0]
-    if util is None or not len(gpus):
-        return np.zeros(v.n, bool)
-    return (np.nan_to_num(util[gpus], nan=0.0) > idle_util_pct).any(axis=0)
-
-
-def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, busy: np.ndarray, stalled: StalledConfig) -> Ledger:
+def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig) -> Ledger:
     rank = v.rank
     basis: dict[str, str] = {}
 
@@ -123,47 +114,74 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, busy: np.ndarray, stal
              for name in ("global_step", "resumed_from", "last_step_time")}
     runs = [_run_facts(v, run_of == k, steps, gauge, start) for k, start in enumerate(starts)]
 
+    # Each bin's samples stand for the interval before them: (time - step, time]. A stretch of
+    # time takes the part of each bin's held seconds that it covers.
+    hi = v.time(np.arange(v.n))
+    lo = hi - v.step
+
+    def cover(t0: float, t1: float) -> np.ndarray:
+        return np.clip((np.minimum(hi, t1) - np.maximum(lo, t0)) / v.step, 0.0, 1.0)
+
     seconds = np.zeros((len(NAMES), v.n))       # held seconds per bin, by category
-    owner = np.full(v.n, -1)                    # the run each bin's seconds belong to
+    per_run = np.zeros((len(runs), len(NAMES)))
     lost_known = True
-    pos = 0
+
+    def give(category: str, run: int, t0: float, t1: float) -> None:
+        part = held * cover(t0, t1)
+        seconds[_I[category]] += part
+        per_run[run, _I[category]] += part.sum()
+
+    cursor = -np.inf                    # where the time not yet given away begins
     for k, run in enumerate(runs):
         cells = run_of == k
-        begin = 0 if k == 0 else _bin(v, run["process_start"], pos)
+        start = cursor if k == 0 or run["process_start"] is None else max(run["process_start"], cursor)
         if k > 0:
-            _assign(seconds, owner, held, pos, begin, "restart", k - 1)
-            pos = max(pos, begin)
+            give("restart", k - 1, cursor, start)
         if run["first"] is None:        # never stepped: start-up until the next run starts
             if k + 1 < len(runs):
-                end = max(_bin(v, runs[k + 1]["process_start"], pos), pos)
-                _assign(seconds, owner, held, pos, end, "startup", k)
-                pos = end
+                end = max(runs[k + 1]["process_start"] or start, start)
+                give("startup", k, start, end)
+                cursor = end
+            else:
+                cursor = start
             continue
-        first = run["first"]
-        if k == 0 and run["process_start"] is not None and run["process_start"] < v.start:
-            # Already running when the window opened: its first bins are steps, not start-up.
-            first = min(first, int(np.argmax(cells.any(axis=0))))
-        _assign(seconds, owner, held, pos, first, "startup", k)
+        usual = _usual_step(step_s[cells], steps[cells])
+        last = max(run["last_time"] or hi[run["last"]], start)
+        # The first steps began as long before they reported as the time they report (or, in a
+        # series' first sample, which has no increase to read, as their number of usual steps).
+        reported = parts[:, cells[:, run["first"]], run["first"]].sum(axis=0)
+        took = float(reported.max()) if len(reported) and reported.max() > 0 else usual * _steps_in(
+            gauge, cells, run["first"], run["resumed_from"])
+        begin = min(max((run["first_time"] or hi[run["first"]]) - took, start), last)
+        if k == 0 and _stepping_at_first_sample(cells, gauge, run["resumed_from"]):
+            begin = start       # already past its first step when the window opened
+        run["first_step"] = begin + usual if np.isfinite(begin) else run["first_time"]
+        give("startup", k, start, begin)
         nxt = runs[k + 1]["resumed_from"] if k + 1 < len(runs) else None
         if k + 1 < len(runs) and nxt is None:
             lost_known = False
-        span = slice(first, run["last"] + 1)
+        span = slice(run["first"], min(run["last"] + 2, v.n))    # a sample late at most: the last report
         split = _step_split(np.where(cells[None], parts, 0.0)[:, :, span], steps[:, span] * cells[:, span],
                             gauge["global_step"][:, span], cells[:, span], nxt)
-        usual = _usual_step(step_s[cells], steps[cells])
-        _spread(seconds, owner, held, span, split, cells[:, span].sum(axis=0), usual, k, stalled.interval_factor,
-                v.step)
-        pos = run["last"] + 1
+        done = _spread(held * cover(begin, last), span, split, cells[:, span].sum(axis=0),
+                       (cells & present)[:, span].any(axis=0), usual, stalled.interval_factor, v.step)
+        seconds += done
+        per_run[k] += done.sum(axis=1)
+        cursor = last
     if runs:
         # After the last run's last step (or, if it never stepped, its start), a process is alive
-        # while its ranks report or it keeps the job's GPUs busy: a rank hung in a collective
-        # spins its GPU after the agent has forgotten its silent series.
+        # while its ranks report. The agent keeps a silent rank's series for --forget-after, so
+        # series that vanish while the GPUs are still held stopped reporting at the last step.
         last = len(runs) - 1
-        alive = ((present & (run_of == last)).any(axis=0) | busy)[pos:]
+        alive = (present & (run_of == last)).any(axis=0)
+        tail = held * cover(cursor, np.inf)
+        held_bins = np.flatnonzero(tail > 0)
+        if len(held_bins) and not alive[held_bins[-1]]:
+            alive[:] = False
         waiting = _I["startup"] if runs[last]["first"] is None else _I["stalled"]
-        category = np.where(alive, waiting, _I["no_process"])
-        seconds[category, np.arange(pos, v.n)] = held[pos:]
-        owner[pos:] = last
+        for category, mask in ((waiting, alive), (_I["no_process"], ~alive)):
+            seconds[category] += tail * mask
+            per_run[last, category] += (tail * mask).sum()
     hours = {name: float(seconds[i].sum()) / 3600 for i, name in enumerate(NAMES)}
     if not lost_known:
         hours["lost_progress"] = None
@@ -172,14 +190,13 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, busy: np.ndarray, stal
     for category in ("checkpoint", "evaluation"):
         if category in basis:
             hours[category] = None
-    run_hours = [{name: float(seconds[i, owner == k].sum()) / 3600 for i, name in enumerate(NAMES)}
-                 for k in range(len(runs))]
+    run_hours = [{name: float(per_run[k, i]) / 3600 for i, name in enumerate(NAMES)} for k in range(len(runs))]
     held_bins = np.flatnonzero(held > 0)
     saves, save_seconds = _saves(v, rows, parts[_I["checkpoint"]], held_bins)
-    return Ledger(hours, basis, [RunLedger(r["process_start"], r["first_time"], r["last_time"], r["resumed_from"],
+    return Ledger(hours, basis, [RunLedger(r["process_start"], r["first_step"], r["last_time"], r["resumed_from"],
                                            r["last_number"], h) for r, h in zip(runs, run_hours)],
                   {name: seconds[i] for i, name in enumerate(NAMES)}, gpus=float(held.max() / v.step),
-                  start=float(v.time(held_bins[0])), end=float(v.time(held_bins[-1]) + v.step),
+                  start=float(v.time(held_bins[0]) - v.step), end=float(v.time(held_bins[-1])),
                   saves=saves, save_seconds=save_seconds)
 
 
@@ -220,21 +237,33 @@ def _runs(v: Views, rows: np.ndarray, stepped: np.ndarray) -> tuple[np.ndarray, 
     run_of = np.full(start.shape, -1)
     for s, k in cluster_of.items():
         run_of[start == s] = k
+    # A new process in the same pod reports its start before its first step; steps counted in
+    # a sample whose step time is older than that start are the previous process's last ones.
+    step_time = v.rank.values.get("last_step_time")
+    if step_time is not None and len(runs) > 1:
+        begun = np.array(runs)[np.maximum(run_of, 0)]
+        earlier = (run_of > 0) & stepped & ~(step_time[rows] >= begun)
+        run_of[earlier] -= 1
     return run_of, runs
 
 
 def _run_facts(v: Views, cells: np.ndarray, steps: np.ndarray, gauge: dict[str, np.ndarray],
                start: float | None) -> dict:
-    stepping = (cells & (steps > 0)).any(axis=0)
+    # A step gauge a new process in the same pod has not yet replaced is its predecessor's.
+    own = cells & (gauge["last_step_time"] >= (start or -np.inf))
+    step_times = np.where(own, gauge["last_step_time"], np.nan)
+    # A series' first sample has no increase to read, but its step time says it stepped.
+    counted = (cells & (steps > 0)).any(axis=0)
+    stepping = counted | own.any(axis=0)
     first = int(np.argmax(stepping)) if stepping.any() else None
-    last = int(v.n - 1 - np.argmax(stepping[::-1])) if stepping.any() else None
-    step_times = np.where(cells, gauge["last_step_time"], np.nan)
+    last = int(v.n - 1 - np.argmax(counted[::-1])) if counted.any() else first
+    # The least: a sample moved here from the next run (its last steps) carries that run's.
     resumed = np.where(cells, gauge["resumed_from"], np.nan)
     number = np.where(cells, gauge["global_step"], np.nan)
-    return {"process_start": start, "first": first, "last": last,
-            "first_time": _finite(np.nanmin, step_times[:, first]) if first is not None else None,
+    return {"process_start": start, "first": first, "last": last, "first_step": None,
+            "first_time": (_finite(np.nanmin, step_times[:, first]) or float(v.time(first))) if first is not None else None,
             "last_time": _finite(np.nanmax, step_times),
-            "resumed_from": _int(_finite(np.nanmax, resumed)), "last_number": _int(_finite(np.nanmax, number))}
+            "resumed_from": _int(_finite(np.nanmin, resumed)), "last_number": _int(_finite(np.nanmax, number))}
 
 
 def _finite(reduce, values: np.ndarray) -> float | None:
@@ -244,19 +273,6 @@ def _finite(reduce, values: np.ndarray) -> float | None:
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(round(value))
-
-
-def _bin(v: Views, t: float | None, default: int) -> int:
-    if t is None:
-        return default
-    return int(np.clip(np.rint((t - v.start) / v.step), 0, v.n))
-
-
-def _assign(seconds: np.ndarray, owner: np.ndarray, held: np.ndarray, lo: int, hi: int, category: str,
-            run: int) -> None:
-    if hi > lo:
-        seconds[_I[category], lo:hi] = held[lo:hi]
-        owner[lo:hi] = run
 
 
 def _step_split(parts: np.ndarray, steps: np.ndarray, global_step: np.ndarray, cells: np.ndarray,
@@ -280,40 +296,79 @@ def _step_split(parts: np.ndarray, steps: np.ndarray, global_step: np.ndarray, c
     return split
 
 
-def _spread(seconds: np.ndarray, owner: np.ndarray, held: np.ndarray, span: slice, split: np.ndarray,
-            ranks: np.ndarray, usual: float, run: int, stall_factor: float, step: float) -> None:
-    """Give each held second of a stepping span to the categories, by its bin's split."""
+def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray, sampled: np.ndarray,
+            usual: float, stall_factor: float, step: float) -> np.ndarray:
+    """(category, bin) seconds of a run's stepping stretch: `held` (its held seconds per bin),
+    split by the run's counters over `span` (the bins they grew in)."""
+    out = np.zeros((len(NAMES), len(held)))
     steps_time = split[_STEP_PARTS].sum(axis=0)
     apart = split[_I["checkpoint"]] + split[_I["evaluation"]]
     moved = steps_time + apart > 0
     n = len(moved)
     stall = np.zeros(n)                 # the share of each bin that is a stall
-    idx = np.flatnonzero(moved)
     usual_mix = split[_STEP_PARTS].sum(axis=1)
     usual_mix = usual_mix / usual_mix.sum() if usual_mix.sum() > 0 else usual_mix
+    idx = np.flatnonzero(moved)
     jumps = np.diff(idx) > 1
-    for lo, hi in zip(idx[:-1][jumps] + 1, idx[1:][jumps]):
-        gap = (hi - lo) * step
-        if apart[hi] > 0 or not usual or gap <= stall_factor * usual:
-            continue        # an evaluation or a save ended it, or steps are this slow
-        stall[lo:hi] = (gap - usual) / gap
+    for a, b in zip(idx[:-1][jumps] + 1, idx[1:][jumps]):
+        if not usual or not (sampled[a:b] & ~moved[a:b]).any():
+            continue        # samples missing, not samples saying nothing happened
+        gap = (b - a) * step
+        # Ranks on other nodes may report the save or evaluation that ended the gap a sample later.
+        stalled_s = gap - apart[b:b + 2].sum() / max(ranks[b:b + 2].max(), 1) - usual
+        if gap <= stall_factor * usual or stalled_s <= step:
+            continue        # a save or an evaluation, or steps this slow
+        stall[a:b] = min(stalled_s / gap, 1.0)
         # The step that ended the stall reported the stall as its own time: take it back out of
         # the phases it swelled (a hang in a collective is sync wait, one in the loader data wait).
-        body = split[_STEP_PARTS, hi]
-        taken = min((gap - usual) * ranks[hi], body.sum())
+        body = split[_STEP_PARTS, b]
+        taken = min(stalled_s * ranks[b], body.sum())
         excess = np.clip(body - usual_mix * (body.sum() - taken), 0.0, None)
         if excess.sum() > 0:
-            split[_STEP_PARTS, hi] = body - excess * (taken / excess.sum())
-    # Bins whose counters did not move take the split of the bin that ends their gap.
-    ahead = np.minimum.accumulate(np.where(moved, np.arange(n), n)[::-1])[::-1]
-    ahead = np.minimum(ahead, n - 1)
-    total = split.sum(axis=0)
+            split[_STEP_PARTS, b] = body - excess * (taken / excess.sum())
+    stalls = np.zeros(len(held))
+    stalls[span] = stall
+    out[_I["stalled"]] = held * stalls
+    rest = held * (1.0 - stalls)
+    # The steps that count, then those computed again at the end: each stretch split by its own
+    # totals, the second taking the last of the held time in proportion to its rank-seconds (a
+    # save before the first lost step reports with it, but is the first stretch's).
+    total = split.sum(axis=1)
+    lost = np.flatnonzero(split[_I["lost_progress"]] > 0)
+    if not len(lost) or total.sum() <= 0:
+        if total.sum() > 0:
+            out += np.outer(total / total.sum(), rest)
+        return out
+    tail = split[:, lost[0]:].sum(axis=1)
+    for category in ("checkpoint", "evaluation"):
+        tail[_I[category]] -= split[_I[category], lost[0]]
+    head = total - tail
+    target = rest.sum() * tail.sum() / total.sum()
+    after = np.cumsum(rest[::-1])[::-1] - rest          # held seconds after each bin
     with np.errstate(invalid="ignore", divide="ignore"):
-        shares = np.where(total > 0, split / total, 0.0)[:, ahead]
-    h = held[span]
-    seconds[:, span] = shares * (h * (1.0 - stall))
-    seconds[_I["stalled"], span] += h * stall
-    owner[span] = run
+        late = np.where(rest > 0, np.clip((target - after) / rest, 0.0, 1.0), 0.0)
+    for totals, weight in ((tail, late), (head, 1.0 - late)):
+        if totals.sum() > 0:
+            out += np.outer(totals / totals.sum(), rest * weight)
+    return out
+
+
+def _steps_in(gauge: dict[str, np.ndarray], cells: np.ndarray, col: int, resumed_from: int | None) -> float:
+    """Steps a run had made by sample `col`, from its step number (at least one)."""
+    number = np.where(cells[:, col], gauge["global_step"][:, col], np.nan)
+    if not np.isfinite(number).any():
+        return 1.0
+    return max(float(np.nanmax(number)) - (resumed_from or 0), 1.0)
+
+
+def _stepping_at_first_sample(cells: np.ndarray, gauge: dict[str, np.ndarray], resumed_from: int | None) -> bool:
+    """Whether a run's first sample already counts steps beyond where it began."""
+    seen = cells.any(axis=0)
+    if not seen.any():
+        return False
+    first = int(np.argmax(seen))
+    number = np.where(cells[:, first], gauge["global_step"][:, first], np.nan)
+    return bool(np.isfinite(number).any() and np.nanmax(number) > (resumed_from or 0))
 
 
 def _usual_step(step_s: np.ndarray, steps: np.ndarray) -> float:

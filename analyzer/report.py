@@ -47,7 +47,7 @@ def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorC
     findings = detect_all(views, config)
     accounting = account(views)
     prices = gpu_prices(views, catalog)
-    ledgers = job_ledgers(views, accounting, config.stalled, config.idle_gpu.util_max_pct)
+    ledgers = job_ledgers(views, accounting, config.stalled)
     findings = sorted(findings + ledger_findings.detect(ledgers, job_prior_mtbf(views, ledgers, advice, prices),
                                                         config.ledger), key=order)
     jobs, priced = job_costs(views, catalog, findings, advice, accounting, prices, ledgers)
@@ -138,6 +138,9 @@ def fleet_ledger(jobs: list[JobCost]) -> dict[str, Any]:
     """The training jobs' ledgers added up, and the fleet's goodput over the GPU-hours they
     cover. A category unknown for some job is added over the jobs that know it, and says so."""
     kept = [j for j in jobs if j.ledger is not None]
+    unledgered = sum(1 for j in jobs if j.ledger is None and j.workload_class == "training" and j.gpu_hours > 0)
+    if not kept:
+        return {"ledger": None, "goodput": None, "ledger_jobs": 0, "training_jobs_without_ledger": unledgered}
     ledger: dict[str, dict[str, float | None]] = {}
     for name in NAMES:
         known = [j for j in kept if j.ledger.gpu_hours[name] is not None]
@@ -147,7 +150,7 @@ def fleet_ledger(jobs: list[JobCost]) -> dict[str, Any]:
                         "jobs_unknown": len(kept) - len(known)}
     hours = sum(j.gpu_hours for j in kept)
     return {"ledger": ledger, "goodput": round(ledger[PRODUCTIVE]["gpu_hours"] / hours, 4) if hours > 0 else None,
-            "ledger_jobs": len(kept)}
+            "ledger_jobs": len(kept), "training_jobs_without_ledger": unledgered}
 
 
 def render_json(report: Report) -> str:

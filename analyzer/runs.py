@@ -3,7 +3,9 @@
 A PyTorchJob deleted and submitted again under the same name, or one script started
 twice in a dev pod, is two runs with two costs. A new run starts where the job's
 trainer telemetry comes back after a silence longer than the staleness bound (its
-ranks were gone, not late), or where its world size changes (a new world). Where a
+ranks were gone, not late), or where its world size changes (a new world), unless it
+comes back resumed from a checkpoint (`resumed_from` above 0): that is the same job
+restarted, whose restart and lost progress the ledger counts (analyzer.ledger). Where a
 job has more than one run in the window, each run is named `<job>@<start>` (its
 start in ISO-8601), and the job's allocations follow the runs in time: GPUs held
 after a run's last report, until the next run, are that run's.
@@ -45,7 +47,8 @@ def run_starts(rank: pd.DataFrame, staleness_s: float = STALENESS_S) -> dict[tup
     # A run ends where every rank fell silent for longer than the staleness bound, or
     # the world changed size between two reports.
     changed = (world[1:] != world[:-1]) & np.isfinite(world[1:]) & np.isfinite(world[:-1])
-    new = np.flatnonzero(same & ((np.diff(t) > staleness_s) | changed)) + 1
+    resumed = (rank["resumed_from"].to_numpy()[order][1:] > 0) if "resumed_from" in rank else np.zeros(len(t) - 1, bool)
+    new = np.flatnonzero(same & (((np.diff(t) > staleness_s) & ~resumed) | changed)) + 1
     if not len(new):
         return {}
     first = np.flatnonzero(np.concatenate([[True], ~same]))          # each job's first row

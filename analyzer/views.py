@@ -75,7 +75,9 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
     last; float64 columns stay float64 only when named in `wide` (all of them when it
     is None): a week of timestamps needs the precision, a loss or an increase does not."""
     codes, keys = series_codes(frame, by, labels)
-    col = np.rint((frame["t"].to_numpy() - start) / step).astype(np.int64) if len(frame) else codes
+    # Half up, not to even: samples a store aligned half a step off the window's start would
+    # otherwise pair up in every other bin, and no two bins in a row would hold a counter.
+    col = np.floor((frame["t"].to_numpy() - start) / step + 0.5).astype(np.int64) if len(frame) else codes
     keep = (col >= 0) & (col < n)
     if not keep.all():
         codes, col = codes[keep], col[keep]

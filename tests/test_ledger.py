@@ -77,7 +77,9 @@ def test_two_runs_split_exactly(fresh_pod):
     job, doc, _ = ledger_of(two_runs(fresh_pod=fresh_pod))
     hours = {k: v["gpu_hours"] for k, v in job["ledger"].items()}
     kept = 150 + 181
-    expected = {"startup": 30, "restart": 10, "lost_progress": 30, "productive": kept * 12 / 15,
+    # Samples stand for the interval before them: run 2's start at bin 210's time leaves that
+    # bin to the restart, and its first steps (bin 220) began at bin 219's time.
+    expected = {"startup": 29, "restart": 11, "lost_progress": 30, "productive": kept * 12 / 15,
                 "data_wait": kept / 15, "sync_wait": kept * 2 / 15, "checkpoint": 0, "evaluation": 0,
                 "stalled": 79, "no_process": 0}
     for name in NAMES:
@@ -88,8 +90,8 @@ def test_two_runs_split_exactly(fresh_pod):
     assert [r["resumed_from"] for r in runs] == [0, 1500]
     assert [r["last_step_number"] for r in runs] == [1800, 3310]
     assert runs[1]["process_start"] == "2027-01-15T08:52:30Z"
-    assert sum(runs[0]["ledger"].values()) == pytest.approx(210 * BIN_GPU_HOURS, abs=1e-3)
-    assert runs[0]["ledger"]["restart"] == pytest.approx(10 * BIN_GPU_HOURS, abs=1e-3)
+    assert sum(runs[0]["ledger"].values()) == pytest.approx(211 * BIN_GPU_HOURS, abs=1e-3)
+    assert runs[0]["ledger"]["restart"] == pytest.approx(11 * BIN_GPU_HOURS, abs=1e-3)
     assert runs[1]["ledger"]["stalled"] == pytest.approx(79 * BIN_GPU_HOURS, abs=1e-3)
     # Dollars at the job's own rate, summing to its cost.
     dollars = sum(v["dollars"] for v in job["ledger"].values())
