@@ -153,7 +153,10 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         took = float(reported.max()) if len(reported) and reported.max() > 0 else usual * _steps_in(
             gauge, cells, run["first"], run["resumed_from"])
         begin = min(max((run["first_time"] or hi[run["first"]]) - took, start), last)
-        if k == 0 and _stepping_at_first_sample(cells, gauge, run["resumed_from"]):
+        # A rank's series begins with its first report, after its first steps: that alone does not
+        # make a run that started inside the window one that was stepping before it.
+        if k == 0 and (run["process_start"] is None or run["process_start"] < v.start) and \
+                _stepping_at_first_sample(cells, gauge, run["resumed_from"]):
             begin = start       # already past its first step when the window opened
         run["first_step"] = begin + usual if np.isfinite(begin) else run["first_time"]
         give("startup", k, start, begin)

@@ -3,8 +3,10 @@
 A simulated fleet (labelled simulated) fills the fleet view; on top of it the real
 agent (NVML where a GPU answers, else simulated GPUs driven by the ranks) records a
 real CPU training run of the reference trainer, in three jobs with injected faults:
-a straggler rank, a starving loader, and a run that diverges. The dashboard serves
-the recording while it grows; at the end the analyzer names what went wrong.
+a straggler rank, a starving loader, and a run that crashes, resumes from its last
+checkpoint and then diverges. The dashboard serves the recording while it grows; at the
+end the analyzer names what went wrong, and the crashed job's ledger says what the crash
+cost (the steps computed again, the restart, the second start-up).
 
 The live jobs last seconds, not hours, so their analysis compresses time: every
 detector threshold given in minutes is read as seconds (a straggler must persist
@@ -42,11 +44,18 @@ class Job:
     min_steps: int = 0
     """...and it is not stopped before the agent has seen this step: a fault set at a
     step must have happened, however fast or slow the machine steps."""
+    crash_at: int = 0
+    """Where set, a rank crashes before this step, and the job is launched again at once with
+    --resume from its last checkpoint (every CHECKPOINT_EVERY steps)."""
 
 
 # Late enough for a few seconds of healthy loss first: the detector counts a NaN loss
 # only after a finite one, and a spike only against the loss before it.
 DIVERGE_AT = 300
+# The unstable job also crashes first, well before it diverges: the steps since its last
+# checkpoint are computed again after the resume (lost progress in its ledger).
+CHECKPOINT_EVERY = 100
+CRASH_AT = 290
 JOBS = (
     Job("llm-pretrain", ("--fault", "straggler:rank=1,factor=3"), 0.45),
     Job("llm-finetune", ("--fault", "starve:delay=0.08", "--num-workers", "1"), 0.35),
@@ -54,7 +63,8 @@ JOBS = (
     # a real divergence does; at the default peak the loss stays on a high finite plateau,
     # which is a spike against its own recent mean for one report only. It trains on a few
     # reports past the blow-up, so that the NaN has reached the agent.
-    Job("llm-unstable", ("--fault", f"diverge:at={DIVERGE_AT}", "--lr", "3e-3"), 0.20, min_steps=DIVERGE_AT + 50),
+    Job("llm-unstable", ("--fault", f"diverge:at={DIVERGE_AT}", "--lr", "3e-3"), 0.20, min_steps=DIVERGE_AT + 50,
+        crash_at=CRASH_AT),
 )
 # Enough for the time-compressed detectors: the straggler job trains 18 s, and 4 blocks
 # of 5 s need more than 15; the starving one 14 s, which its 10 s centered window turns
@@ -112,13 +122,15 @@ def _stop(*procs: subprocess.Popen, timeout: float = 20.0) -> None:
 
 
 def _steps(agent_url: str, job: str) -> int:
+    """The job's step number as the agent last heard it: counted on from the step a resumed
+    run started at, where the steps counter of a rank forgotten between runs starts again at 0."""
     try:
         with urllib.request.urlopen(agent_url, timeout=2) as resp:
             text = resp.read().decode()
     except OSError:
         return 0
     return max((int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
-                if line.startswith("burnrate_train_steps_total{") and f'training_job="{job}"' in line), default=0)
+                if line.startswith("burnrate_train_global_step{") and f'training_job="{job}"' in line), default=0)
 
 
 def _train(children: _Children, job: Job, seconds: float, env: dict, work: str, agent_url: str,
@@ -127,24 +139,37 @@ def _train(children: _Children, job: Job, seconds: float, env: dict, work: str, 
     `job.min_steps`; one that never gets there is stopped after the startup limit and
     twice its time."""
     log = os.path.join(work, f"{job.name}.log")
+    # Both launches of a crashed job are one job in one pod, as a restarted PyTorchJob's are.
     env = {**env, "BURNRATE_TRAINING_JOB": job.name, "POD_NAME": f"{job.name}-0"}
-    trainer = children.spawn(["train", "--nproc", "2", "--steps", "1000000", "--job-name", job.name,
-                              "--report-every-s", "0.5", *job.flags], log, env)
+    argv = ["train", "--nproc", "2", "--steps", "1000000", "--job-name", job.name, "--report-every-s", "0.5",
+            *job.flags]
+    if job.crash_at:
+        argv += ["--checkpoint-dir", os.path.join(work, f"{job.name}-checkpoints"),
+                 "--checkpoint-every-steps", str(CHECKPOINT_EVERY)]
+    flags = " ".join(job.flags + (("--fault", f"crash:at={job.crash_at}") if job.crash_at else ()))
+    trainer = children.spawn(argv + (["--fault", f"crash:at={job.crash_at}"] if job.crash_at else []), log, env)
+    resumed = not job.crash_at
     deadline = time.time() + STARTUP_LIMIT_S + 2 * seconds
     until, printed = None, 0.0
-    while trainer.poll() is None:
+    while True:
+        if trainer.poll() is not None:
+            if resumed:
+                print(f"  {job.name} exited with code {trainer.returncode}: see {log}", flush=True)
+                break
+            # The crash: launched again at once, from the last checkpoint.
+            print(f"  [{time.time() - live_start:5.0f}s] {job.name}: crashed before step {job.crash_at} (exit code "
+                  f"{trainer.returncode}); resuming from its last checkpoint", flush=True)
+            trainer, resumed = children.spawn(argv + ["--resume"], log, env), True
         now, steps = time.time(), _steps(agent_url, job.name)
         if until is None and steps > 0:
             until = now + seconds
-        if now >= deadline or (until is not None and now >= until and steps >= job.min_steps):
+        if now >= deadline or (until is not None and now >= until and steps >= job.min_steps and resumed):
             break
         if now - printed >= PROGRESS_EVERY_S:
             printed = now
-            print(f"  [{now - live_start:5.0f}s] {job.name} ({' '.join(job.flags)}): "
+            print(f"  [{now - live_start:5.0f}s] {job.name} ({flags}): "
                   + (f"step {steps}" if until else "starting"), flush=True)
         time.sleep(POLL_S)
-    else:
-        print(f"  {job.name} exited with code {trainer.returncode}: see {log}", flush=True)
     _stop(trainer)
 
 
@@ -168,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     from burnrate.analyzer.detectors.config_file import dump_detector_config
     from burnrate.analyzer.frames import Window
     from burnrate.analyzer.pricing import load_catalog
-    from burnrate.analyzer.report import analyze, render_table
+    from burnrate.analyzer.report import analyze, render_json, render_table
     from burnrate.analyzer.sources.recording import RecordingSource
     from burnrate.analyzer.timeparse import format_time
     from burnrate.simulator.simulate import Spec, simulate
@@ -224,12 +249,39 @@ def run(args: argparse.Namespace) -> int:
     source = RecordingSource(recording)
     live = analyze(source.frames(Window(live_start, end)), catalog, live_config(DetectorConfig()))
     fleet = analyze(source.frames(Window(start - 2 * 3600, start)), catalog)
+    with open(os.path.join(work, "live-analysis.json"), "w", encoding="utf-8") as fh:
+        fh.write(render_json(live))
     print("\n=== live training on this machine (time-compressed thresholds) ===\n")
     print(render_table(live))
+    for job in JOBS:
+        if job.crash_at:
+            print(ledger_summary(live, f"{NAMESPACE}/{job.name}"))
     print("=== simulated fleet ===\n")
     print(render_table(fleet))
     print(_replay(recording))
     return 0
+
+
+def ledger_summary(report, job: str, worst: int = 5) -> str:
+    """Two lines: the job's runs, goodput and cost, then its largest badput categories in dollars."""
+    from burnrate.exporter.ledger import BADPUT
+
+    found = [j for j in report.jobs if f"{j.namespace}/{j.training_job}" == job and j.ledger is not None]
+    if not found:
+        return f"ledger of {job}: none (it sent no training telemetry while it held GPUs)"
+    j = found[0]
+    hours, runs = j.ledger.gpu_hours, j.ledger.runs
+
+    def money(h: float) -> str:
+        dollars = j.ledger_dollars(h)
+        return f"{h * 3600:.1f} GPU-s" if dollars is None else f"${dollars:.4f}"
+
+    resumes = ", ".join(f"resumed from step {r.resumed_from}" for r in runs[1:] if r.resumed_from is not None)
+    head = f"ledger of {job}: {len(runs)} run{'s' if len(runs) != 1 else ''}" + (f" ({resumes})" if resumes else "")
+    if j.goodput is not None:
+        head += f", goodput {j.goodput:.1%} of {money(j.gpu_hours)}"
+    bad = sorted((n for n in BADPUT if hours[n]), key=lambda n: -hours[n])[:worst]
+    return head + "\n  largest badput: " + (", ".join(f"{n} {money(hours[n])}" for n in bad) or "none")
 
 
 def _interrupt(signum: int, _frame: object) -> None:

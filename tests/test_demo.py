@@ -1,6 +1,8 @@
 """`burnrate demo` end to end: real agent, real 2-rank training with faults, the analyzer naming them."""
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -15,7 +17,7 @@ from burnrate.analyzer.sources import RecordingSource
 from burnrate.dashboard.data import DataService
 from burnrate.dashboard.filters import FindingFilters
 from burnrate.dashboard.timerange import ALL, from_query
-from burnrate.demo import MIN_DURATION_S
+from burnrate.demo import CHECKPOINT_EVERY, JOBS, MIN_DURATION_S, NAMESPACE
 from tests.conftest import PYTHON, ROOT, free_port
 
 pytestmark = pytest.mark.slow
@@ -39,6 +41,20 @@ def test_demo_names_the_injected_faults_at_its_shortest_duration(tmp_path):
     diverging = next(f for f in findings if f[1] == "diverging")
     assert diverging[0] == "critical" and "non_finite" in diverging, live
     assert "=== simulated fleet ===" in proc.stdout
+    # The job that crashed and resumed from its last checkpoint: two runs, and a ledger that
+    # shows what the crash cost (the steps computed again, the restart), in the summary and in
+    # the JSON the analyzer wrote beside the recording.
+    (crashed,) = [job for job in JOBS if job.crash_at]
+    resumed_from = (crashed.crash_at - 1) // CHECKPOINT_EVERY * CHECKPOINT_EVERY
+    summary = live.split(f"ledger of {NAMESPACE}/{crashed.name}: ", 1)[1].splitlines()[:2]
+    assert summary[0].startswith(f"2 runs (resumed from step {resumed_from}), goodput "), live
+    assert re.fullmatch(r"  largest badput: [a-z_]+ \$\d+\.\d{4}(, [a-z_]+ \$\d+\.\d{4})*", summary[1]), live
+    doc = json.loads((tmp_path / "demo" / "live-analysis.json").read_text())
+    (job,) = [j for j in doc["jobs"] if (j["namespace"], j["training_job"]) == (NAMESPACE, crashed.name)]
+    assert [r["resumed_from"] for r in job["runs"]] == [0, resumed_from], job["runs"]
+    assert job["runs"][0]["last_step_number"] == crashed.crash_at - 1, job["runs"]
+    assert job["ledger"]["restart"]["gpu_hours"] > 0 and job["ledger"]["lost_progress"]["gpu_hours"] > 0, job
+    assert sum(c["gpu_hours"] for c in job["ledger"].values()) == pytest.approx(job["gpu_hours"], abs=1e-3)
     # The dashboard the demo opened: the same page, range and thresholds show the same faults.
     url = next(line.split("dashboard: ", 1)[1] for line in proc.stdout.splitlines() if "dashboard: http" in line)
     path, _, search = url.partition("?")

@@ -172,7 +172,8 @@ def test_lost_progress_finding_gives_dalys_interval_from_measured_figures():
     assert f.evidence["mtbf_basis"].startswith("measured: 2 restarts")
     assert f.evidence["lost_minutes_per_restart"] == pytest.approx(30.0)
     assert f.wasted_gpu_hours == pytest.approx((1800 - tau / 2) * 2 * 8 / 3600)
-    assert "checkpoint every 17 min" in f.recommendation
+    assert f.recommendation.startswith("Restarts lost 30 min of steps each; checkpoint every 17 min (Daly's "
+                                       "interval for a 30 s save and 5.0 h between failures)")
 
 
 def test_no_lost_progress_finding_when_the_loss_is_what_the_interval_costs():

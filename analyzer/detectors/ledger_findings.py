@@ -94,8 +94,8 @@ def _lost_progress(job: tuple[str, str], ledger: Ledger, prior: float | None, co
                     advised_interval_s=tau)
     wasted = (per_restart_s - expected_s) * ledger.restarts * ledger.gpus / 3600
     return [_finding(LOST_PROGRESS, job, ledger, wasted, evidence,
-                     f"Restarts lost {per_restart_s / 60:.0f} min of steps each; checkpoint every {tau / 60:.0f} min "
-                     f"(Daly's interval for a {ledger.save_seconds:.0f} s save and {m / 3600:.1f} h between "
+                     f"Restarts lost {_span(per_restart_s)} of steps each; checkpoint every {_span(tau)} "
+                     f"(Daly's interval for a {_span(ledger.save_seconds)} save and {_span(m)} between "
                      "failures) to lose half that.")]
 
 
@@ -118,8 +118,17 @@ def _checkpoint_overhead(job: tuple[str, str], ledger: Ledger, prior: float | No
                 "saves": ledger.saves, "mtbf_hours": m / 3600, "mtbf_basis": basis, "advised_interval_s": tau}
     return [_finding(CHECKPOINT_OVERHEAD, job, ledger, saving - optimum * loop, evidence,
                      f"Blocking saves took {share:.0%} of the loop: save asynchronously "
-                     f"(torch.distributed.checkpoint.async_save) or every {tau / 60:.0f} min, which costs "
-                     f"{optimum:.1%} against failures every {m / 3600:.1f} h.")]
+                     f"(torch.distributed.checkpoint.async_save) or every {_span(tau)}, which costs "
+                     f"{optimum:.1%} against failures every {_span(m)}.")]
+
+
+def _span(seconds: float) -> str:
+    """A duration in the unit a person reads it in."""
+    if seconds < 90:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _slow_startup(job: tuple[str, str], ledger: Ledger, config: Config) -> list[Finding]:
