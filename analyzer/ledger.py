@@ -174,12 +174,17 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
     if runs:
         # After the last run's last step (or, if it never stepped, its start), a process is alive
         # while its ranks report. The agent keeps a silent rank's series for --forget-after, so
-        # series that vanish while the GPUs are still held stopped reporting at the last step.
+        # series that vanish while the GPUs are still held stopped reporting at the last step;
+        # and GPUs let go sooner after it than the `stalled` detector would call a stall were a
+        # job ending, not a hang (its pod finishing and being deleted).
         last = len(runs) - 1
         alive = (present & (run_of == last)).any(axis=0)
         tail = held * cover(cursor, np.inf)
         held_bins = np.flatnonzero(tail > 0)
-        if len(held_bins) and not alive[held_bins[-1]]:
+        usual = _usual_step(step_s[run_of == last], steps[run_of == last])
+        short = max(stalled.interval_factor * usual, stalled.floor_minutes * 60)
+        # (Two samples' slack: the last step and the release are each known to a sample.)
+        if len(held_bins) and (not alive[held_bins[-2:]].any() or hi[held_bins[-1]] - cursor + 2 * v.step < short):
             alive[:] = False
         waiting = _I["startup"] if runs[last]["first"] is None else _I["stalled"]
         for category, mask in ((waiting, alive), (_I["no_process"], ~alive)):
