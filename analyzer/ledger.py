@@ -231,20 +231,23 @@ def _runs(v: Views, rows: np.ndarray, stepped: np.ndarray) -> tuple[np.ndarray, 
     if values is None or not np.isfinite(values[rows]).any():
         return np.where(present, 0, -1), [None]
     start = values[rows]
-    times = v.time(np.arange(v.n))
-    distinct = np.unique(start[np.isfinite(start)])
-    runs, cluster_of, first_step = [], {}, np.inf
-    for s in distinct:
-        if not runs or s > first_step:
+    finite = np.isfinite(start)
+    distinct, value_of = np.unique(start[finite], return_inverse=True)
+    # Each distinct start's first stepping sample, in one pass over the cells.
+    first_col = np.full(len(distinct), np.inf)
+    np.minimum.at(first_col, value_of[stepped[finite]], np.nonzero(finite)[1][stepped[finite]])
+    first_step = v.start + first_col * v.step
+    cluster = np.zeros(len(distinct), np.int64)
+    runs: list[float | None] = []
+    stepping_since = np.inf
+    for i, s in enumerate(distinct):
+        if not runs or s > stepping_since:
             runs.append(float(s))
-            first_step = np.inf
-        cluster_of[s] = len(runs) - 1
-        stepping = (start == s) & stepped
-        if stepping.any():
-            first_step = min(first_step, float(times[np.argmax(stepping.any(axis=0))]))
+            stepping_since = np.inf
+        cluster[i] = len(runs) - 1
+        stepping_since = min(stepping_since, first_step[i])
     run_of = np.full(start.shape, -1)
-    for s, k in cluster_of.items():
-        run_of[start == s] = k
+    run_of[finite] = cluster[value_of]
     # A new process in the same pod reports its start before its first step; steps counted in
     # a sample whose step time is older than that start are the previous process's last ones.
     step_time = v.rank.values.get("last_step_time")
