@@ -57,8 +57,11 @@ class Ledger:
     gpu_hours: dict[str, float | None]      # every category; None where it cannot be measured
     basis: dict[str, str] = field(default_factory=dict)     # category (or "ledger") -> why / what it holds
     runs: list[RunLedger] = field(default_factory=list)
-    # category -> GPU-seconds per bin of the analysis grid, for drawing it over time
+    # category -> GPU-seconds per bin from the grid's bin `timeline_from`, for drawing it over
+    # time: only the categories that hold any, over the job's own stretch (a fleet's week of
+    # jobs kept on the whole grid in float64 would be most of a gigabyte)
     timeline: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    timeline_from: int = 0
     gpus: float = 0.0                   # the most GPUs the job held at once
     start: float = 0.0                  # unix seconds: the job's first and last held sample
     end: float = 0.0
@@ -68,6 +71,14 @@ class Ledger:
     @property
     def restarts(self) -> int:
         return max(len(self.runs) - 1, 0)
+
+    def series(self, category: str, n: int) -> np.ndarray:
+        """The category's GPU-seconds in each of the grid's `n` bins."""
+        out = np.zeros(n)
+        part = self.timeline.get(category)
+        if part is not None:
+            out[self.timeline_from:self.timeline_from + len(part)] = part
+        return out
 
     def goodput(self, gpu_hours: float) -> float | None:
         productive = self.gpu_hours.get(PRODUCTIVE)
@@ -203,7 +214,8 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
     saves, save_seconds = _saves(v, rows, parts[_I["checkpoint"]], held_bins)
     return Ledger(hours, basis, [RunLedger(r["process_start"], r["first_step"], r["last_time"], r["resumed_from"],
                                            r["last_number"], h) for r, h in zip(runs, run_hours)],
-                  {name: seconds[i] for i, name in enumerate(NAMES)}, gpus=float(held.max() / v.step),
+                  {name: seconds[i, held_bins[0]:held_bins[-1] + 1].astype(np.float32)
+                   for i, name in enumerate(NAMES) if seconds[i].any()}, held_bins[0], gpus=float(held.max() / v.step),
                   start=float(v.time(held_bins[0]) - v.step), end=float(v.time(held_bins[-1])),
                   saves=saves, save_seconds=save_seconds)
 
@@ -235,7 +247,10 @@ def _runs(v: Views, rows: np.ndarray, stepped: np.ndarray) -> tuple[np.ndarray, 
     distinct, value_of = np.unique(start[finite], return_inverse=True)
     # Each distinct start's first stepping sample, in one pass over the cells.
     first_col = np.full(len(distinct), np.inf)
-    np.minimum.at(first_col, value_of[stepped[finite]], np.nonzero(finite)[1][stepped[finite]])
+    cols = np.nonzero(finite)[1][stepped[finite]]
+    order = np.argsort(cols, kind="stable")
+    seen, at = np.unique(value_of[stepped[finite]][order], return_index=True)
+    first_col[seen] = cols[order][at]
     first_step = v.start + first_col * v.step
     cluster = np.zeros(len(distinct), np.int64)
     runs: list[float | None] = []

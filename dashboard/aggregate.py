@@ -398,9 +398,9 @@ def badput_timeline(report: Report, views: Views, max_buckets: int = MAX_BUCKETS
     for cause in BADPUT:
         total = np.zeros(nb)
         for j in jobs:
-            seconds = j.ledger.timeline.get(cause)
-            if seconds is None or not np.any(seconds):
+            if cause not in j.ledger.timeline:
                 continue
+            seconds = j.ledger.series(cause, views.n)
             # GPU-seconds per bucket; at the job's own rate when every job has one
             scale = (j.cost_dollars / j.gpu_hours if dollars and j.gpu_hours > 0 else 1.0) / 3600
             total += bucket_sum(seconds, k)[0] * scale
