@@ -158,6 +158,9 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
             continue
         usual = _usual_step(step_s[cells], steps[cells])
         last = max(run["last_time"] or hi[run["last"]], start)
+        if k == len(runs) - 1 and held[-1] > 0 and (cells & present)[:, -1].any() and \
+                hi[-1] - last < max(stalled.interval_factor * usual, v.step):
+            last = hi[-1]       # still stepping when the window closes: its last step is under way
         # The first steps began as long before they reported as the time they report (or, in a
         # series' first sample, which has no increase to read, as their number of usual steps).
         reported = parts[:, cells[:, run["first"]], run["first"]].sum(axis=0)
