@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the shortest scrape interval of the GPU exporters: no step is finer (default: "
                              "from Prometheus' targets, else 15); any interval reads true, this only saves work")
     parser.add_argument("--checkpoint-seconds", type=float, metavar="S",
-                        help="time to write one checkpoint; enables Young's checkpoint-interval advice")
+                        help="time to write one checkpoint; enables checkpoint-interval advice (Daly's interval; "
+                             "a job's ledger measures it where the job reports its saves)")
     parser.add_argument("--cluster", metavar="NAME",
                         help="one cluster of a store that holds several (its --cluster-label value); "
                         "`all` for one report per cluster")

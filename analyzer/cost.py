@@ -15,6 +15,8 @@ import numpy as np
 
 from .accounting import Accounting, account
 from .views import Views
+from .detectors import ledger_findings
+from .detectors.ledger_findings import advised_interval
 from .findings import KINDS, Finding, iso
 from .ledger import Ledger
 from .frames import Frames
@@ -35,7 +37,12 @@ class AdviceConfig:
     restart_seconds: float = 600.0
     """Time to get a replacement node, reschedule the pods and load the checkpoint."""
     checkpoint_seconds: float | None = None
-    """Time to write one checkpoint; when known, Young's interval is given."""
+    """Time to write one checkpoint; when known, Daly's interval is given (the job's ledger
+    measures it where the job reports its saves)."""
+    mtbf_seconds: float | None = None
+    """Time between the job's interruptions; unset, the expected rate of hardware failures and
+    spot interruptions gives it (`mtbf_hours_on_spot`). The job's ledger measures it where the
+    job restarted."""
 
 
 @dataclass(frozen=True)
@@ -285,11 +292,6 @@ def _training(v: Views, rows: np.ndarray | None) -> tuple[float | None, float | 
     return steps, tokens or None, mfu
 
 
-def young_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
-    """Young's optimal checkpoint interval τ = √(2·C·MTBF) (Young, 1974)."""
-    return math.sqrt(2.0 * checkpoint_seconds * mtbf_seconds)
-
-
 def spot_or_on_demand(hours: float, gpus: float, nodes: int, spot_rate: float, on_demand_rate: float,
                       lost_seconds: float, config: AdviceConfig) -> dict[str, object]:
     """On-demand when the expected cost of interruptions (work lost since the last
@@ -341,14 +343,16 @@ def job_prior_mtbf(v: Views, ledgers: dict[tuple[str, str], Ledger], config: Adv
 
 
 def checkpoint_advice(gpus: float, nodes: int, observed: float | None, config: AdviceConfig) -> dict[str, object]:
-    """The job's expected time between interruptions on spot and Young's checkpoint interval;
-    capacity advice, where the job allows it, is added by the caller."""
+    """The job's expected time between interruptions on spot and the checkpoint interval to use
+    (the `lost_progress` finding's, from the measured time between interruptions where there is
+    one); capacity advice, where the job allows it, is added by the caller."""
     mtbf_s = prior_mtbf_s(gpus, nodes, config)
+    between = config.mtbf_seconds or mtbf_s
     return {
         "observed_checkpoint_interval_s": observed,
         "mtbf_hours_on_spot": round(mtbf_s / 3600, 1) if mtbf_s else None,
-        "checkpoint_interval_s": (round(young_interval(config.checkpoint_seconds, mtbf_s))
-                                  if config.checkpoint_seconds and mtbf_s else None),
+        "checkpoint_interval_s": (round(advised_interval(config.checkpoint_seconds, between))
+                                  if config.checkpoint_seconds and between else None),
         "capacity": None,
     }
 
@@ -363,7 +367,8 @@ def measured(config: AdviceConfig, ledger: Ledger | None) -> AdviceConfig:
         # A restart costs its gap and the next run's start-up, per GPU.
         later = sum(r.gpu_hours["startup"] for r in ledger.runs[1:])
         gap = (ledger.gpu_hours["restart"] or 0.0) + later
-        config = replace(config, restart_seconds=gap * 3600 / ledger.gpus / ledger.restarts)
+        config = replace(config, restart_seconds=gap * 3600 / ledger.gpus / ledger.restarts,
+                         mtbf_seconds=ledger_findings.mtbf(ledger, None)[0])
     return config
 
 
@@ -372,7 +377,9 @@ def advice_basis(ledger: Ledger | None) -> dict[str, str]:
     saves = ledger is not None and ledger.save_seconds is not None
     restarts = ledger is not None and ledger.restarts > 0
     return {"checkpoint_seconds": f"measured: {ledger.saves} saves" if saves else "AdviceConfig (not measured)",
-            "restart_seconds": f"measured: {ledger.restarts} restarts" if restarts else "AdviceConfig (not measured)"}
+            "restart_seconds": f"measured: {ledger.restarts} restarts" if restarts else "AdviceConfig (not measured)",
+            "mtbf_seconds": f"measured: {ledger.restarts} restarts" if restarts
+            else "hardware failures and spot interruptions at their expected rates"}
 
 
 def _advice(v: Views, job: dict, prices: GpuPrices, gpu_row: np.ndarray, rank_rows: np.ndarray | None,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from burnrate.exporter.ledger import NAMES, PRODUCTIVE
+from burnrate.exporter.ledger import COUNTED, NAMES, PRODUCTIVE
 
 from .accounting import Accounting, holder_seconds
 from .detectors.stalled import Config as StalledConfig
@@ -106,16 +106,15 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
             return np.zeros((len(rows), v.n))
         return np.nan_to_num(rank.values[name][rows].astype(np.float64))
 
-    for name, category in (("checkpoint_s", "checkpoint"), ("eval_s", "evaluation")):
-        if name not in rank.values or not np.isfinite(rank.values[name][rows]).any():
-            basis[category] = ("the telemetry has no such counter (an older agent or monitor): its time is "
-                               "in the other categories of the steps around it")
     steps, step_s = counter("steps"), counter("step_s")
-    wait, compute = counter("data_wait_s"), counter("compute_s")
+    # Each counted category's rank-seconds, from the definitions the recording rules use too.
     parts = np.zeros((len(NAMES), len(rows), v.n))
-    parts[_I["data_wait"]], parts[_I["productive"]] = wait, compute
-    parts[_I["sync_wait"]] = np.clip(step_s - compute - wait, 0.0, None)
-    parts[_I["checkpoint"]], parts[_I["evaluation"]] = counter("checkpoint_s"), counter("eval_s")
+    for category in COUNTED:
+        if any(name not in rank.values or not np.isfinite(rank.values[name][rows]).any()
+               for name, _ in category.counters):
+            basis[category.name] = ("the telemetry has no counter for it (an older agent or monitor): its time is "
+                                    "in the other categories of the steps around it")
+        np.clip(sum(sign * counter(name) for name, sign in category.counters), 0.0, None, out=parts[_I[category.name]])
     present = rank.present[rows]
     run_of, starts = _runs(v, rows, steps > 0)
     if starts == [None]:
@@ -178,7 +177,7 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         if k + 1 < len(runs) and nxt is None:
             lost_known = False
         span = slice(run["first"], min(run["last"] + 2, v.n))    # a sample late at most: the last report
-        split = _step_split(np.where(cells[None], parts, 0.0)[:, :, span], steps[:, span] * cells[:, span],
+        split = _step_split(parts[:, :, span] * cells[None, :, span], steps[:, span] * cells[:, span],
                             gauge["global_step"][:, span], cells[:, span], nxt)
         done = _spread(held * cover(begin, last), span, split, cells[:, span].sum(axis=0),
                        (cells & present)[:, span].any(axis=0), usual, stalled.interval_factor, v.step)
@@ -209,9 +208,9 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         hours["lost_progress"] = None
         basis["lost_progress"] = ("a run restarted but the next run did not report the step it resumed from: "
                                   "steps computed again are counted as productive")
-    for category in ("checkpoint", "evaluation"):
-        if category in basis:
-            hours[category] = None
+    for category in COUNTED:
+        if category.name in basis:
+            hours[category.name] = None
     run_hours = [{name: float(per_run[k, i]) / 3600 for i, name in enumerate(NAMES)} for k in range(len(runs))]
     held_bins = np.flatnonzero(held > 0)
     saves, save_seconds = _saves(v, rows, parts[_I["checkpoint"]], held_bins)

@@ -17,6 +17,7 @@ from .detectors import DetectorConfig, detect_all, ledger_findings, order
 from .findings import Finding, iso
 from .frames import Frames, Window
 from .ledger import job_ledgers
+from .workloads import TRAINING
 from burnrate.exporter.ledger import BADPUT, NAMES, PRODUCTIVE
 from .pricing import Catalog
 from .views import Views
@@ -138,7 +139,7 @@ def fleet_ledger(jobs: list[JobCost]) -> dict[str, Any]:
     """The training jobs' ledgers added up, and the fleet's goodput over the GPU-hours they
     cover. A category unknown for some job is added over the jobs that know it, and says so."""
     kept = [j for j in jobs if j.ledger is not None]
-    unledgered = sum(1 for j in jobs if j.ledger is None and j.workload_class == "training" and j.gpu_hours > 0)
+    unledgered = sum(1 for j in jobs if j.ledger is None and j.workload_class == TRAINING and j.gpu_hours > 0)
     if not kept:
         return {"ledger": None, "goodput": None, "ledger_jobs": 0, "training_jobs_without_ledger": unledgered}
     ledger: dict[str, dict[str, float | None]] = {}

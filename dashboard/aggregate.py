@@ -402,7 +402,7 @@ def badput_timeline(report: Report, views: Views, max_buckets: int = MAX_BUCKETS
                 continue
             seconds = j.ledger.series(cause, views.n)
             # GPU-seconds per bucket; at the job's own rate when every job has one
-            scale = (j.cost_dollars / j.gpu_hours if dollars and j.gpu_hours > 0 else 1.0) / 3600
+            scale = (j.ledger_dollars(1.0) if dollars else 1.0) / 3600
             total += bucket_sum(seconds, k)[0] * scale
         rate[cause] = total / hours
     return BadputTimeline(bucket_times(views, k), hours, rate, dollars, len(jobs))

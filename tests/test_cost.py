@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from burnrate.analyzer.cost import AdviceConfig, job_costs, spot_or_on_demand, young_interval
+from burnrate.analyzer.cost import AdviceConfig, job_costs, spot_or_on_demand
+from burnrate.analyzer.detectors.ledger_findings import advised_interval
 from burnrate.analyzer.detectors import detect_all
 from burnrate.analyzer.report import analyze
 from burnrate.analyzer.pricing import PricingError, load_catalog
@@ -119,11 +120,14 @@ def test_waste_by_cause_and_finding_dollars():
     assert jobs[("ml", "nb")].waste_dollars["idle_gpu"] == pytest.approx(2 * P5_SPOT)
 
 
-def test_youngs_formula():
-    assert young_interval(60.0, 100 * 3600.0) == pytest.approx(math.sqrt(2 * 60 * 360000))
+def test_dalys_interval_from_the_expected_or_the_measured_time_between_interruptions():
+    # Daly's first-order optimum: Young's sqrt(2CM), less the save itself.
+    assert advised_interval(60.0, 100 * 3600.0) == pytest.approx(math.sqrt(2 * 60 * 360000) - 60)
     job = costs(one_job(), advice=AdviceConfig(checkpoint_seconds=60.0))[0][("ml", "job")]
     mtbf_s = job.advice["mtbf_hours_on_spot"] * 3600
-    assert job.advice["checkpoint_interval_s"] == pytest.approx(math.sqrt(2 * 60 * mtbf_s), rel=0.01)
+    assert job.advice["checkpoint_interval_s"] == pytest.approx(math.sqrt(2 * 60 * mtbf_s) - 60, rel=0.01)
+    measured = costs(one_job(), advice=AdviceConfig(checkpoint_seconds=60.0, mtbf_seconds=3600.0))[0][("ml", "job")]
+    assert measured.advice["checkpoint_interval_s"] == round(math.sqrt(2 * 60 * 3600) - 60)
 
 
 def test_spot_advice_weighs_interruptions_against_the_discount():

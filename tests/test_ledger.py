@@ -97,6 +97,8 @@ def test_two_runs_split_exactly(fresh_pod):
     dollars = sum(v["dollars"] for v in job["ledger"].values())
     assert dollars == pytest.approx(job["cost_dollars"], abs=0.01)
     assert doc["accounting"]["ledger"]["lost_progress"]["gpu_hours"] == pytest.approx(hours["lost_progress"])
+    # The advice's times are the job's own: its restart (gap and start-up) and its failure rate.
+    assert job["advice"]["basis"]["restart_seconds"] == job["advice"]["basis"]["mtbf_seconds"] == "measured: 1 restarts"
 
 
 def test_a_restart_without_its_resume_point_leaves_lost_progress_unknown():
