@@ -41,10 +41,16 @@ def evaluate_in_prometheus(tmp_path, data: str, rules: str, start: float, end: f
     """The roll-ups over the blocks in `data`, added to them as blocks of their own."""
     (tmp_path / "source").mkdir()
     with prometheus(tmp_path / "source", storage=data) as prom:
+        # The rules file named by a path of its own, not the test's temporary one: a group's
+        # evaluations are offset within the interval by a hash of its file's path and name, and
+        # promtool drops an evaluation that falls in the last second before a 2-hour block's
+        # end (the block's end truncated to whole seconds). Named so, the offset is the same in
+        # every run and clear of that second.
         proc = subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "rules",
                                f"--start={int(start)}", f"--end={int(end + AFTER_S)}", f"--url={prom.url}",
-                               f"--output-dir={tmp_path / 'recorded'}", f"--eval-interval={int(EVAL_S)}s", rules],
-                              capture_output=True, text=True, timeout=300)
+                               f"--output-dir={tmp_path / 'recorded'}", f"--eval-interval={int(EVAL_S)}s",
+                               os.path.basename(rules)],
+                              capture_output=True, text=True, timeout=300, cwd=os.path.dirname(rules))
         assert proc.returncode == 0, proc.stdout + proc.stderr
     for block in os.listdir(tmp_path / "recorded"):
         shutil.move(str(tmp_path / "recorded" / block), data)
