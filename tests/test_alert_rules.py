@@ -28,15 +28,6 @@ TARGET_LABELS = {"job", "instance"}
 PROMQL_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
                 "offset", "bool", "inf", "nan", "atan2", "start", "end"}
 
-PROMETHEUS_RULE_HEADER = """\
-# The alert rules for the Prometheus operator. The groups below are
-# alerts/burnrate-rules.yaml verbatim: edit that file, then regenerate this one with
-#   BURNRATE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_alert_rules.py
-# (the test fails while the two differ). Prometheus selects PrometheusRules by label:
-# add the labels your Prometheus' ruleSelector asks for (kube-prometheus-stack: `release`).
-"""
-
-
 def load_rules() -> dict:
     with open(RULES) as fh:
         return yaml.safe_load(fh)
@@ -50,38 +41,12 @@ def recorded_names() -> set[str]:
     return {rule["record"] for group in load_rules()["groups"] for rule in group["rules"] if "record" in rule}
 
 
-class _LiteralDumper(yaml.SafeDumper):
-    pass
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_LiteralDumper.add_representer(str, _str)
-
-
-def prometheus_rule_text() -> str:
-    resource = {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PrometheusRule",
-        "metadata": {"name": "burnrate", "namespace": "burnrate", "labels": {"app.kubernetes.io/name": "burnrate",
-                                                    "app.kubernetes.io/component": "alerts"}},
-        "spec": load_rules(),
-    }
-    return PROMETHEUS_RULE_HEADER + yaml.dump(resource, Dumper=_LiteralDumper, sort_keys=False, width=1000)
-
-
 def test_prometheus_rule_carries_the_rules_file():
-    if os.environ.get("BURNRATE_UPDATE_GOLDEN"):
-        with open(PROMETHEUS_RULE, "w") as fh:
-            fh.write(prometheus_rule_text())
+    """The PrometheusRule is rendered from the chart, which reads the rules file (release/render-manifests)."""
     with open(PROMETHEUS_RULE) as fh:
         resource = yaml.safe_load(fh)
     assert resource["spec"] == load_rules(), (
-        "alerts/prometheusrule.yaml differs from alerts/burnrate-rules.yaml; "
-        "rerun with BURNRATE_UPDATE_GOLDEN=1 to regenerate it")
+        "alerts/prometheusrule.yaml differs from alerts/burnrate-rules.yaml; run `make manifests`")
 
 
 def test_promtool_check_rules():

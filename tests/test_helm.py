@@ -1,5 +1,7 @@
-"""charts/burnrate: `helm lint` passes, the default values render what `kubectl kustomize
-manifests/` does (and the exported-labels profile what the kustomize component does), other
+"""charts/burnrate, the source of manifests/' objects (tests/test_manifests.py holds those files
+to it): `helm lint` passes, the default values render what `kubectl kustomize manifests/` does,
+the kustomization's own generators, labels and images included (and the exported-labels
+profile what the kustomize component does), other
 values land where they should and validate as the manifests do, and values.schema.json
 refuses bad values with a message naming them."""
 import copy
@@ -128,7 +130,8 @@ def container(template: dict) -> dict:
 @pytest.mark.parametrize("helm", HELMS)
 def test_helm_lint_passes_with_default_and_other_values(tmp_path, helm):
     helm = kube_tools.tool(helm)
-    for extra in ((), ("--values", values_file(tmp_path, OTHER_VALUES))):
+    for extra in ((), ("--values", values_file(tmp_path, OTHER_VALUES)),
+                  ("--values", os.path.join(MANIFESTS, "values-kustomize.yaml"))):
         proc = run(helm, "lint", "--strict", CHART, *extra)
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -141,8 +144,10 @@ def test_helm_3_renders_what_helm_4_renders(tmp_path):
 
 
 def test_default_values_render_what_kustomize_renders():
-    """Everything, the generated ConfigMap's hashed name included; the reference job is the
-    one part the chart's defaults leave out."""
+    """Everything: the objects rendered into manifests/ and what its kustomization adds by
+    hand, the generated ConfigMaps (burnrate-config's hashed name included), the part-of
+    label and the images' tags; the reference job is the one part the chart's defaults leave
+    out."""
     kustomized = kustomize(MANIFESTS)
     assert_same(without_helm_labels(helm_template(*AS_KUSTOMIZE)), kustomized)
     defaults = without_helm_labels(helm_template())

@@ -1,14 +1,18 @@
-"""manifests/: every object validates offline against the Kubernetes 1.30 schemas (custom
-resources against tests/schemas/), the kustomization lists every file and the objects fit
-together, the agent and training pods are set up as the design needs, and each container's
+"""manifests/: its objects are what the chart renders now (release/render-manifests), every
+object validates offline against the Kubernetes 1.30 schemas (custom resources against
+tests/schemas/), the kustomization lists every file and the objects fit together, the agent and training pods are set up as the design needs, and each container's
 arguments parse with the burnrate command it runs."""
 import argparse
 import copy
 import importlib
+import importlib.machinery
+import importlib.util
 import json
 import os
 import posixpath
+import shutil
 import subprocess
+import sys
 
 import jsonschema
 import kubernetes_validate
@@ -23,6 +27,9 @@ from tests import kube_tools
 from tests.conftest import ROOT, require
 
 MANIFESTS = os.path.join(ROOT, "manifests")
+RENDER = os.path.join(ROOT, "release", "render-manifests")
+# The values the chart renders the kustomize base's objects with; not an object itself.
+RENDER_VALUES = "values-kustomize.yaml"
 SCHEMAS = os.path.join(ROOT, "tests", "schemas")
 KUBERNETES_VERSION = "1.30.0"
 # Pod Security level of each namespace: only the agent's is privileged.
@@ -126,9 +133,74 @@ def test_the_kustomization_lists_every_manifest_and_nothing_else():
     # The Grafana dashboards are the configMapGenerator's inputs, not resources.
     generated = {f for g in kustomization()["configMapGenerator"] for f in g.get("files", [])}
     assert generated == {f for f in on_disk if f.startswith("grafana/")} == GRAFANA_FILES
-    assert set(listed) == on_disk - {"kustomization.yaml"} - PROMETHEUS_FILES - profiles - generated
+    assert set(listed) == on_disk - {"kustomization.yaml", RENDER_VALUES} - PROMETHEUS_FILES - profiles - generated
     assert PROMETHEUS_FILES <= on_disk
     assert profiles == {"profiles/exported-labels/kustomization.yaml"}
+
+
+# --- rendered from the chart ------------------------------------------------------------------
+
+def render_manifests(*args: str, manifests: str = MANIFESTS, helm: str = "helm") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, RENDER, "--manifests", manifests, *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "HELM": kube_tools.tool(helm)})
+
+
+def _script(path: str):
+    """A script of release/ (no .py) as a module, to read its files as it does."""
+    loader = importlib.machinery.SourceFileLoader(os.path.basename(path).replace("-", "_"), path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+RENDERER = _script(RENDER)
+
+
+@pytest.mark.parametrize("helm", ["helm", "helm3"])
+def test_every_object_file_is_what_the_chart_renders_now(helm):
+    """One source: each file the kustomization lists is rendered from charts/burnrate, and
+    rendering again, with Helm 4 or Helm 3, changes none of them."""
+    assert set(RENDERER.on_disk(MANIFESTS)) == set(kustomization()["resources"])
+    proc = render_manifests("--check", helm=helm)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_stale_file_is_named_and_rendering_again_restores_every_file(tmp_path):
+    copy = tmp_path / "manifests"
+    shutil.copytree(MANIFESTS, copy)
+    daemonset = copy / "agent" / "daemonset.yaml"
+    daemonset.write_text(daemonset.read_text().replace("maxUnavailable: 10%", "maxUnavailable: 1"))
+    (copy / "agent" / "service.yaml").unlink()
+    (copy / "agent" / "podmonitor.yaml").write_text(f"{RENDERER.MARK}agent/podmonitor.yaml with {RENDER_VALUES}:\n")
+    proc = render_manifests("--check", manifests=str(copy))
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "manifests/agent/daemonset.yaml differs from what the chart renders: run `make manifests`",
+        "manifests/agent/podmonitor.yaml is no longer rendered by the chart: run `make manifests`",
+        "manifests/agent/service.yaml is missing: run `make manifests`"]
+    assert RENDERER.on_disk(str(copy)) != RENDERER.on_disk(MANIFESTS)
+
+    proc = render_manifests(manifests=str(copy))
+    assert proc.returncode == 0, proc.stderr
+    assert RENDERER.on_disk(str(copy)) == RENDERER.on_disk(MANIFESTS)
+    assert render_manifests("--check", manifests=str(copy)).returncode == 0
+    # What is written by hand stays as it was.
+    with open(os.path.join(MANIFESTS, "kustomization.yaml")) as fh:
+        assert (copy / "kustomization.yaml").read_text() == fh.read()
+
+
+def test_rendering_without_helm_or_with_bad_values_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, RENDER, "--check"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "HELM": str(tmp_path / "helm")})
+    assert proc.returncode == 2 and proc.stderr == f"release/render-manifests: HELM={tmp_path / 'helm'} is not an executable\n"
+    copy = tmp_path / "manifests"
+    shutil.copytree(MANIFESTS, copy)
+    (copy / RENDER_VALUES).write_text("kustomizeBase: true\ntrainer: {enabled: yes please}\n")
+    proc = render_manifests(manifests=str(copy))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("release/render-manifests: helm template failed") and "/trainer/enabled" in proc.stderr
+    with open(os.path.join(MANIFESTS, "agent", "daemonset.yaml")) as fh:
+        assert (copy / "agent" / "daemonset.yaml").read_text() == fh.read()
 
 
 def test_the_exported_labels_profile_changes_only_how_the_agent_is_scraped(tmp_path):

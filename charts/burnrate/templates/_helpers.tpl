@@ -1,12 +1,15 @@
 {{/*
 Labels on every object's metadata: kustomize's `labels` (app.kubernetes.io/part-of, as
-manifests/kustomization.yaml sets it) and Helm's own. Never on selectors, as with kustomize.
+manifests/kustomization.yaml sets it) and, unless rendering that base, Helm's own. Never on
+selectors, as with kustomize.
 */}}
 {{- define "burnrate.labels" -}}
 app.kubernetes.io/part-of: burnrate
+{{- if not .Values.kustomizeBase }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
 {{- end }}
 
 {{/* An image reference from (list $ "agent"): by digest when one is given. */}}
@@ -34,10 +37,15 @@ name: {{ .name }}-{{ $suffix }}
 data: {{ toJson .data }}
 {{- end }}
 
-{{/* Where the analyzer and the dashboard find Prometheus. */}}
+{{/* Where the analyzer and the dashboard find Prometheus. In the kustomize base only the name:
+its configMapGenerator makes the ConfigMap and adds the hash to the pods' references. */}}
 {{- define "burnrate.config" -}}
+{{- if .Values.kustomizeBase -}}
+name: burnrate-config
+{{- else -}}
 {{- $data := dict "prometheus-url" .Values.prometheus.url -}}
 {{- include "burnrate.configMap" (dict "name" "burnrate-config" "data" $data) -}}
+{{- end -}}
 {{- end }}
 
 {{/* The --pricing file, mounted at /etc/burnrate. */}}
