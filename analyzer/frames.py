@@ -7,10 +7,11 @@ exposes them; detectors take differences. A source that cannot provide a table
 (a dcgm-exporter-only cluster has no `rank` telemetry) leaves it empty and names
 it in `missing`.
 
-Two columns come beyond the recording's: `held_s` on the gpu and alloc tables, the
+Columns come beyond the recording's: `held_s` on the gpu and alloc tables, the
 seconds each row stands for (analyzer.holding: what GPU-time is made of, true at
-any scrape interval), and `signal` on the alloc table, the allocation signal the
-row was read from (analyzer.sources.allocation).
+any scrape interval), `signal` on the alloc table, the allocation signal the
+row was read from (analyzer.sources.allocation); and `repeated` on the rank table, True
+on the rows analyzer.holding filled in, a sample held over rather than a new one.
 """
 from __future__ import annotations
 

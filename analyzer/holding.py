@@ -20,7 +20,10 @@ samples. Two regimes follow from it:
   interval), so a job's GPU-hours do not grow with the step of a longer window.
 
 `held_s` is added to the gpu and alloc tables (what GPU-time is made of); every
-table is filled in the fine regime.
+table is filled in the fine regime. The rank table also gets `repeated`: True on the
+rows filled in, which are no new report, so that a counter's increase is known to
+stand for the whole interval up to the sample that shows it (analyzer.views), and a
+detector tells a new report from one held over.
 """
 from __future__ import annotations
 
@@ -46,6 +49,8 @@ scrapes and jitter, few enough that a week of a thousand GPUs takes no time."""
 COARSE = 0.75
 """A series sampled this much faster than the step has several samples per step."""
 HELD = ("gpu", "alloc")
+MARKED = ("rank",)
+REPEATED = "repeated"
 # A GPU is observed as one series whoever holds it; a holder is a (GPU, pod, job).
 SERIES = {"gpu": ("UUID",), "alloc": ("UUID", "namespace", "pod", "training_job")}
 
@@ -57,7 +62,7 @@ def hold(frames: Frames, staleness_s: float = STALENESS_S) -> Frames:
     # numpy releases the GIL: the tables are held side by side.
     with workers.pool(frames, 2) as pool:
         tables = {name: pool.submit(hold_table, getattr(frames, name), SERIES.get(name, TABLES[name][0]), step,
-                                    limit, staleness_s, with_held=name in HELD)
+                                    limit, staleness_s, with_held=name in HELD, marked=name in MARKED)
                   for name in TABLES}
         return replace(frames, **{name: future.result() for name, future in tables.items()})
 
@@ -89,19 +94,23 @@ def series_intervals(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, stal
 
 
 def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: float,
-               staleness_s: float = STALENESS_S, with_held: bool = True) -> pd.DataFrame:
+               staleness_s: float = STALENESS_S, with_held: bool = True, marked: bool = False) -> pd.DataFrame:
+    """`marked`: the rows filled in are named in a `repeated` column."""
+    def unfilled(out: pd.DataFrame) -> pd.DataFrame:
+        return out.assign(**{REPEATED: np.zeros(len(out), bool)}) if marked else out
+
     if not len(frame):
         out = frame.drop(columns="sample_count", errors="ignore")
-        return out.assign(held_s=pd.Series(dtype="f4")) if with_held else out
+        return unfilled(out.assign(held_s=pd.Series(dtype="f4")) if with_held else out)
     if not with_held and "sample_count" in frame and frame["sample_count"].mean() >= 2:
         # Read at a step holding several samples of a typical series: nothing to fill.
-        return frame.drop(columns="sample_count")
+        return unfilled(frame.drop(columns="sample_count"))
     codes = series_numbers(frame, keys)
     if "sample_count" in frame:
         held = _on_grid(frame["t"].to_numpy(), codes, frame["sample_count"].to_numpy(np.float64), step)
         if held is not None:
             out = frame.drop(columns="sample_count")
-            return out.assign(held_s=held.astype(np.float32)) if with_held else out
+            return unfilled(out.assign(held_s=held.astype(np.float32)) if with_held else out)
     # Frames are time-sorted, so a stable sort by series gives (series, t) order; numpy
     # radix-sorts 16-bit integers.
     narrow = np.int16 if len(codes) and codes.max() < 2 ** 15 else np.int32
@@ -113,7 +122,10 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
     interval = series_intervals(t, c, samples, staleness_s)
     interval = np.where(np.isfinite(interval), interval, step)[c]
     nxt = np.append(np.where(c[1:] == c[:-1], t[1:] - t[:-1], np.inf), np.inf)
-    coarse = interval < COARSE * step
+    # A lone sample whose series' next one comes steps later stands for the time until then,
+    # whatever the series' usual interval: 15 s history before 1 s live samples on a 3 s grid.
+    lone = (samples <= 1) & (nxt > step * 1.01) & (nxt <= np.maximum(staleness_s, BRIDGED_INTERVALS * interval))
+    coarse = (interval < COARSE * step) & ~lone
     linked = np.where(coarse, nxt <= step * 1.01, nxt <= np.maximum(staleness_s, BRIDGED_INTERVALS * interval))
     linked_before = np.insert(linked[:-1], 0, False) & np.insert(c[1:] == c[:-1], 0, False)
     edge = np.where(coarse, np.minimum(samples * interval, step), interval)
@@ -130,7 +142,7 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
     if (copies == 1).all():
         held_rows = np.empty(len(t), np.float32)     # seconds: float32 holds them to the millisecond
         held_rows[order] = held
-        return source.assign(held_s=held_rows) if with_held else source
+        return unfilled(source.assign(held_s=held_rows) if with_held else source)
     rows = np.repeat(order, copies)
     offset = ramps(copies)
     new_t = np.repeat(t, copies) + offset * step
@@ -141,6 +153,8 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
     out["t"] = new_t[resort]
     if with_held:
         out["held_s"] = new_held[resort].astype(np.float32)
+    if marked:
+        out[REPEATED] = (offset > 0)[resort]
     return out
 
 
@@ -164,8 +178,11 @@ def _on_grid(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, step: float)
     present = np.zeros((int(col.max()) + 2) * series, bool)
     cell = col * series + codes
     present[cell] = True
-    edge = np.flatnonzero(~(present[cell + series] & present[np.maximum(cell - series, 0)] & (col > 0)))
+    after, before = present[cell + series], present[np.maximum(cell - series, 0)] & (col > 0)
+    edge = np.flatnonzero(~(after & before))
     samples = np.fmax(samples, 1.0)             # NaN (a point no count answered for) is one sample
+    if (~(after[edge] | before[edge]) & (samples[edge] <= 1)).any():
+        return None     # a lone sample between steps without any: a series slower than the step in part
     # A series' interval: its inner steps' time over the samples in them.
     counted = np.bincount(codes, weights=samples, minlength=series) - \
         np.bincount(codes[edge], weights=samples[edge], minlength=series)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .frames import Frames
-from .holding import hold
+from .holding import REPEATED, hold
 from .runs import label_runs
 from . import workers
 from .series import category_codes, ramps, series_codes
@@ -51,6 +51,7 @@ class Grid:
     keys: pd.DataFrame                 # one row per series, label columns, RangeIndex = row number
     values: dict[str, np.ndarray]      # column -> (series, time) array, NaN where absent
     present: np.ndarray                # (series, time) bool: a sample exists
+    sampled: np.ndarray | None = None  # (series, time) bool: a new sample, not one held over (analyzer.holding)
 
     @property
     def size(self) -> int:
@@ -71,10 +72,12 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
                start: float, step: float, n: int, labels: tuple[str, ...] = (),
                counters: tuple[str, ...] = (), wide: tuple[str, ...] | None = None,
                summed: tuple[str, ...] = ()) -> Grid:
-    """`counters` become per-bin increases (counter_delta); `summed` columns add up
-    the rows that fall in one bin (time held, analyzer.holding) where others keep the
-    last; float64 columns stay float64 only when named in `wide` (all of them when it
-    is None): a week of timestamps needs the precision, a loss or an increase does not."""
+    """`counters` become per-bin increases (counter_delta), spread over the bins their
+    sample stands for where the frame says which rows are held over (`spread`);
+    `summed` columns add up the rows that fall in one bin (time held,
+    analyzer.holding) where others keep the last; float64 columns stay float64 only
+    when named in `wide` (all of them when it is None): a week of timestamps needs the
+    precision, a loss or an increase does not."""
     codes, keys = series_codes(frame, by, labels)
     # Half up, not to even: samples a store aligned half a step off the window's start would
     # otherwise pair up in every other bin, and no two bins in a row would hold a counter.
@@ -86,6 +89,12 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
     cell = codes * n + col                 # one flat index, computed once for every column
     present = np.zeros((s, n), bool)
     present.ravel()[cell] = True
+    sampled = None
+    if REPEATED in frame.columns:
+        fresh = ~frame[REPEATED].to_numpy(bool)
+        sampled = np.zeros((s, n), bool)
+        sampled.ravel()[cell[fresh if keep.all() else fresh[keep]]] = True
+    owner = _owners(present, sampled) if counters and sampled is not None and not sampled[present].all() else None
     values = {}
     cumulative = np.empty((s, n)) if counters else None     # one buffer for every counter
     for name in columns:
@@ -98,13 +107,42 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         if name in counters:
             cumulative.fill(np.nan)
             cumulative.ravel()[cell] = data
-            values[name] = counter_delta(cumulative)
+            values[name] = counter_delta(cumulative) if owner is None else spread(counter_delta(cumulative), *owner)
             continue
         exact = data.dtype == np.float64 and (wide is None or name in wide)
         arr = np.full((s, n), np.nan, dtype=np.float64 if exact else np.float32)
         arr.ravel()[cell] = data
         values[name] = arr
-    return Grid(keys, values, present)
+    return Grid(keys, values, present, sampled)
+
+
+def _owners(present: np.ndarray, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each bin, the bin of the sample whose increase covers it and how many bins that
+    increase covers: a sample held over into later bins (analyzer.holding) is no new
+    report, so the next sample's increase happened across them all. Known is False
+    where no later sample tells (the last sample's interval, or one the series left)."""
+    s, n = present.shape
+    cols = np.arange(n, dtype=np.int32)
+    boundary = sampled | ~present
+    # The first boundary at or after each bin, and the last one before each bin.
+    after = np.where(boundary, cols, n)
+    after = np.minimum.accumulate(after[:, ::-1], axis=1)[:, ::-1]
+    before = np.full((s, n), -1, np.int32)
+    before[:, 1:] = np.where(boundary[:, :-1], cols[:-1], -1)
+    before = np.maximum.accumulate(before, axis=1)
+    rows = np.arange(s)[:, None]
+    known = present & (after < n)
+    at = np.minimum(after, n - 1)
+    known &= sampled[rows, at]
+    return at, (at - before[rows, at]).astype(np.float32), known
+
+
+def spread(delta: np.ndarray, at: np.ndarray, bins: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Each sample's increase shared evenly among the bins it stands for (_owners): a
+    counter read every 15 s on a 1 s grid increases in every bin, not in one of 15."""
+    out = delta[np.arange(len(delta))[:, None], at] / bins
+    out[~known] = np.nan
+    return out.astype(np.float32, copy=False)
 
 
 def counter_delta(cumulative: np.ndarray) -> np.ndarray:

@@ -25,8 +25,9 @@ def test_whole_recording_by_default(recording):
     assert frames.window == Window(END - 3585.0, END)
     assert frames.step_s == 15.0 and frames.simulated
     assert len(frames.gpu) == 8 * 240
-    # Beyond the recording's columns: the time each row stands for, and the allocation signal.
-    extra = {"gpu": ["held_s"], "alloc": ["signal", "held_s"]}
+    # Beyond the recording's columns: the time each row stands for, the allocation signal, and
+    # which rank rows are a sample held over.
+    extra = {"gpu": ["held_s"], "alloc": ["signal", "held_s"], "rank": ["repeated"]}
     for table, (labels, columns) in TABLES.items():
         assert list(getattr(frames, table).columns) == ["t", *columns, *labels, *extra.get(table, [])]
     assert (frames.gpu["held_s"] == 15.0).all() and (frames.alloc["signal"] == "share_ratio").all()

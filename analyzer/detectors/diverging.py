@@ -57,12 +57,15 @@ def _sustained_spike(values: np.ndarray, mean: np.ndarray, fresh: np.ndarray, ra
 
 
 def _fresh(v: Views, rows: np.ndarray, present: np.ndarray) -> np.ndarray:
-    """The bins where a new report arrived: some rank's step counter moved, or its
-    series began. Without step counters every bin with a report counts."""
+    """The bins where a new report arrived: a new sample in which some rank's step
+    counter moved, or its series began. A sample held over into later bins is no
+    new report, though the steps it stands for are spread over them (analyzer.views).
+    Without step counters every bin with a new sample counts."""
+    sampled = present if v.rank.sampled is None else v.rank.sampled[rows]
     seen = present.any(axis=0)
     if "steps" not in v.rank.values:
-        return seen
-    moved = (np.nan_to_num(v.rank.values["steps"][rows]) != 0).any(axis=0)
+        return sampled.any(axis=0)
+    moved = ((np.nan_to_num(v.rank.values["steps"][rows]) != 0) & sampled).any(axis=0)
     began = seen & ~np.r_[False, seen[:-1]]
     return moved | began
 

@@ -32,6 +32,14 @@ def _ffill_index(mask: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(idx)
 
 
+def _confirmed(known: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Bins where a sample, then or later, shows no step made since `last`: an unknown bin
+    inside a stall is part of it, one at the end of the data is not yet a stall."""
+    n = known.size
+    later = np.minimum.accumulate(np.where(known, np.arange(n), n)[::-1])[::-1]
+    return (later < n) & (last[np.minimum(later, n - 1)] == last)
+
+
 def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
     v = Views.of(data)
     rank, alloc = v.rank, v.alloc
@@ -52,7 +60,13 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
             held = rank.present[rows].sum(axis=0).astype(np.float64)
         if not (held > 0).any():
             continue
+        # Steps are spread over the time each sample stands for (analyzer.views), so a job
+        # sampled every 15 s on a 1 s grid makes steps in every second, not in one of 15.
         progress = (np.nan_to_num(steps) > 0).any(axis=0)
+        # Where a rank reports but no sample says whether it stepped (its first in the
+        # window, the interval after its last), nothing is known; where none reports while
+        # the job holds GPUs, it makes no steps.
+        known = np.isfinite(steps).any(axis=0) | ((held > 0) & ~rank.present[rows].any(axis=0))
         made = np.nansum(steps, axis=0)
         if made.sum() <= 0:
             continue
@@ -69,7 +83,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
                                  axis=0, initial=-np.inf)
             reported = np.maximum.accumulate(np.nan_to_num(reported, nan=-np.inf))
             last = np.maximum(last, reported)
-        stalled = (held > 0) & (times - last > limit)
+        stalled = (held > 0) & _confirmed(known, last) & (times - last > limit)
         for r in runs(stalled[None, :]):
             since = float(last[r.start])
             begin = max(int(np.floor((since - v.start) / v.step)), 0)

@@ -1,0 +1,222 @@
+"""Findings are a property of the data, not of the window or the grid.
+
+A recording whose every series is sampled every 15 s for two and a half hours (the history) and
+then every second (the live tail, as `burnrate demo` records beside its simulated
+fleet) holds four episodes of known kinds: a job far below its MFU floor, a job that
+hangs in the history, one that hangs in the live tail, and an idle notebook. Any window
+that contains an episode, read at any step the analyzer may choose, finds it with the
+same start and end (within a sample interval and a step of the grid), the same
+severity and the same wasted dollars (within 3 %); a healthy job across both intervals
+is never found stalled, with the default thresholds or the demo's live ones.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from burnrate.agent.recording import open_recording
+from burnrate.analyzer import resample
+from burnrate.analyzer.detectors import DetectorConfig
+from burnrate.analyzer.detectors.config_file import detector_config, dump_detector_config
+from burnrate.analyzer.episodes import identity
+from burnrate.analyzer.frames import Window
+from burnrate.analyzer.pricing import load_catalog
+from burnrate.analyzer.report import analyze
+from burnrate.analyzer.sources.recording import RecordingSource
+from burnrate.demo import live_config
+from burnrate.exporter.recording import TABLES
+
+import yaml
+
+T0 = 1_800_000_000.0
+HISTORY_S, LIVE_S = 15.0, 1.0
+LIVE = T0 + 2.5 * 3600            # history until here, live samples after: 10,200 s in all, one step a second
+END = LIVE + 20 * 60
+MIN = 60.0
+HOST, MODEL = "node-a", "NVIDIA H100 80GB HBM3"
+DOLLARS_TOLERANCE = 0.03
+CATALOG = load_catalog(None)
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    gpus: tuple[int, ...]
+    start: float
+    end: float
+    stall_from: float | None = None     # steps stop here; reports and GPUs stay until `end`
+    mfu: float = 0.45
+    util: float = 92.0
+    pod: str | None = None              # a pod outside any training job, without telemetry
+
+
+JOBS = (
+    Job("slow", (0, 1), T0 + 20 * MIN, LIVE + 8 * MIN, mfu=0.05),
+    Job("hung", (2, 3), T0 + 10 * MIN, T0 + 120 * MIN, stall_from=T0 + 60 * MIN, util=100.0),
+    Job("hung-live", (4,), T0 + 90 * MIN, LIVE + 16 * MIN, stall_from=LIVE + 3 * MIN, util=100.0),
+    Job("", (5,), T0 + 100 * MIN, LIVE + 12 * MIN, util=0.0, pod="nb-0"),
+    Job("healthy", (6, 7), T0, END),
+)
+# kind, namespace/job, the span the episode covers (a window must hold it all: for a stall
+# the last step before it, for low MFU the job's whole life) and the severity it must have.
+EPISODES = (
+    ("low_mfu", "slow", (T0 + 20 * MIN, LIVE + 8 * MIN), "critical"),
+    ("stalled", "hung", (T0 + 50 * MIN, T0 + 120 * MIN), "critical"),
+    ("stalled", "hung-live", (LIVE - 5 * MIN, LIVE + 16 * MIN), "critical"),
+    ("idle_gpu", "nb-0", (T0 + 100 * MIN, LIVE + 12 * MIN), "warning"),
+)
+
+
+def sample_times(start: float, end: float) -> np.ndarray:
+    """Every 15 s in the history and every second in the live tail, as one series is scraped."""
+    history = np.arange(np.ceil(start / HISTORY_S) * HISTORY_S, min(end, LIVE), HISTORY_S)
+    live = np.arange(max(np.ceil(start), LIVE), end + 1e-9, LIVE_S)
+    return np.concatenate([history, live])
+
+
+def write_recording(root: str) -> None:
+    rows: dict[str, list[tuple[float, tuple[str, ...], dict[str, float]]]] = {name: [] for name in TABLES}
+    device = lambda g: (str(g), f"GPU-{HOST}-{g}", f"0000:{g:02x}:00.0", f"nvidia{g}", MODEL, HOST)  # noqa: E731
+    for t in sample_times(T0, END):
+        rows["node"].append((t, (HOST, "p5.48xlarge", "on-demand", "us-east-1a", MODEL, "8"), {"cpu_utilization": 0.3}))
+    util = {g: np.full(len(sample_times(T0, END)), 0.0) for g in range(8)}
+    for job in JOBS:
+        t = sample_times(job.start, job.end)
+        pod_of = (lambda r: job.pod) if job.pod else (lambda r: f"{job.name}-{r}")
+        for r, g in enumerate(job.gpus):
+            labels = device(g) + ("ml", pod_of(r), "main", job.name)
+            for when in t:
+                rows["alloc"].append((when, labels, {"share": 1.0}))
+            util[g][np.isin(sample_times(T0, END), t)] = job.util
+            if job.pod:
+                continue
+            stepping = np.minimum(t, job.stall_from or np.inf) - job.start
+            steps = np.floor(stepping)                                # a step a second
+            for when, made, busy in zip(t, steps, stepping):
+                rows["rank"].append((when, ("ml", pod_of(r), job.name, str(r), HOST), {
+                    "steps": made, "step_s": busy, "compute_s": 0.9 * busy, "data_wait_s": 0.01 * busy,
+                    "tokens": 4096 * made, "samples": 8 * made, "flops": 1e15 * made, "mfu": job.mfu,
+                    "loss": 2.0, "grad_norm": 1.0, "world_size": float(len(job.gpus)),
+                    "last_step_time": job.start + made, "global_step": made, "start_time": job.start}))
+    for g in range(8):
+        for when, u in zip(sample_times(T0, END), util[g]):
+            rows["gpu"].append((when, device(g) + ("",) * 4, {"up": 1.0, "gpu_util": u, "sm_clock_mhz": 1980.0,
+                                                              "throttle_reasons": 0.0}))
+    tables = open_recording(root, segment="fleet")
+    for name, table in rows.items():
+        for t, labels, values in sorted(table, key=lambda row: row[0]):
+            tables[name].append(t, labels, values)
+        tables[name].close()
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory) -> RecordingSource:
+    root = str(tmp_path_factory.mktemp("window") / "recording")
+    write_recording(root)
+    return RecordingSource(root)
+
+
+@contextmanager
+def points_per_series(points: int):
+    """The analyzer's resolution: at most this many points a window (as Prometheus' query
+    limit sets it), so a longer window, or fewer points, reads at a coarser step."""
+    with mock.patch.object(resample, "MAX_POINTS", points):
+        yield
+
+
+def findings(source: RecordingSource, window: Window, config: DetectorConfig = DetectorConfig(),
+             points: int = resample.MAX_POINTS):
+    with points_per_series(points):
+        frames = source.frames(window)
+    return frames.step_s, analyze(frames, CATALOG, config).findings
+
+
+def episode(found, kind: str, job: str):
+    mine = [f for f in found if f.kind == kind and f.training_job == job]
+    assert len(mine) == 1, f"{kind} of {job}: {[(f.kind, f.training_job, f.start, f.end) for f in found]}"
+    return mine[0]
+
+
+@pytest.fixture(scope="module")
+def reference(recording):
+    """Each episode as the whole recording, read at its native step, finds it."""
+    step, found = findings(recording, Window(T0, END))
+    assert step == LIVE_S
+    return {(kind, job): episode(found, kind, job) for kind, job, _, _ in EPISODES}
+
+
+def assert_same(found, ref, step: float) -> None:
+    # A window opens between two samples and its grid's points between them: a sample
+    # interval, and a step, either way.
+    tolerance = HISTORY_S + step + 1e-6
+    assert identity(found) == identity(ref)
+    assert found.severity == ref.severity
+    assert abs(found.start - ref.start) <= tolerance, (found.start - ref.start, step)
+    assert abs(found.end - ref.end) <= tolerance, (found.end - ref.end, step)
+    assert found.wasted_dollars == pytest.approx(ref.wasted_dollars, rel=DOLLARS_TOLERANCE)
+
+
+def test_the_reference_finds_each_episode_where_it_was_put(reference):
+    for kind, job, (start, end), severity in EPISODES:
+        f = reference[(kind, job)]
+        assert f.severity == severity
+        assert f.wasted_dollars > 0
+        if kind == "stalled":
+            stall_from = next(j.stall_from for j in JOBS if j.name == job)
+            assert abs(f.start - stall_from) <= HISTORY_S
+            assert abs(f.end - end) <= HISTORY_S
+            assert f.evidence["stalled_minutes"] == pytest.approx((end - stall_from) / 60, abs=0.5)
+        else:
+            assert abs(f.start - start) <= HISTORY_S and abs(f.end - end) <= HISTORY_S
+
+
+EXAMPLES = int(os.environ.get("BURNRATE_EXAMPLES", "16"))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("BURNRATE_EXAMPLES"), database=None)
+@given(which=st.sampled_from(EPISODES), before=st.floats(0.0, 1.0), after=st.floats(0.0, 1.0),
+       points=st.sampled_from([resample.MAX_POINTS, 4000, 1500, 600]))
+def test_any_window_that_holds_an_episode_finds_it_with_the_same_figures(recording, reference, which, before,
+                                                                          after, points):
+    kind, job, (start, end), _ = which
+    # Off the sample times on purpose: a window opens and closes between two samples.
+    window = Window(T0 + before * (start - T0) + 0.4, end + 60 + after * (END - end - 60))
+    step, found = findings(recording, window, points=points)
+    assert_same(episode(found, kind, job), reference[(kind, job)], step)
+    assert not [f for f in found if f.training_job == "healthy"]
+
+
+def test_low_mfu_on_15s_history_and_1s_live_data_is_found_whatever_the_window_end(recording, reference):
+    steps = set()
+    for end in (LIVE + 8 * MIN + 30, LIVE + 9 * MIN, LIVE + 10 * MIN, LIVE + 12 * MIN, END):
+        step, found = findings(recording, Window(T0, end))
+        steps.add(step)
+        assert_same(episode(found, "low_mfu", "slow"), reference[("low_mfu", "slow")], step)
+        # The job steps in every second of its life: its GPU-hours are its two GPUs' whole time.
+        evidence = episode(found, "low_mfu", "slow").evidence
+        assert evidence["gpu_hours"] == pytest.approx(2 * (LIVE + 8 * MIN - (T0 + 20 * MIN)) / 3600, rel=0.01)
+    # Ending the window later turns its grid from the history's 15 s to the live 1 s.
+    assert {HISTORY_S, LIVE_S} <= steps
+
+
+def demo_live_thresholds() -> DetectorConfig:
+    """The thresholds file `burnrate demo` writes beside its recording, read back."""
+    return detector_config(yaml.safe_load(dump_detector_config(live_config(DetectorConfig()))))
+
+
+@pytest.mark.parametrize("window", [Window(T0, END), Window(LIVE - 30 * MIN + 7.0, END), Window(T0 + 3.0, LIVE + 90)])
+def test_a_job_stepping_every_15s_then_every_second_is_not_stalled_under_the_demos_live_thresholds(recording, window):
+    _, found = findings(recording, window, demo_live_thresholds())
+    stalled = {f.training_job for f in found if f.kind == "stalled"}
+    # The hung jobs are stalled (their stalls are minutes long); the stepping ones are not.
+    assert "healthy" not in stalled and "slow" not in stalled
+    assert stalled <= {"hung", "hung-live"}
+    hung = [f for f in found if f.kind == "stalled" and f.training_job == "hung"]
+    if window.start < T0 + 60 * MIN:
+        assert len(hung) == 1 and abs(hung[0].start - (T0 + 60 * MIN)) <= HISTORY_S
