@@ -1,10 +1,10 @@
-"""The README's benchmark table, derived from bench/RESULTS.md.
+"""The benchmark table of docs/benchmarks.md, derived from bench/RESULTS.md.
 
-    python bench/readme_table.py     # rewrites the table in README.md after RESULTS.md changed
+    python bench/readme_table.py     # rewrites the table in docs/benchmarks.md after RESULTS.md changed
 
 Each row reads one figure from a table of RESULTS.md, found by the section's title, the
 row's first cell and the column's header, so a figure that moves or is renamed fails
-loudly here instead of going stale. tests/test_readme.py checks the README is current.
+loudly here instead of going stale. tests/test_readme.py checks the page is current.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "RESULTS.md")
-README = os.path.join(ROOT, "README.md")
+PAGE = os.path.join(ROOT, "docs", "benchmarks.md")
 BEGIN = "<!-- benchmark table: generated from bench/RESULTS.md by bench/readme_table.py -->"
 END = "<!-- end of benchmark table -->"
 
@@ -53,7 +53,7 @@ def _cells(line: str) -> list[str]:
 
 
 class Missing(LookupError):
-    """RESULTS.md no longer holds a figure the README summarizes."""
+    """RESULTS.md no longer holds a figure the benchmark table summarizes."""
 
 
 def _lookup(section: Section, row: str, column: str) -> str:
@@ -168,10 +168,10 @@ def replace_between(text: str, begin: str, end: str, new: str) -> str:
 def main() -> None:
     with open(RESULTS, encoding="utf-8") as fh:
         table = render(fh.read())
-    with open(README, encoding="utf-8") as fh:
-        readme = fh.read()
-    with open(README, "w", encoding="utf-8") as fh:
-        fh.write(replace_between(readme, BEGIN, END, table))
+    with open(PAGE, encoding="utf-8") as fh:
+        page = fh.read()
+    with open(PAGE, "w", encoding="utf-8") as fh:
+        fh.write(replace_between(page, BEGIN, END, table))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The trainer-to-agent telemetry contract (CONTRACT §3) that both ends share: the schema
+"""The trainer-to-agent telemetry contract (docs/telemetry.md) that both ends share: the schema
 version, the message's fields and their rules, where the socket is, and the one sender.
 Standard library only, so that a training image needs nothing more to send.
 
@@ -76,7 +76,7 @@ def socket_path(explicit: str | None = None, environ: Mapping[str, str] = os.env
 
 
 def encode(record: Mapping[str, Any]) -> bytes:
-    # allow_nan: a diverged loss must arrive as NaN, not be dropped (CONTRACT §2 keeps NaN).
+    # allow_nan: a diverged loss must arrive as NaN, not be dropped (docs/metrics.md keeps NaN).
     return json.dumps(record, allow_nan=True, separators=(",", ":")).encode("utf-8")
 
 

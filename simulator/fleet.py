@@ -19,7 +19,7 @@ import numpy as np
 from burnrate.agent.gpu.simulated import H100_SXM, GpuModelSpec
 from burnrate.exporter.labels import SIMULATED
 
-# What each scenario injects (CONTRACT §4 kinds are in `GroundTruth.kind`).
+# What each scenario injects (finding kinds of docs/findings.md are in `GroundTruth.kind`).
 HEALTHY = "healthy"
 STARVATION = "starvation"
 STRAGGLER = "straggler"
@@ -313,7 +313,7 @@ def _truth(kind: str, job: Job | None, start: str, end: str, fleet: Fleet, gpu: 
 
 
 def ground_truth(fleet: Fleet, time_of: Callable[[int], str], samples: int, low_mfu: set[str]) -> list[dict]:
-    """The injected faults as CONTRACT §4 kinds: {"kind", "namespace", "training_job",
+    """The injected faults as finding kinds (docs/findings.md): {"kind", "namespace", "training_job",
     "Hostname", "gpu", "pod", "rank", "start", "end"}, null where not applicable.
 
     Job-wide faults (starvation, stalled, diverging, low_mfu) name the job only; faults

@@ -1,7 +1,7 @@
 """Synthetic fleets shaped like real clusters' Prometheus data, with exact ground truth.
 
-Written from the interface contract (CONTRACT.md beside the repository, sections 2, 3 and 5), the
-README's definition of the GPU-second counters, and the public documentation of dcgm-exporter and
+Written from the documented interfaces (docs/metrics.md, docs/telemetry.md and docs/report.md), the
+definition of the GPU-second counters in docs/metrics.md, and the public documentation of dcgm-exporter and
 kube-state-metrics ALONE: nothing here reads or imports the
 analyzer, the agent, the exporter or the simulator, so that a test of the analyzer against these
 fleets does not share the analyzer's assumptions.
@@ -62,7 +62,7 @@ EXPORTERS = ("agent", "agent-old", "dcgm-4.8", "dcgm-4.8.3", "dcgm-4.9")
 SCRAPE_PROFILES = ("own", "exported")
 AGENT_EXPORTERS = ("agent", "agent-old")
 KINDS = ("training", "serving", "interactive", "batch")
-# Allocated time splits into busy and idle (CONTRACT section 5): a holder whose mean GPU
+# Allocated time splits into busy and idle (docs/report.md, `accounting`): a holder whose mean GPU
 # utilization is at or below this counts as idle.
 IDLE_UTIL_PCT = 2.0
 # 2025-06-02T00:00:00Z: fixed, in the past, so back-filled data is neither "future" nor retention-expired.
@@ -133,7 +133,7 @@ class Workload:
     end: float
     share: float = 1.0  # 1, 1/7 (MIG), 1/N time-sliced
     util_pct: float = 90.0  # mean GPU utilization while held (0 = idle)
-    telemetry: bool = False  # training ranks report burnrate_train_* (CONTRACT sections 2 and 3)
+    telemetry: bool = False  # training ranks report burnrate_train_* (docs/metrics.md, docs/telemetry.md)
     tokens_per_step: float = 0  # the whole job's tokens per optimizer step
     step_s: float = 1.0
     data_wait: float = 0.05  # share of each step the ranks wait for data
@@ -457,9 +457,9 @@ KEEP_GONE_S = 300.0
 
 def _sample_gpu_time(node: Node, device: dict[str, str], holds: list[_Hold], t: np.ndarray, start: float,
                      rng: np.random.Generator, sink: _Scraped) -> None:
-    """The GPU-second counters (README "Metrics"): the seconds the GPU was there since the agent
+    """The GPU-second counters (docs/metrics.md, "GPU-time"): the seconds the GPU was there since the agent
     started, and each holder's share-weighted seconds, all idle or all busy as its workload is
-    (CONTRACT section 5). Each counts from 0 again after an agent restart."""
+    (docs/report.md, `accounting`). Each counts from 0 again after an agent restart."""
     restart = _last_restart(node, t)
     agent_start = start - rng.uniform(0.0, 1e6)
     sink.add("burnrate_gpu_observed_seconds_total", device, t, t - np.maximum(agent_start, restart))

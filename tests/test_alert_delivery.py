@@ -1,5 +1,5 @@
 """Alerts delivered end to end, with no mock in the path: Debian's Alertmanager routing with
-the README's configuration, a Prometheus loaded with the chart's rules (made fast only by the
+the configuration in docs/alerts.md, a Prometheus loaded with the chart's rules (made fast only by the
 chart's documented values) and scraping a real `burnrate agent`, and real two-rank CPU
 training runs, one hung and one diverging. The only stand-in is the receiving end: each
 receiver is a webhook this test serves, where a team would have Slack or PagerDuty."""
@@ -22,7 +22,7 @@ from tests import kube_tools
 from tests.conftest import PYTHON, ROOT, free_port, require
 from tests.processes import Prometheus, agent, prometheus, stop, wait_http
 
-README = os.path.join(ROOT, "README.md")
+ALERTS_DOC = os.path.join(ROOT, "docs", "alerts.md")
 CHART = os.path.join(ROOT, "charts", "burnrate")
 RUNBOOKS = "https://wiki.example/ml-platform/burnrate-runbooks"
 FLOOR_S = 10
@@ -34,7 +34,7 @@ FORGET_AFTER_S = 30
 
 
 def readme_alertmanager_config() -> dict:
-    with open(README) as fh:
+    with open(ALERTS_DOC) as fh:
         blocks = re.findall(r"```yaml\n(.*?)```", fh.read(), flags=re.S)
     [config] = [b for b in blocks if b.startswith("route:")]
     return yaml.safe_load(config)
@@ -100,7 +100,7 @@ def webhook():
 
 @contextlib.contextmanager
 def alertmanager(tmp_path, hook: Webhook):
-    """Debian's Alertmanager with the README's route, its waits cut to seconds so that a
+    """Debian's Alertmanager with docs/alerts.md's route, its waits cut to seconds so that a
     resolution is delivered at once, and every receiver a webhook of `hook`'s."""
     config = readme_alertmanager_config()
     config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
@@ -159,7 +159,7 @@ def last_step(prom: Prometheus, job: str) -> float:
 
 
 def check_delivered(notification: dict, alert: dict, name: str, job: str) -> None:
-    # The README's route pages for critical training alerts, grouped per job and problem.
+    # docs/alerts.md's route pages for critical training alerts, grouped per job and problem.
     assert notification["receiver"] == "ml-platform-pager"
     assert notification["groupLabels"] == {"alertname": name, "namespace": NAMESPACE, "training_job": job}
     assert alert["labels"]["namespace"] == NAMESPACE and alert["labels"]["severity"] == "critical"

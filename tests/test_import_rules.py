@@ -1,4 +1,4 @@
-"""Who may import whom (shared/DESIGN.md), held by walking every module's imports.
+"""Who may import whom (docs/architecture.md, "Who may import whom"), held by walking every module's imports.
 
 Floors, bottom up: `exporter` (nothing of ours) -> `agent`, `analyzer`, `trainer` (peers,
 none imports another) -> `simulator` (agent, analyzer), `dashboard` (analyzer) ->

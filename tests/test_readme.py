@@ -1,10 +1,11 @@
-"""The README stays true: its sections in the agreed order, its metrics and benchmark tables
-generated from their sources, its usage lines accepted by the commands they show, and
-every shell command in it run exactly as written, here or by .ci/run.
+"""The README and the pages of docs/ stay true: the README's sections in the agreed order,
+the metrics and benchmark tables generated from their sources, the usage lines accepted by
+the commands they show, and every shell command in them run exactly as written, here or by
+.ci/run.
 
-Shell commands are the lines of its ```sh blocks. `make` targets take minutes and build
+Shell commands are the lines of ```sh blocks. `make` targets take minutes and build
 the virtualenv, so .ci/run runs them; this test runs every other one in a directory that
-looks like the checkout, with `docker` and `kubectl` replaced by stand-ins that record
+looks like the checkout (with the files its page names), with `docker` and `kubectl` replaced by stand-ins that record
 what they are asked and are checked against the Dockerfile and the manifests. A command
 whose comment names a URL is a server: it passes when that URL answers.
 """
@@ -32,13 +33,13 @@ from tests import kube_tools
 from tests.conftest import ROOT
 
 README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
 CI = os.path.join(ROOT, ".ci", "run")
 MANIFESTS = os.path.join(ROOT, "manifests")
 
-# The agreed order: after the title and what burnrate is, the two commands, the dashboard,
-# the architecture, deploying, instrumenting a loop, metrics, alerts, pricing, benchmarks.
-SECTIONS = ("Try it", "The dashboard", "Architecture", "Deploy to a cluster", "Instrument your own training loop",
-            "Metrics", "Alerts", "Pricing", "Benchmarks")
+# The agreed order of the front page: after the title and what burnrate is, the two commands,
+# deploying, instrumenting a loop, and where to read on; the rest lives in docs/.
+SECTIONS = ("Try it", "Deploy to a cluster", "Instrument your own training loop", "Read on")
 
 
 def read(path: str) -> str:
@@ -47,25 +48,35 @@ def read(path: str) -> str:
 
 
 TEXT = read(README)
+# Every page of the documentation, by its path from the repository's root: the README first.
+PAGES = {"README.md": TEXT, **{f"docs/{name}": read(os.path.join(DOCS, name))
+                               for name in sorted(os.listdir(DOCS)) if name.endswith(".md")}}
 
 
 def section(title: str) -> str:
-    """The text under `## title`, up to the next `## ` heading."""
+    """The text under the README's `## title`, up to the next `## ` heading."""
     return TEXT.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def body(page: str) -> str:
+    """A docs/ page without its `# title` line."""
+    return PAGES[page].split("\n", 1)[1]
 
 
 @dataclass(frozen=True)
 class Block:
     language: str
-    name: str       # a file name after the language (```yaml pricing.yaml): the commands use that file
+    name: str       # a file name after the language (```yaml pricing.yaml): the page's commands use that file
     body: str
+    page: str
 
 
-def blocks() -> list[Block]:
+def blocks(pages: tuple[str, ...] = tuple(PAGES)) -> list[Block]:
     out = []
-    for m in re.finditer(r"^(?P<indent> *)```(?P<info>[^\n]*)\n(?P<body>.*?)^(?P=indent)```", TEXT, re.M | re.S):
-        language, _, name = m["info"].strip().partition(" ")
-        out.append(Block(language, name.strip(), m["body"]))
+    for page in pages:
+        for m in re.finditer(r"^(?P<indent> *)```(?P<info>[^\n]*)\n(?P<body>.*?)^(?P=indent)```", PAGES[page], re.M | re.S):
+            language, _, name = m["info"].strip().partition(" ")
+            out.append(Block(language, name.strip(), m["body"], page))
     return out
 
 
@@ -73,6 +84,8 @@ def blocks() -> list[Block]:
 class Command:
     line: str       # as written, without its comment
     comment: str
+    page: str
+    earlier: tuple[str, ...] = ()   # the lines before it in its block, which it may build on
 
     @property
     def url(self) -> str | None:
@@ -80,14 +93,17 @@ class Command:
         return found.group(0) if found else None
 
 
-def commands() -> list[Command]:
+def commands(pages: tuple[str, ...] = tuple(PAGES)) -> list[Command]:
     out = []
-    for block in blocks():
+    for block in blocks(pages):
         if block.language == "sh":
+            earlier: list[str] = []
             for line in block.body.splitlines():
                 command, _, comment = line.partition(" #")
                 if command.strip():
-                    out.append(Command(command.strip(), comment.strip()))
+                    out.append(Command(command.strip(), comment.strip(), block.page, tuple(earlier)))
+                    if not out[-1].url and not command.startswith("make "):
+                        earlier.append(command.strip())
     return out
 
 
@@ -104,32 +120,37 @@ def test_the_sections_come_in_the_agreed_order():
 
 
 def test_the_two_commands_come_first():
-    assert [c.line for c in commands()][:2] == ["make demo", "make test"]
+    assert [c.line for c in commands(("README.md",))][:2] == ["make demo", "make test"]
     assert "```sh\nmake demo" in section("Try it")
 
 
-@pytest.mark.parametrize("title,path", [("The dashboard", "docs/screenshots/fleet.png"),
-                                        ("Architecture", "docs/architecture.svg")])
-def test_a_picture_opens_the_section(title, path):
-    first = section(title).strip().split("\n", 1)[0]
+@pytest.mark.parametrize("page,path", [("docs/dashboard.md", "screenshots/fleet.png"),
+                                       ("docs/architecture.md", "architecture.svg")])
+def test_a_picture_opens_the_page(page, path):
+    first = body(page).strip().split("\n", 1)[0]
     assert re.fullmatch(rf"!\[[^\]]+\]\({re.escape(path)}\)", first), first
 
 
-def test_every_picture_exists():
-    for path in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", TEXT):
-        assert os.path.isfile(os.path.join(ROOT, path)), path
+def test_the_front_page_shows_the_dashboard():
+    assert "![The fleet page of the burnrate dashboard](docs/screenshots/fleet.png)" in section("Try it")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_picture_exists(page):
+    for path in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", PAGES[page]):
+        assert os.path.isfile(os.path.join(ROOT, os.path.dirname(page), path)), path
 
 
 def test_the_metrics_table_is_the_catalog():
-    table = [line for line in section("Metrics").splitlines() if line.startswith("|")]
+    table = [line for line in PAGES["docs/metrics.md"].splitlines() if line.startswith("|")]
     expected = [line for line in docs.render().splitlines() if line.startswith("|")]
-    assert table == expected, "paste the table that `python -m burnrate.exporter.docs` prints into the README's Metrics section"
+    assert table and table == expected, "regenerate with: python -m burnrate.exporter.docs > docs/metrics.md"
 
 
 def test_the_benchmark_table_is_bench_results():
-    table = readme_table.between(TEXT, readme_table.BEGIN, readme_table.END)
+    table = readme_table.between(PAGES["docs/benchmarks.md"], readme_table.BEGIN, readme_table.END)
     assert table == readme_table.render(read(readme_table.RESULTS)), "regenerate with: python bench/readme_table.py"
-    assert readme_table.BEGIN in section("Benchmarks")
+    assert os.path.samefile(readme_table.PAGE, os.path.join(DOCS, "benchmarks.md"))
 
 
 def test_benchmark_figures_are_read_by_section_row_and_column():
@@ -155,12 +176,13 @@ def test_only_a_sections_first_table_is_read():
 # --- usage lines ----------------------------------------------------------------------------------
 
 def usages() -> list[str]:
-    """`burnrate ...` synopses in text blocks, their indented continuation lines joined."""
+    """`burnrate COMMAND ...` synopses in text blocks, their indented continuation lines joined
+    (not messages such as `burnrate analyze: error: ...`)."""
     out: list[str] = []
     for block in blocks():
         if block.language == "text":
             joined = re.sub(r"\n\s+(?=\[)", " ", block.body)
-            out += [line for line in joined.splitlines() if line.startswith("burnrate ")]
+            out += [line for line in joined.splitlines() if re.match(r"burnrate [a-z]+(\s|$)", line)]
     return out
 
 
@@ -184,10 +206,18 @@ def test_usage_lines_name_only_flags_the_command_takes(usage):
 
 def test_ci_runs_the_make_targets_exactly_as_written():
     ci = read(CI).splitlines()
-    for command in commands():
+    for command in commands(("README.md",)):
         if command.line.startswith("make "):
             assert command.line in ci, f".ci/run must run `{command.line}`"
     assert ci.index("make test") < ci.index("make demo")
+
+
+@pytest.mark.parametrize("command", [c for c in commands() if c.line.startswith("make ") and c.page != "README.md"],
+                         ids=lambda c: f"{c.page}: {c.line}")
+def test_make_targets_in_docs_exist(command):
+    """What the docs tell a developer to `make` is a target of the Makefile (a dry run)."""
+    proc = subprocess.run([*command.line.split(), "-n"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
 
 
 STANDIN = """#!{python}
@@ -254,16 +284,13 @@ STANDINS = {"docker": check_docker, "kubectl": check_kubectl, "helm": check_helm
 
 @pytest.fixture
 def checkout(tmp_path):
-    """A directory that looks like the checkout, with the README's named files, where what
-    the commands write stays; and an environment with the stand-ins first on PATH."""
+    """A directory that looks like the checkout, where what the commands write stays; and an
+    environment with the stand-ins first on PATH. `named_files` adds a page's named files."""
     work, bin_ = tmp_path / "work", tmp_path / "bin"
     work.mkdir()
     bin_.mkdir()
     for name in os.listdir(ROOT):
         (work / name).symlink_to(os.path.join(ROOT, name))
-    for block in blocks():
-        if block.name:
-            (work / block.name).write_text(block.body)
     for tool in STANDINS:
         (bin_ / tool).write_text(STANDIN.format(python=sys.executable))
         (bin_ / tool).chmod(0o755)
@@ -271,6 +298,14 @@ def checkout(tmp_path):
     env = {**os.environ, "README_STANDIN_LOG": str(log),
            "PATH": os.pathsep.join([str(bin_), os.path.dirname(sys.executable), os.environ["PATH"]])}
     return str(work), env, log
+
+
+def named_files(work: str, page: str) -> None:
+    """The files a page names in its blocks (```yaml pricing.yaml), which its commands use."""
+    for block in blocks((page,)):
+        if block.name:
+            with open(os.path.join(work, block.name), "w", encoding="utf-8") as fh:
+                fh.write(block.body)
 
 
 def _serve(command: Command, cwd: str, env: dict, log: str) -> None:
@@ -301,9 +336,14 @@ def _serve(command: Command, cwd: str, env: dict, log: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", COMMANDS_HERE, ids=[c.line for c in COMMANDS_HERE])
-def test_readme_command_runs_as_written(command, checkout, tmp_path):
+@pytest.mark.parametrize("command", COMMANDS_HERE, ids=[f"{c.page}: {c.line}" for c in COMMANDS_HERE])
+def test_documented_command_runs_as_written(command, checkout, tmp_path):
     cwd, env, log = checkout
+    named_files(cwd, command.page)
+    for line in command.earlier:
+        proc = subprocess.run(["bash", "-o", "pipefail", "-c", line], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, f"`{line}`, before it: " + proc.stderr[-2000:]
     if command.url:
         _serve(command, cwd, env, str(tmp_path / "server.log"))
         return
@@ -319,7 +359,8 @@ def test_readme_command_runs_as_written(command, checkout, tmp_path):
 
 def test_the_pod_wiring_shown_is_the_manifests():
     """The env, mount and volume the README tells a user to add are the example PyTorchJob's."""
-    (shown,) = [yaml.safe_load(b.body) for b in blocks() if b.language == "yaml" and "BURNRATE_TELEMETRY_SOCKET" in b.body]
+    (shown,) = [yaml.safe_load(b.body) for b in blocks(("README.md",))
+                if b.language == "yaml" and "BURNRATE_TELEMETRY_SOCKET" in b.body]
     job = yaml.safe_load(read(os.path.join(MANIFESTS, "trainer", "pytorchjob.yaml")))
     pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     (container,) = pod["containers"]

@@ -2,7 +2,7 @@
 Prometheus's (`promtool tsdb create-blocks-from rules`, which queries a running Prometheus and
 writes the results as blocks) and VictoriaMetrics' (`vmalert -replay`, which writes them back
 through remote write). The fleet is hand-written with tests/contract_fleet.py (from the contract
-and the README's counter definitions, not from the agent): 15, 30 and 60 s scrapes, a missed
+and docs/metrics.md's counter definitions, not from the agent): 15, 30 and 60 s scrapes, a missed
 scrape, an agent restart, a time-sliced GPU, GPU Operator's label layout on one node. Per job,
 namespace and node, the roll-ups summed over the window give the truth, on both engines; so do
 the ledger's records (the burnrate-ledger group) per job and namespace, and the job's goodput."""
@@ -79,9 +79,9 @@ def goodput(server) -> dict[tuple, float]:
 
 
 def readme_job_hours(server) -> dict[str, dict[tuple, float]]:
-    """The README's two queries for each job's GPU-hours and idle GPU-hours, over this window
+    """docs/alerts.md's two queries for each job's GPU-hours and idle GPU-hours, over this window
     instead of a week, in seconds."""
-    with open(os.path.join(ROOT, "README.md")) as fh:
+    with open(os.path.join(ROOT, "docs", "alerts.md")) as fh:
         [block] = re.findall(r"```promql\n(.*?)```", fh.read(), flags=re.S)
     window = f"{int(EVALUATED_TO - START + 3600)}s"
     out = {}

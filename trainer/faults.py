@@ -1,4 +1,4 @@
-"""Fault injection for the reference trainer (CONTRACT §1 `train --fault SPEC`).
+"""Fault injection for the reference trainer (`train --fault SPEC`, docs/cli.md).
 
 Each fault acts on the real loop or loader, so the measurements show it the way a real
 fault would show, not through doctored telemetry:

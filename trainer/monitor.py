@@ -13,7 +13,7 @@ never also compute. `eval()` and `checkpoint()` keep their time out of the step 
 
 Per step it measures the wait for data, this rank's own compute and the step's wall
 time, counts samples, tokens and model FLOPs, and every few steps (or seconds) sends
-the deltas since the last report to the node agent (CONTRACT §3).
+the deltas since the last report to the node agent (docs/telemetry.md).
 
 In DDP every rank's step takes the same wall time, because the gradient all-reduce
 waits for the slowest rank. What tells the ranks apart is how long each one computed

@@ -1,4 +1,4 @@
-"""Who a rank is, as the agent files its telemetry (CONTRACT §3); the sending itself is the
+"""Who a rank is, as the agent files its telemetry (docs/telemetry.md); the sending itself is the
 contract's own (exporter.telemetry.TelemetrySink)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The telemetry message (CONTRACT §3) and its validation.
+"""The telemetry message (docs/telemetry.md) and its validation.
 
 `validate` is total: whatever bytes a pod sends, it returns a Record or a Rejection
 naming the reason, which becomes the `reason` label of
