@@ -1,7 +1,8 @@
 """`burnrate analyze --serve`: re-evaluate on an interval and export the latest
 findings and job costs as Prometheus metrics, for alert rules and Grafana.
 
-The collector renders the last finished report; scrapes never run an analysis.
+The collector renders the last finished report; scrapes never run an analysis. The
+HTTP server is the agent's, with the same `--web-config` (TLS, basic auth).
 """
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from burnrate.exporter.errors import UserError
 from burnrate.exporter.listen import listen_address
+from burnrate.exporter.render import Exposition
+from burnrate.exporter.server import MetricsServer
+from burnrate.exporter.webconfig import WebConfig
 
 from .report import Report
 
@@ -30,14 +34,30 @@ class ReportCollector:
         self._finished = 0.0
         self._duration = 0.0
         self._errors = 0
+        # A new object at each change: the exposition is rendered again only then.
+        self._version = object()
+
+    def version(self) -> object:
+        return self._version
 
     def update(self, report: Report, duration: float, finished: float) -> None:
         with self._lock:
             self._report, self._duration, self._finished = report, duration, finished
+            self._version = object()
 
     def failed(self) -> None:
         with self._lock:
             self._errors += 1
+            self._version = object()
+
+    def health(self) -> tuple[bool, str]:
+        """Serving is healthy; the body says how the analyses go (a store that is down is
+        counted in burnrate_analyze_errors, not a reason to restart the server)."""
+        with self._lock:
+            finished, errors = self._finished, self._errors
+        if not finished:
+            return True, f"no analysis finished yet ({errors} failed)"
+        return True, f"last analysis finished {time.time() - finished:.0f}s ago ({errors} failed so far)"
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -83,23 +103,26 @@ def evaluate(analysis: Callable[[], Report], collector: ReportCollector) -> None
 
 
 def serve(analysis: Callable[[], Report], listen: str, interval_s: float,
-          stop: threading.Event | None = None, registry: CollectorRegistry | None = None) -> int:
-    """Run `analysis` every `interval_s` and export its latest report on `listen` (HOST:PORT)."""
+          stop: threading.Event | None = None, web: WebConfig | None = None) -> int:
+    """Run `analysis` every `interval_s` and export its latest report on `listen` (HOST:PORT),
+    behind `web`'s TLS and basic auth where given."""
     host, port = listen_address(listen)
-    registry = registry or CollectorRegistry()
+    registry = CollectorRegistry()
     collector = ReportCollector()
     registry.register(collector)
     try:
-        server, _ = start_http_server(port, addr=host, registry=registry)
+        server = MetricsServer(host, port, Exposition(registry, version=collector.version), collector.health, web,
+                               title="burnrate analyze")
     except OSError as exc:
-        raise UserError(f"cannot listen on {listen}: {exc.strerror}") from None
-    print(f"burnrate analyze: serving metrics on http://{listen}/metrics", file=sys.stderr)
+        raise UserError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+    server.start()
+    scheme = "https" if web is not None and web.tls is not None else "http"
+    print(f"burnrate analyze: serving metrics on {scheme}://{listen}/metrics", file=sys.stderr)
     stop = stop or threading.Event()
     try:
         while not stop.is_set():
             evaluate(analysis, collector)
             stop.wait(interval_s)
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
     return 0

@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 
+from burnrate.analyzer.sources.options import ALL_CLUSTERS, SourceOptions, add_source_arguments, source_options
 from burnrate.exporter.errors import UserError
 from burnrate.exporter.listen import ensure_free, listen_address
 
@@ -15,84 +17,55 @@ _THREADS = 8
 _MAX_REQUEST_BYTES = 1 << 20
 
 
-def _prometheus(args: argparse.Namespace):
+def _prometheus(options: SourceOptions):
     """The store, or each of its clusters (name -> source, picked in the header) where it
     holds several and none is named: two clusters' jobs and nodes of the same name never add up."""
-    from burnrate.analyzer.cli import clusters_of
     from burnrate.analyzer.frames import Window
-    from burnrate.analyzer.sources import PrometheusSource
 
     now = time.time()
-    found = clusters_of(argparse.Namespace(**{**vars(args), "cluster": args.cluster or "all"}),
-                        PrometheusSource(args.prometheus, timeout_s=args.timeout),
-                        Window(now - 7 * 86400.0, now))    # the clusters seen in the last week
-
-    def scoped(cluster: str | None):
-        scope = {args.cluster_label: cluster} if cluster is not None else None
-        return PrometheusSource(args.prometheus, timeout_s=args.timeout, scope=scope)
-
+    every = replace(options, cluster=options.cluster or ALL_CLUSTERS)
+    found = every.clusters(Window(now - 7 * 86400.0, now))      # the clusters seen in the last week
     if len(found) == 1:
-        return scoped(found[0])
-    return {name: scoped(name) for name in found}
+        return options.open(found[0])
+    return {name: options.open(name) for name in found}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prometheus", metavar="URL", help="Prometheus (or Thanos/Mimir) base URL")
-    src.add_argument("--recording", metavar="DIR", help="a recording from `burnrate agent --record` or `simulate`")
+    add_source_arguments(parser, "without it, each cluster is picked in the header")
     parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                         help=f"where to serve the dashboard (default {DEFAULT_LISTEN})")
-    parser.add_argument("--basic-auth", metavar="USER:PASSWORD|FILE",
-                        help="require HTTP basic auth; a file holding USER:PASSWORD keeps it out of `ps`")
-    parser.add_argument("--cluster", metavar="NAME",
-                        help="one cluster of a store that holds several (its --cluster-label value); "
-                        "without it, each cluster is picked in the header")
-    parser.add_argument("--cluster-label", default="cluster", metavar="LABEL",
-                        help="the label naming each series' cluster (default cluster)")
-    parser.add_argument("--pricing", metavar="FILE", help="YAML price overrides per instance type, GPU model or node")
-    parser.add_argument("--detector-config", metavar="FILE",
-                        help="YAML thresholds per detector, as `burnrate analyze --detector-config` reads them")
+    # The dashboard's own visitors, not Prometheus (--basic-auth-user): `--basic-auth` is its older name.
+    parser.add_argument("--ui-basic-auth", "--basic-auth", dest="ui_basic_auth", metavar="USER:PASSWORD|FILE",
+                        help="require HTTP basic auth of the dashboard's visitors; a file holding USER:PASSWORD "
+                             "keeps it out of `ps` (the store's own credentials are --basic-auth-user and "
+                             "--basic-auth-password-file)")
     parser.add_argument("--refresh", type=float, default=60.0, metavar="S",
                         help="seconds between live refreshes of a page (default 60)")
     parser.add_argument("--cache-ttl", type=float, default=30.0, metavar="S",
                         help="seconds an analysis is reused before it is recomputed (default 30)")
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
-                        help="per-request Prometheus timeout (default 30)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from burnrate.analyzer.detectors import DetectorConfig
-    from burnrate.analyzer.detectors.config_file import DetectorConfigError, load_detector_config
-    from burnrate.analyzer.pricing import PricingError, load_catalog
-    from burnrate.analyzer.recording import RecordingError
-    from burnrate.analyzer.sources import PrometheusSource, RecordingSource
-
     import waitress
 
     from . import auth
     from .app import create_app
     from .ui import SERVICE_KEY
 
+    options = source_options(args)
     host, port = listen_address(args.listen, default_host=None)
     ensure_free(host, port, "--listen")
-    if args.refresh <= 0 or args.cache_ttl <= 0 or args.timeout <= 0:
-        raise UserError("--refresh, --cache-ttl and --timeout must be positive")
+    if args.refresh <= 0 or args.cache_ttl <= 0:
+        raise UserError("--refresh and --cache-ttl must be positive")
     try:
-        credentials = auth.credentials(args.basic_auth) if args.basic_auth is not None else None
+        credentials = auth.credentials(args.ui_basic_auth) if args.ui_basic_auth is not None else None
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    try:
-        catalog = load_catalog(args.pricing)
-        config = load_detector_config(args.detector_config) if args.detector_config else DetectorConfig()
-    except (PricingError, DetectorConfigError) as exc:
-        raise UserError(str(exc)) from None
-    try:
-        if args.recording is not None:
-            source, where = RecordingSource(args.recording), f"recording {args.recording}"
-        else:
-            source, where = _prometheus(args), f"Prometheus {args.prometheus}"
-    except (RecordingError, ValueError) as exc:
-        raise UserError(str(exc)) from None
+    catalog, config = options.catalog(), options.detectors()
+    if options.recording is not None:
+        source, where = options.open(), f"recording {options.recording}"
+    else:
+        source, where = _prometheus(options), f"Prometheus {options.prometheus}"
     app = create_app(source, catalog, ttl_s=args.cache_ttl, refresh_s=args.refresh, basic_auth=credentials,
                      config=config)
     app.server.extensions[SERVICE_KEY].warm_up()

@@ -18,8 +18,8 @@ from .webconfig import WebConfig
 
 Health = Callable[[], tuple[bool, str]]
 
-_INDEX = b"""<html><head><title>burnrate agent</title></head><body>
-<h1>burnrate agent</h1><p><a href="/metrics">Metrics</a> &middot; <a href="/healthz">Health</a></p>
+_INDEX = """<html><head><title>{title}</title></head><body>
+<h1>{title}</h1><p><a href="/metrics">Metrics</a> &middot; <a href="/healthz">Health</a></p>
 </body></html>
 """
 
@@ -51,9 +51,9 @@ class _Server(ThreadingHTTPServer):
 
 class MetricsServer:
     def __init__(self, host: str, port: int, exposition: Exposition, health: Health,
-                 web_config: WebConfig | None = None) -> None:
+                 web_config: WebConfig | None = None, title: str = "burnrate agent") -> None:
         web = web_config or WebConfig()
-        handler = _handler(exposition, health, web)
+        handler = _handler(exposition, health, web, _INDEX.format(title=title).encode())
         server_class = type("Server", (_Server,), {
             "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET, "tls": web.tls})
         self._httpd = server_class((host, port), handler)
@@ -72,7 +72,7 @@ class MetricsServer:
         self._httpd.server_close()
 
 
-def _handler(exposition: Exposition, health: Health, web: WebConfig) -> type[BaseHTTPRequestHandler]:
+def _handler(exposition: Exposition, health: Health, web: WebConfig, index: bytes) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "burnrate"
@@ -105,7 +105,7 @@ def _handler(exposition: Exposition, health: Health, web: WebConfig) -> type[Bas
                 ok, why = health()
                 self._send(200 if ok else 503, (why + "\n").encode())
             elif path == "/":
-                self._send(200, _INDEX, "text/html; charset=utf-8")
+                self._send(200, index, "text/html; charset=utf-8")
             else:
                 self._send(404, b"Not found\n")
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -13,13 +14,15 @@ from tests.conftest import PYTHON, ROOT, free_port, require
 
 
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None,
-              statuses: tuple[int, ...] = (200,)) -> None:
+              statuses: tuple[int, ...] = (200,), headers: dict[str, str] | None = None,
+              context: ssl.SSLContext | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
         try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2,
+                                        context=context) as resp:
                 if resp.status in statuses:
                     return
         except urllib.error.HTTPError as answer:
@@ -103,9 +106,12 @@ class Prometheus:
 
 @contextlib.contextmanager
 def prometheus(tmp_path, targets: list[str] = (), storage: str | None = None, extra_args: tuple[str, ...] = (),
-               scrape: str = "", config: str = ""):
+               scrape: str = "", config: str = "", web_config: str = "", headers: dict[str, str] | None = None,
+               context: ssl.SSLContext | None = None):
     """Debian's Prometheus on a free loopback port, scraping `targets` every second (or as
-    the `scrape_configs:` section given says); `config` adds other top-level sections."""
+    the `scrape_configs:` section given says); `config` adds other top-level sections.
+    `web_config` is its own --web.config.file (TLS, basic auth): it is then asked whether it
+    is ready with `headers`, over https:// with `context` where that is given."""
     binary = require("prometheus")
     port = free_port()
     if targets:
@@ -114,13 +120,17 @@ def prometheus(tmp_path, targets: list[str] = (), storage: str | None = None, ex
     path = tmp_path / "prometheus.yml"
     path.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{scrape}{config}")
     data = storage or str(tmp_path / "tsdb")
+    if web_config:
+        (tmp_path / "web.yml").write_text(web_config)
+        extra_args = (*extra_args, f"--web.config.file={tmp_path / 'web.yml'}")
+    url = f"{'https' if context else 'http'}://127.0.0.1:{port}"
     log = open(tmp_path / "prometheus.log", "wb")
     proc = subprocess.Popen([binary, f"--config.file={path}", f"--storage.tsdb.path={data}",
                              f"--web.listen-address=127.0.0.1:{port}", *extra_args],
                             stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path))
     try:
-        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc)
-        yield Prometheus(f"http://127.0.0.1:{port}")
+        wait_http(f"{url}/-/ready", timeout=60, proc=proc, headers=headers, context=context)
+        yield Prometheus(url)
     finally:
         stop(proc, 20)
         log.close()

@@ -1,8 +1,9 @@
 """`burnrate analyze` end to end on a simulated recording: the three formats, the
-CONTRACT §5 document, one-line errors, an empty window, and `--serve`."""
+docs/report.md document, one-line errors, an empty window, and `--serve`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -24,6 +26,7 @@ from burnrate.exporter.errors import UserError
 from burnrate.simulator.simulate import Spec, simulate
 from test_detectors import Fleet, healthy_job
 from tests.conftest import free_port
+from tests.tls import basic, self_signed, trusting, web_config
 
 END = 1_800_000_000.0
 FINDING_KEYS = {"kind", "severity", "namespace", "training_job", "Hostname", "gpu", "pod", "rank", "start", "end",
@@ -160,6 +163,8 @@ def test_detector_config_moves_the_thresholds(capsys, recording, tmp_path):
     (["--prometheus", "http://127.0.0.1:1", "--since", "1h", "--timeout", "2"], "Prometheus"),
     (["--prometheus", "http://127.0.0.1:1", "--bearer-token-file", "/nonexistent"], "cannot read bearer token"),
     (["--recording", "{rec}", "--detector-config", "/nonexistent.yaml"], "cannot read detector config"),
+    (["--recording", "{rec}", "--web-config", "/nonexistent.yml"], "--web-config secures the endpoint of --serve"),
+    (["--recording", "{rec}", "--serve", "--web-config", "/nonexistent.yml"], "cannot read web config"),
 ])
 def test_user_errors_are_one_line(recording, argv, message):
     args = parse(*[a.replace("{rec}", recording) for a in argv])
@@ -168,27 +173,67 @@ def test_user_errors_are_one_line(recording, argv, message):
     assert "\n" not in str(info.value)
 
 
-def test_serve_exports_costs_and_findings(recording):
-    port = free_port()
-    args = parse("--recording", recording, "--serve", "--listen", f"127.0.0.1:{port}", "--interval", "60")
+@contextlib.contextmanager
+def serving(args: argparse.Namespace):
+    """`burnrate analyze --serve` on a thread; yields the event that stops it."""
     stop = threading.Event()
     worker = threading.Thread(target=cli.run, args=(args, stop), daemon=True)
     worker.start()
     try:
-        deadline, body = time.monotonic() + 30, ""
-        while time.monotonic() < deadline and "burnrate_analyze_last_run_timestamp_seconds" not in body:
-            time.sleep(0.2)
-            try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-            except OSError:
-                continue
+        yield stop
     finally:
         stop.set()
         worker.join(10)
+        assert not worker.is_alive()
+
+
+def scrape_once_analyzed(url: str, headers: dict[str, str] | None = None, context=None) -> str:
+    """/metrics once the first analysis is in it."""
+    deadline, body = time.monotonic() + 30, ""
+    while time.monotonic() < deadline and "burnrate_analyze_last_run_timestamp_seconds" not in body:
+        time.sleep(0.2)
+        try:
+            request = urllib.request.Request(url, headers=headers or {})
+            body = urllib.request.urlopen(request, timeout=5, context=context).read().decode()
+        except OSError:
+            continue
+    return body
+
+
+def test_serve_exports_costs_and_findings(recording):
+    port = free_port()
+    args = parse("--recording", recording, "--serve", "--listen", f"127.0.0.1:{port}", "--interval", "60")
+    with serving(args):
+        body = scrape_once_analyzed(f"http://127.0.0.1:{port}/metrics")
     assert 'burnrate_job_cost_dollars{capacity_type=' in body
     assert 'burnrate_job_waste_dollars{cause="straggler"' in body
     assert 'burnrate_finding{Hostname=' in body and 'kind="stalled"' in body
-    assert not worker.is_alive()
+
+
+def test_serve_with_the_agents_web_config_asks_for_tls_and_a_password(recording, tmp_path):
+    """The same exporter-toolkit file as `burnrate agent --web-config`: TLS by a self-signed
+    certificate and one user by bcrypt hash."""
+    cert, key = self_signed(tmp_path)
+    config = tmp_path / "web.yml"
+    config.write_text(web_config(cert, key, "prometheus", "s3cret"))
+    port = free_port()
+    args = parse("--recording", recording, "--serve", "--listen", f"127.0.0.1:{port}", "--interval", "60",
+                 "--web-config", str(config))
+    url, context = f"https://127.0.0.1:{port}/metrics", trusting(cert)
+    with serving(args):
+        body = scrape_once_analyzed(url, basic("prometheus", "s3cret"), context)
+        for headers in ({}, basic("prometheus", "wrong"), basic("nobody", "s3cret")):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5, context=context)
+            assert refused.value.code == 401 and refused.value.headers["WWW-Authenticate"].startswith("Basic")
+            assert b"burnrate_job_cost_dollars" not in refused.value.read()
+        with pytest.raises(urllib.error.HTTPError, match="401"):     # every path asks, /healthz too
+            urllib.request.urlopen(url.replace("/metrics", "/healthz"), timeout=5, context=context)
+        health = urllib.request.Request(url.replace("/metrics", "/healthz"), headers=basic("prometheus", "s3cret"))
+        assert urllib.request.urlopen(health, timeout=5, context=context).read().startswith(b"last analysis finished")
+        with pytest.raises(OSError):        # plain HTTP to the TLS port gets no metrics
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3).read()
+    assert 'burnrate_job_cost_dollars{capacity_type=' in body and 'kind="stalled"' in body
 
 
 def test_a_terminal_sees_a_progress_bar_while_metrics_are_read(recording):

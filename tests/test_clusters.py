@@ -3,13 +3,13 @@ and the analyzer and dashboard report one cluster, or each apart, never the sum.
 
 Two real agents, `--cluster eu-1` and `--cluster us-2`, on nodes of the same name, each
 holding a job of the same name (`ml/llm`, two GPUs), scraped by one real Prometheus."""
-import argparse
 import contextlib
 import csv
 import io
 import json
 import subprocess
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -85,12 +85,12 @@ def test_the_dashboard_shows_each_cluster_apart(two_clusters, tmp_path):
     """The dashboard's own wiring (its CLI's choice of sources, the app, a page's callback):
     a cluster picker over a store of two, each cluster's page its own."""
     from burnrate.dashboard.app import cluster_sync, create_app
+    from burnrate.analyzer.sources.options import SourceOptions
     from burnrate.dashboard.cli import _prometheus
     from burnrate.dashboard.ui import range_search
 
-    args = argparse.Namespace(prometheus=two_clusters, recording=None, timeout=30.0, cluster=None,
-                              cluster_label="cluster")
-    sources = _prometheus(args)
+    options = SourceOptions(prometheus=two_clusters)
+    sources = _prometheus(options)
     assert sorted(sources) == ["eu-1", "us-2"]
     app = create_app(sources)
     from burnrate.dashboard.pages import jobs   # registered by create_app
@@ -107,7 +107,7 @@ def test_the_dashboard_shows_each_cluster_apart(two_clusters, tmp_path):
     assert cluster_sync("us-2", "?range=1h", "eu-1") == "?range=1h&cluster=us-2"
     assert cluster_sync("eu-1", "?range=1h&cluster=us-2", "eu-1") == "?range=1h"
     # Named, only that cluster's source.
-    one = _prometheus(argparse.Namespace(**{**vars(args), "cluster": "us-2"}))
+    one = _prometheus(replace(options, cluster="us-2"))
     assert one.scope == {"cluster": "us-2"}
     # A real dashboard process over the two serves its page.
     with dashboard(tmp_path, None, "--prometheus", two_clusters):

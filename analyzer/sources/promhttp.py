@@ -229,10 +229,15 @@ class PrometheusHTTP:
         return PrometheusError(f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s")
 
     def _refused(self, code: int, raw: bytes, reason: str) -> PrometheusError:
-        return PrometheusError(f"Prometheus at {self.url} answered HTTP {code}: {api_error(raw) or reason}")
+        why = api_error(raw) or reason
+        if code == 401:
+            why += (" (the credentials given were refused)" if "Authorization" in self.headers else
+                    " (it asks for credentials: a bearer token or basic auth, docs/sources.md)")
+        return PrometheusError(f"Prometheus at {self.url} answered HTTP {code}: {why}")
 
     def _unreachable(self, exc: OSError) -> PrometheusError:
-        return PrometheusError(f"cannot reach Prometheus at {self.url}: {exc.strerror or exc}")
+        hint = " (name the CA that signed it with --ca-file)" if isinstance(exc, ssl.SSLCertVerificationError) else ""
+        return PrometheusError(f"cannot reach Prometheus at {self.url}: {exc.strerror or exc}{hint}")
 
     def _answer(self, request: urllib.request.Request) -> bytes:
         late = self._late()
