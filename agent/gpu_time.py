@@ -7,6 +7,8 @@ was listed (a GPU that stopped answering is still paid for). Per GPU and holder,
 seconds held, weighted by the holder's share (shares adding up to more than a whole GPU
 split it, as the analyzer's accounting does), split into idle (utilization at or below
 IDLE_UTIL_PCT) and busy (above it, or unknown): allocated = idle + busy for every holder.
+The split is the metrics' contract (exporter.catalog), never a setting: whoever reads the
+counters knows where it lies.
 
 A gap longer than the staleness bound (the agent was stopped, the node suspended) counts
 as one interval, not as the gap. Every series starts at 0 when its GPU or holder is
@@ -48,10 +50,9 @@ class _Gpu:
 
 
 class GpuClock:
-    def __init__(self, interval_s: float, keep_s: float, idle_util_pct: float = IDLE_UTIL_PCT) -> None:
+    def __init__(self, interval_s: float, keep_s: float) -> None:
         self._interval = interval_s
         self._keep = keep_s
-        self._idle_pct = idle_util_pct
         self._gpus: dict[str, _Gpu] = {}
         self._before: tuple[float, Sequence[GpuReading], Sequence[Allocation]] | None = None
 
@@ -97,7 +98,7 @@ class GpuClock:
                 continue
             whole = max(sum(held.values()), 1.0)
             util = gpu.fields.get("gpu_util")
-            idle = util is not None and util <= self._idle_pct
+            idle = util is not None and util <= IDLE_UTIL_PCT
             for key, share in held.items():
                 holder = entry.holders[key]
                 seconds = elapsed * share / whole

@@ -38,6 +38,7 @@ class Accounting:
     # time, split where shares add up to more than a GPU. Empty for accountings added up.
     cell_seconds: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32), repr=False)
     per_node: dict[str, dict[str, float | str | None]] = field(default_factory=dict)   # prices added by the report
+    idle_util_pct: float = IdleConfig().util_max_pct   # idle: allocated at or below this utilization
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -45,6 +46,7 @@ class Accounting:
             "unallocated_gpu_hours": _r(self.unallocated_gpu_hours), "busy_gpu_hours": _r(self.busy_gpu_hours),
             "idle_gpu_hours": _r(self.idle_gpu_hours), "util_unknown_gpu_hours": _r(self.util_unknown_gpu_hours),
             "coverage": None if self.coverage is None else round(self.coverage, 4),
+            "idle_util_pct": self.idle_util_pct,
             "nodes": {host: {k: _r(v) if isinstance(v, float) and k != "gpu_hour_dollars" else v
                              for k, v in figures.items()}
                       for host, figures in sorted(self.per_node.items())},
@@ -55,7 +57,8 @@ def _r(value: float) -> float:
     return round(float(value), 4)
 
 
-def account(v: Views, idle_util_pct: float = IdleConfig().util_max_pct) -> Accounting:
+def account(v: Views, idle: IdleConfig = IdleConfig()) -> Accounting:
+    """`idle` is the config in effect: the idle GPU-hours count what the idle_gpu finding does."""
     # Held seconds are sums of samples (analyzer.holding): zero, never NaN, where none fell.
     gpu, alloc = v.gpu, v.alloc
     observed = gpu.values["held_s"].copy() if "held_s" in gpu.values else np.zeros((gpu.size, v.n))
@@ -83,7 +86,7 @@ def account(v: Views, idle_util_pct: float = IdleConfig().util_max_pct) -> Accou
     if util is None:
         util = np.full(observed.shape, np.nan, np.float32)
     per_gpu = {"observed": observed.sum(axis=1), "allocated": allocated_s.sum(axis=1),
-               "idle": np.where(util <= idle_util_pct, allocated_s, 0.0).sum(axis=1),
+               "idle": np.where(util <= idle.util_max_pct, allocated_s, 0.0).sum(axis=1),
                "unknown": np.where(np.isnan(util), allocated_s, 0.0).sum(axis=1),
                "lifetime": _lifetime(observed > 0) * v.step}
     hosts = gpu.keys["Hostname"].to_numpy() if gpu.size else np.zeros(0, object)
@@ -101,7 +104,7 @@ def account(v: Views, idle_util_pct: float = IdleConfig().util_max_pct) -> Accou
         util_unknown_gpu_hours=(float(per_gpu["unknown"].sum()) + orphan) / 3600,
         coverage=covered(observed_s, life),
         row_gpu_hours=row_seconds / 3600, per_node=per_node,
-        cell_seconds=part.astype(np.float32))
+        cell_seconds=part.astype(np.float32), idle_util_pct=idle.util_max_pct)
 
 
 def holder_seconds(v: Views, accounting: Accounting, rows: np.ndarray) -> np.ndarray:
@@ -159,7 +162,7 @@ def added(parts: list[Accounting]) -> Accounting:
         util_unknown_gpu_hours=sum(p.util_unknown_gpu_hours for p in parts),
         coverage=covered(observed, sum(lifetime(p.observed_gpu_hours, p.coverage) for p in parts)),
         row_gpu_hours=np.concatenate([p.row_gpu_hours for p in parts]) if parts else np.zeros(0),
-        per_node=per_node)
+        per_node=per_node, **({"idle_util_pct": parts[0].idle_util_pct} if parts else {}))
 
 
 def lifetime(observed_gpu_hours: float, coverage: float | str | None) -> float:

@@ -46,7 +46,7 @@ class Finding:
         return self.namespace, self.training_job
 
     def to_dict(self) -> dict[str, Any]:
-        """The CONTRACT §5 shape: ISO-8601 times, `Hostname`, nulls for the unknown."""
+        """The shape docs/report.md gives: ISO-8601 times, `Hostname`, nulls for the unknown."""
         return {
             "kind": self.kind, "severity": self.severity,
             "namespace": self.namespace, "training_job": self.training_job,

@@ -1,5 +1,5 @@
 """One analysis (findings + job costs over a window) and its three renderings:
-a readable table, the CONTRACT §5 JSON document, and CSV.
+a readable table, the JSON document of docs/report.md, and CSV.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorC
             advice: AdviceConfig = AdviceConfig(), class_overrides: Mapping[str, str] | None = None) -> Report:
     views = Views(frames, class_overrides)
     findings = detect_all(views, config)
-    accounting = account(views)
+    accounting = account(views, config.idle_gpu)
     prices = gpu_prices(views, catalog)
     ledgers = job_ledgers(views, accounting, config.stalled)
     findings = sorted(findings + ledger_findings.detect(ledgers, job_prior_mtbf(views, ledgers, advice, prices),
@@ -122,7 +122,7 @@ def _unpriced_reason(views: Views, job: JobCost, reasons: dict[str, str]) -> str
 
 
 def to_document(report: Report) -> dict[str, Any]:
-    """CONTRACT §5, plus `missing_signals` and `simulated` so a reader knows what
+    """The document of docs/report.md, with `missing_signals` and `simulated` so a reader knows what
     the figures could not see."""
     return {
         "window": {"start": iso(report.window.start), "end": iso(report.window.end)},

@@ -1,4 +1,4 @@
-"""Times and durations as users type them on the command line (CONTRACT §1):
+"""Times and durations as users type them on the command line (docs/cli.md):
 times are ISO-8601 (`2026-11-21T03:00:00Z`) or unix seconds, durations are
 Prometheus-style (`90m`, `2h`, `7d`, `1h30m`). Errors are ValueErrors whose
 message is one line a CLI can print as it is.

@@ -20,8 +20,6 @@ from burnrate.analyzer.report import Report, headline, where
 from burnrate.exporter.ledger import BADPUT, PRODUCTIVE
 
 MAX_BUCKETS = 300
-# An allocated GPU at or below the idle detector's threshold counts as idle.
-IDLE_UTIL_PCT = idle_gpu.Config().util_max_pct
 
 
 def bins_per_bucket(n: int, max_buckets: int = MAX_BUCKETS) -> int:
@@ -63,7 +61,7 @@ class Fleet:
     gpu_labels: list[str]           # heatmap rows, "node/gpu", in node then index order
     util: np.ndarray                # (GPU, bucket) mean utilization %, NaN where no sample
     busy: np.ndarray                # GPUs allocated and working, per bucket
-    idle: np.ndarray                # allocated, at or below IDLE_UTIL_PCT
+    idle: np.ndarray                # allocated, at or below the idle_gpu finding's threshold
     util_unknown: np.ndarray        # allocated, reporting no utilization (a lost column, an old exporter)
     unallocated: np.ndarray         # reporting, held by no pod
     burn: np.ndarray                # $/h of every reporting GPU, per bucket
@@ -83,7 +81,10 @@ class Fleet:
                 "unallocated": float(self.unallocated[last])} if last >= 0 else {}
 
 
-def fleet(views: Views, prices: GpuPrices, max_buckets: int = MAX_BUCKETS) -> Fleet:
+def fleet(views: Views, prices: GpuPrices, idle_config: idle_gpu.Config = idle_gpu.Config(),
+          max_buckets: int = MAX_BUCKETS) -> Fleet:
+    """`idle_config` is the config in effect: a GPU is idle where the idle_gpu finding and the
+    accounting call it so."""
     gpu = views.gpu
     k = bins_per_bucket(views.n, max_buckets)
     order = sorted(range(gpu.size), key=lambda i: (_natural(gpu.keys["Hostname"].iloc[i]),
@@ -94,8 +95,8 @@ def fleet(views: Views, prices: GpuPrices, max_buckets: int = MAX_BUCKETS) -> Fl
     held = views.held > 0
     allocated = held & reporting
     # NaN compares false both ways: a GPU whose utilization is not known is neither.
-    idle = allocated & (util <= IDLE_UTIL_PCT)
-    busy = allocated & (util > IDLE_UTIL_PCT)
+    idle = allocated & (util <= idle_config.util_max_pct)
+    busy = allocated & (util > idle_config.util_max_pct)
     rate = np.nan_to_num(prices.actual, nan=0.0)[:, None]
     burn = (reporting * rate).sum(axis=0)
     burn_free = ((reporting & ~held) * rate).sum(axis=0)

@@ -49,6 +49,7 @@ class Analysis:
     frames: Frames
     report: Report
     catalog: Catalog
+    config: DetectorConfig = DetectorConfig()
 
     @property
     def empty(self) -> bool:
@@ -68,7 +69,7 @@ class Analysis:
 
     @cached_property
     def fleet(self) -> aggregate.Fleet:
-        return aggregate.fleet(self.views, self.prices)
+        return aggregate.fleet(self.views, self.prices, self.config.idle_gpu)
 
     @cached_property
     def jobs(self) -> pd.DataFrame:
@@ -129,7 +130,7 @@ class DataService:
             raise Unavailable(str(exc).splitlines()[0]) from None
         except (RecordingError, OSError, ValueError) as exc:
             raise Unavailable(f"cannot read {self.where}: {exc}") from None
-        return Analysis(frames, analyze(frames, self.catalog, self.config), self.catalog).warm()
+        return Analysis(frames, analyze(frames, self.catalog, self.config), self.catalog, self.config).warm()
 
     def _frames(self, r: TimeRange) -> Frames:
         if isinstance(self.source, RecordingSource) and r.start is None:

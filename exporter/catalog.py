@@ -29,9 +29,12 @@ AGENT = "agent"                  # AgentStats attribute
 GPU_TIME = "gpu_time"            # Snapshot.gpu_seconds: GpuSeconds.observed, HolderSeconds attributes
 
 IDLE_UTIL_PCT = 2.0
-"""Utilization at or below this is idle: the agent's idle GPU-seconds and the analyzer's
-idle_gpu finding and accounting share it. NVML reports 0-1% for a GPU with only a CUDA
-context and no kernels; 2% leaves room for a monitoring probe."""
+"""Utilization at or below this is idle. A constant of the metrics' contract, not a setting:
+the agent splits burnrate_gpu_idle_seconds_total from busy with it as it counts, so no
+--detector-config can move the split already exported. The idle_gpu detector's default
+threshold is this one, and fleet mode says where a config's differs (docs/thresholds.md).
+NVML reports 0-1% for a GPU with only a CUDA context and no kernels; 2% leaves room for a
+monitoring probe."""
 
 
 @dataclass(frozen=True)
@@ -179,10 +182,10 @@ CATALOG: tuple[MetricSpec, ...] = (
                "Seconds this pod held the GPU, times its share (shares over a whole GPU split it).",
                DEVICE_POD, GPU_TIME, "allocated", recorded=False),
     MetricSpec("burnrate_gpu_idle_seconds_total", COUNTER, "seconds",
-               "The allocated seconds during which GPU utilization was at or below 2%.",
+               f"The allocated seconds during which GPU utilization was at or below {IDLE_UTIL_PCT:g}%.",
                DEVICE_POD, GPU_TIME, "idle", recorded=False),
     MetricSpec("burnrate_gpu_busy_seconds_total", COUNTER, "seconds",
-               "The allocated seconds during which GPU utilization was above 2%, or unknown.",
+               f"The allocated seconds during which GPU utilization was above {IDLE_UTIL_PCT:g}%, or unknown.",
                DEVICE_POD, GPU_TIME, "busy", recorded=False),
     MetricSpec("burnrate_node_info", GAUGE, "info",
                "Node facts used for pricing; always 1.", L.NODE_INFO_LABELS, NODE_INFO),
@@ -192,7 +195,7 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("burnrate_pod_cpu_seconds_total", COUNTER, "seconds",
                "CPU time used by a pod that holds a GPU, read from its cgroup.",
                (L.NAMESPACE, L.POD, L.HOSTNAME), POD_HOST),
-    # --- Training telemetry (CONTRACT §3), per rank ----------------------------------
+    # --- Training telemetry (docs/telemetry.md), per rank ----------------------------------
     _train("burnrate_train_steps_total", COUNTER, "steps", "Completed optimizer steps.", "steps"),
     _train("burnrate_train_step_seconds_total", COUNTER, "seconds", "Wall time of those steps.", "step_s"),
     _train("burnrate_train_data_wait_seconds_total", COUNTER, "seconds",

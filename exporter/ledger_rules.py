@@ -4,21 +4,19 @@ manifests/alerts/burnrate-rules.yaml. Rendered, not written by hand, so that the
 analyzer count the same counters with the same signs; tests/test_ledger_rules.py fails while
 the rules file holds another group than this renders.
 
-`python -m burnrate.exporter.ledger_rules` prints the group, as an item of the file's `groups:`.
-No third-party imports: the YAML is written here.
+`python -m burnrate.exporter.ledger_rules` prints the group, as an item of the file's `groups:`;
+`python -m burnrate.analyzer.thresholds FILE` renders it again in a rules file, with the
+detectors' groups (docs/thresholds.md).
 """
 from __future__ import annotations
-
-import json
-import re
 
 from . import catalog as C
 from . import ledger
 from . import labels as L
+from . import rules_yaml as Y
 
 GROUP = "burnrate-ledger"
-BEGIN = f"  # BEGIN {GROUP}: rendered by exporter/ledger_rules.py (`python -m burnrate.exporter.ledger_rules`); edit that, not this."
-END = f"  # END {GROUP}"
+SOURCE = "exporter/ledger_rules.py (`python -m burnrate.exporter.ledger_rules`)"
 
 GOODPUT_LOW = 0.5
 """Below this share of its held GPU-time in its ranks' compute, a job warns. Under a half,
@@ -99,11 +97,6 @@ def _indent(expr: str) -> str:
     return expr.replace("\n", "\n  ")
 
 
-def _spelled(duration: str) -> str:
-    number, unit = re.fullmatch(r"(\d+)([mh])", duration).groups()
-    return f"{number} {'minutes' if unit == 'm' else 'hours'}"
-
-
 def rules() -> list[tuple[str, dict]]:
     """(why, rule) for each rule of the group, in evaluation order. Each record is written from
     the raw counters, none from another record, so that back-filling tools (promtool tsdb
@@ -138,77 +131,30 @@ def rules() -> list[tuple[str, dict]]:
         "annotations": {
             "summary": "Training job {{ $labels.namespace }}/{{ $labels.training_job }} has a goodput of "
                        "{{ $value | humanizePercentage }}.",
-            "description": f"For {_spelled(GOODPUT_LOW_FOR)}, under {GOODPUT_LOW:.0%} of the GPU-time the job "
+            "description": f"For {Y.spelled(GOODPUT_LOW_FOR)}, under {GOODPUT_LOW:.0%} of the GPU-time the job "
                            "holds has gone into its ranks' compute. The rest waits for data or for other ranks, "
                            "saves checkpoints, evaluates, or is time no counter sees (start-up, restarts, "
                            "stalls, lost progress); the training-job dashboard's Goodput row splits it.",
             "runbook_url": "docs/runbooks.md#traininggoodputlow",
         }}))
-    for _, rule in out:
-        # YAML's block scalars end in a newline: expressions written as one are read back so.
-        if "\n" in rule["expr"]:
-            rule["expr"] += "\n"
-    return out
+    return [(why, Y.read_back(rule)) for why, rule in out]
 
 
 def group() -> dict:
-    return {"name": GROUP, "interval": "1m", "rules": [rule for _, rule in rules()]}
-
-
-# Plain scalars YAML reads back as the same text: a word first (or a duration), then no comment
-# and no mapping; YAML 1.1's booleans and null aside.
-_PLAIN = re.compile(r"(?!(?:true|false|yes|no|on|off|null|y|n)$)(?:[A-Za-z]|\d+[smhdwy]$)(?:(?! #|: )[^\n])*(?<![: ])",
-                    re.IGNORECASE)
-
-
-def _scalar(value: str, indent: str) -> str:
-    if "\n" in value:
-        return "|\n" + "\n".join(f"{indent}  {line}" for line in value.rstrip("\n").split("\n"))
-    return value if _PLAIN.fullmatch(value) else json.dumps(value)
-
-
-def _wrap(text: str, indent: str) -> list[str]:
-    lines, line = [], ""
-    for word in text.split():
-        if line and len(indent) + 2 + len(line) + 1 + len(word) > 100:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    return [f"{indent}# {line}" for line in lines + [line]]
-
-
-def _mapping(value: dict, indent: str, first: str) -> list[str]:
-    out = []
-    for i, (key, v) in enumerate(value.items()):
-        lead = first if i == 0 else indent
-        if isinstance(v, dict):
-            out.append(f"{lead}{key}:")
-            out.extend(_mapping(v, indent + "  ", indent + "  "))
-        else:
-            out.append(f"{lead}{key}: {_scalar(v, indent)}")
-    return out
+    return Y.group(GROUP, rules())
 
 
 def render() -> str:
     """The group as an item of a rules file's `groups:`, between the markers the test and the
     regeneration find it by."""
-    lines = [BEGIN,
-             *_wrap("The ledger's counted part (exporter/ledger.py): where each job's GPU-time went, from "
+    return Y.render(GROUP, SOURCE,
+                    "The ledger's counted part (exporter/ledger.py): where each job's GPU-time went, from "
                     "its ranks' counters, per job and per namespace, as rank-seconds (or GPU-seconds) per "
                     "second over 5 minutes, written increase(...[5m]) / 300 as the roll-ups are. The "
                     "categories measured otherwise (start-up, restarts, lost progress, stalls, no process) "
                     "are the analyzer's: here they are the gap between the categories' sum and the GPUs held. "
                     "Regenerate with BURNRATE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_ledger_rules.py "
-                    "tests/test_alert_rules.py.",
-                    "  "),
-             f"  - name: {GROUP}", "    interval: 1m", "    rules:"]
-    for why, rule in rules():
-        if why:
-            lines.extend(_wrap(why, "      "))
-        lines.extend(_mapping(rule, "        ", "      - "))
-    lines.append(END)
-    return "\n".join(lines) + "\n"
+                    "tests/test_alert_rules.py.", rules())
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 definitions (exporter/ledger.py) and the catalog, and carried verbatim by
 manifests/alerts/burnrate-rules.yaml. After changing either, regenerate the group and then the
 PrometheusRule with
-  BURNRATE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_ledger_rules.py tests/test_alert_rules.py
+  BURNRATE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_ledger_rules.py && make manifests
 (the tests fail while they differ). Its values are checked by promtool on
 tests/rules/burnrate-ledger.test.yaml (tests/test_alert_rules.py) and on both engines by
 tests/test_rollup_engines.py."""
@@ -17,12 +17,9 @@ import yaml
 
 from burnrate.exporter import catalog, ledger
 from burnrate.exporter import ledger_rules as R
+from burnrate.exporter import rules_yaml as Y
 from tests.conftest import PYTHON, ROOT
 from tests.test_alert_rules import LEDGER_TESTS, RULES, load_rules, metric_names
-
-# The rendered group in the rules file, markers included.
-BLOCK = re.compile(rf"^  # BEGIN {R.GROUP}\b.*?^  # END {R.GROUP}\n", re.M | re.S)
-
 
 def shipped_group() -> dict:
     [group] = [g for g in load_rules()["groups"] if g["name"] == R.GROUP]
@@ -33,13 +30,12 @@ def test_the_rules_file_carries_the_group_as_rendered_now():
     with open(RULES) as fh:
         text = fh.read()
     if os.environ.get("BURNRATE_UPDATE_GOLDEN"):
-        text, n = BLOCK.subn(lambda _: R.render(), text)
-        assert n == 1, f"{RULES} has no '# BEGIN {R.GROUP}' ... '# END {R.GROUP}' block to replace"
+        text = Y.splice(text, R.GROUP, R.render())
         with open(RULES, "w") as fh:
             fh.write(text)
     stale = ("manifests/alerts/burnrate-rules.yaml holds another burnrate-ledger group than "
              "exporter/ledger_rules.py renders; rerun with BURNRATE_UPDATE_GOLDEN=1")
-    assert [m.group() for m in BLOCK.finditer(text)] == [R.render()], stale
+    assert Y.blocks(text, R.GROUP) == [R.render()], stale
     assert shipped_group() == R.group(), stale
 
 

@@ -1,4 +1,4 @@
-"""The detectors: one module per finding kind (CONTRACT §4), each a pure function
+"""The detectors: one module per finding kind (docs/findings.md), each a pure function
 `detect(frames_or_views, config) -> list[Finding]` with its thresholds in that
 module's `Config` dataclass.
 

@@ -2,7 +2,7 @@
 
 Clusters mix agent versions and dcgm-exporter nodes, and federated or relabelled
 copies drop series, so allocation is decided per GPU and per time, best first
-(CONTRACT §3):
+(docs/analyze.md, "Any mix of exporters"):
 
 1. `burnrate_gpu_allocation_share_ratio`: the share each pod holds (MIG, time-slicing);
 2. `burnrate_gpu_allocated` (older agents): each holder gets an equal share;

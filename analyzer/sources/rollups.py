@@ -27,6 +27,7 @@ from functools import cached_property
 import numpy as np
 
 from burnrate.exporter import labels as L
+from burnrate.exporter.catalog import IDLE_UTIL_PCT
 
 from ..detectors import DetectorConfig
 from ..frames import Window
@@ -93,6 +94,7 @@ class RollUps:
     node_spans: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # host -> where its flags held
     job_spans: dict[Job, tuple[float, float]] = field(default_factory=dict)         # job -> its allocation roll-ups' span
     filled: dict[str, float] = field(default_factory=dict)                         # host -> missed evaluations filled
+    notes: list[str] = field(default_factory=list)                                 # what the report must say of them
 
     @property
     def hosts(self) -> set[str]:
@@ -141,6 +143,14 @@ class RollUps:
         for key, s in seconds.items():
             out[key[-2]] = out.get(key[-2], 0.0) + s    # (…, host, model)
         return out
+
+
+def idle_threshold_note(util_max_pct: float) -> str:
+    """The idle roll-ups are the agent's idle counter, split at the contract's threshold when
+    it was counted: a config that moves the idle threshold cannot move theirs."""
+    return (f"idle GPU-hours read from roll-ups, and the roll-ups' idle flag, count utilization at or below "
+            f"{IDLE_UTIL_PCT:g}% (the agent's burnrate_gpu_idle_seconds_total), not this config's "
+            f"{util_max_pct:g}%: only the nodes read per GPU follow it (docs/thresholds.md)")
 
 
 class RollUpReader:
@@ -199,6 +209,8 @@ class RollUpReader:
         out.node_info = self._node_info()
         self._flag(out, bucket_s)
         self._fill(out, bucket_s)
+        if self.config.idle_gpu.util_max_pct != IDLE_UTIL_PCT:
+            out.notes.append(idle_threshold_note(self.config.idle_gpu.util_max_pct))
         return out
 
     # --- queries ---------------------------------------------------------------------

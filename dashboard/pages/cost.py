@@ -75,7 +75,7 @@ def accounting_panel(report: Report) -> html.Div:
             ("allocated", acc.allocated_gpu_hours, "= busy + idle; the jobs' GPU-hours add up to it"),
             ("unallocated", acc.unallocated_gpu_hours, "paid for, held by nobody"),
             ("busy", acc.busy_gpu_hours, "allocated and used"),
-            ("idle", acc.idle_gpu_hours, "allocated, utilization at or below 2%")]
+            ("idle", acc.idle_gpu_hours, f"allocated, utilization at or below {acc.idle_util_pct:g}%")]
     coverage = "-" if acc.coverage is None else f"{acc.coverage:.1%}"
     low = acc.coverage is not None and acc.coverage < COVERAGE_WARNING
     return html.Div([
