@@ -6,9 +6,9 @@
       slowdown: 1.3
 
 Each top-level key names a detector (or `episodes`), each key under it a field of that
-detector's `Config`; what the file leaves out keeps its default. The alert rules in
-manifests/ carry the defaults (a test ties them): a team that changes a threshold here
-changes the matching rule too.
+detector's `Config`; what the file leaves out keeps its default. The alert rules and
+Grafana thresholds in manifests/ are rendered from the defaults; a team renders its own
+from the same file (docs/thresholds.md), so that its rules fire where its findings do.
 """
 from __future__ import annotations
 
