@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .accounting import Accounting, account
+from .accounting import Accounting, account, holder_seconds
 from .views import Views
 from .detectors import ledger_findings
 from .detectors.ledger_findings import advised_interval
@@ -174,7 +174,8 @@ def _nan(value: float | None) -> float:
 def price_findings(findings: list[Finding], views: Views, prices: GpuPrices,
                    job_rates: dict[tuple[str, str], float]) -> list[Finding]:
     """Wasted dollars: the rate of the finding's GPUs when it names them on one node
-    (an episode may cover several: evidence `gpus`), else its job's mean rate."""
+    (an episode may cover several: evidence `gpus`), else its job's mean rate. A job's
+    findings are priced again by `held_within_jobs` wherever the job's GPUs are known."""
     row_of = {(h, g): i for i, (h, g) in enumerate(zip(views.gpu.keys["Hostname"], views.gpu.keys["gpu"]))}
     out = []
     for f in findings:
@@ -189,6 +190,85 @@ def price_findings(findings: list[Finding], views: Views, prices: GpuPrices,
     return out
 
 
+# Whose waste GPU-time that several findings of one job claim counts under: what left the GPUs
+# doing nothing useful first (a GPU down, the job hung or diverged, a GPU idle), then what only
+# slowed them. A GPU down while its job stalls is the same GPU-seconds twice, not two wastes.
+CLAIM_ORDER = ("gpu_error", "stalled", "diverging", "idle_gpu", "unallocated_gpu", "underused_gpu", "straggler",
+               "dataloader_starvation", "thermal_throttle", "low_mfu", "lost_progress", "checkpoint_overhead",
+               "slow_startup")
+
+
+def held_within_jobs(findings: list[Finding], v: Views, accounting: Accounting,
+                     rows_of: dict[tuple[str, str], np.ndarray], row_rates: np.ndarray) -> list[Finding]:
+    """The findings with each job's waste held within what the job held: a finding claims
+    GPU-time of its job within its span that no finding of an earlier kind in CLAIM_ORDER
+    claimed, and no more than there is. Dollars are at the job's own rate in each time bin,
+    so that a job's waste, added over its findings, is never more than its cost. Findings
+    of no job, or of a job that held no GPU in the allocation data, are left as they are."""
+    by_job: dict[tuple[str, str], list[int]] = {}
+    for i, f in enumerate(findings):
+        if f.job in rows_of and len(rows_of[f.job]) and f.wasted_gpu_hours is not None:
+            by_job.setdefault(f.job, []).append(i)
+    out = list(findings)
+    for job, members in by_job.items():
+        held, dollars = _job_bins(v, accounting, rows_of[job], row_rates)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = np.where(held > 0, dollars / held, 0.0)
+        free = held.copy()
+        claimed: list[tuple[Finding, slice]] = []
+        for i in sorted(members, key=lambda i: CLAIM_ORDER.index(findings[i].kind)):
+            f = findings[i]
+            span = _span(v, f)
+            room = free[span].sum()
+            # Its claim where the job's GPU-time in its span is still free, wherever that is:
+            # the detectors say how much a finding wasted over its span, not when within it.
+            got = free[span] * (min(f.wasted_gpu_hours / room, 1.0) if room > 0 else 0.0)
+            free[span] -= got
+            used = got > 0
+            price = float(got[used] @ rate[span][used]) if np.isfinite(rate[span][used]).all() else None
+            if f.wasted_gpu_hours - room <= 1e-9 * max(f.wasted_gpu_hours, 1.0):
+                out[i] = replace(f, wasted_dollars=price)
+            else:
+                before = {o.kind for o, s in claimed if s.start < span.stop and span.start < s.stop}
+                out[i] = replace(f, wasted_gpu_hours=float(got.sum()), wasted_dollars=price, evidence={
+                    **f.evidence,
+                    "waste_counted_under": sorted(before | set(f.evidence.get("waste_counted_under", ()))),
+                    "gross_wasted_gpu_hours": f.evidence.get("gross_wasted_gpu_hours", f.wasted_gpu_hours)})
+            claimed.append((f, span))
+    return out
+
+
+def _span(v: Views, f: Finding) -> slice:
+    """The time bins from the one holding a finding's start to the one holding its end."""
+    lo = min(max(int(np.floor((f.start - v.start) / v.step)), 0), v.n - 1)
+    return slice(lo, min(max(int(np.floor((f.end - v.start) / v.step)) + 1, lo + 1), v.n))
+
+
+def _job_bins(v: Views, accounting: Accounting, rows: np.ndarray, row_rates: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """A job's GPU-hours and dollars in each time bin (the bins of its `job_costs` figures):
+    dollars NaN in a bin where a GPU it held has no price."""
+    held = holder_seconds(v, accounting, rows) / 3600
+    rates = row_rates[rows]
+    dollars = np.zeros(v.n)
+    for price in np.unique(rates[np.isfinite(rates)]):
+        dollars += price * holder_seconds(v, accounting, rows[rates == price]) / 3600
+    unpriced = rows[~np.isfinite(rates)]
+    if len(unpriced):
+        dollars[holder_seconds(v, accounting, unpriced) > 0] = np.nan
+    return held, dollars
+
+
+def wasted_dollars(findings: list[Finding]) -> float:
+    """The dollars the findings name wasted, together (the unpriced add nothing)."""
+    return sum(f.wasted_dollars or 0.0 for f in findings)
+
+
+def jobs_dollars(jobs: list[JobCost]) -> float:
+    """What the jobs cost together (the unpriced add nothing)."""
+    return sum(j.cost_dollars or 0.0 for j in jobs)
+
+
 def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = (),
               advice: AdviceConfig = AdviceConfig(), accounting: Accounting | None = None,
               prices: GpuPrices | None = None, ledgers: dict[tuple[str, str], Ledger] | None = None,
@@ -201,7 +281,8 @@ def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = 
     rank_rows = v.job_rows(v.rank)
     gpu_row = alloc.keys["gpu_row"].to_numpy() if alloc.size else np.zeros(0, np.int64)
     share = np.nan_to_num(alloc.values["share"]) if alloc.size else np.zeros((0, v.n))
-    hours_by_row = (accounting or account(v)).row_gpu_hours
+    accounting = accounting or account(v)
+    hours_by_row = accounting.row_gpu_hours
 
     def per_row(table: np.ndarray) -> np.ndarray:
         out = np.full(len(gpu_row), np.nan)
@@ -221,7 +302,7 @@ def job_costs(data: Frames | Views, catalog: Catalog, findings: list[Finding] = 
                      "capacity": caps.pop() if len(caps) == 1 else ("mixed" if caps else "unknown")}
     rates = {job: j["cost"] / j["gpu_hours"] for job, j in jobs.items()
              if j["cost"] is not None and j["gpu_hours"] > 0}
-    priced = price_findings(list(findings), v, prices, rates)
+    priced = held_within_jobs(price_findings(list(findings), v, prices, rates), v, accounting, rows_of, actual)
     out = []
     for job in sorted(set(jobs) | set(rank_rows)):
         j = jobs.get(job, {"rows": np.zeros(0, np.int64), "gpu_hours": 0.0, "cost": None, "on_demand": None,

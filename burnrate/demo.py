@@ -10,7 +10,10 @@ cost (the steps computed again, the restart, the second start-up).
 
 The live jobs last seconds, not hours, so their analysis compresses time: every
 detector threshold given in minutes is read as seconds (a straggler must persist
-20 s instead of 20 min). The simulated fleet is analyzed with the real defaults.
+20 s instead of 20 min). The summary, the dashboard and `burnrate analyze` all judge
+the whole recording (the simulated fleet and the live jobs) over one window with those
+thresholds, so that they show the same findings and dollars; the summary ends with the
+`burnrate analyze` command that prints it again from the recording.
 Each job's share of `--duration` counts from its first step: how long torch takes to
 start varies several-fold with the machine's load, and would eat the evidence.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 import os
 import signal
 import shutil
@@ -71,6 +75,7 @@ JOBS = (
 # into the 20 s run the detector needs.
 MIN_DURATION_S = 40.0
 NAMESPACE = "demo"
+THRESHOLDS = "live-thresholds.yaml"
 POLL_S = 0.5
 PROGRESS_EVERY_S = 5.0
 STARTUP_LIMIT_S = 120.0
@@ -191,10 +196,6 @@ def run(args: argparse.Namespace) -> int:
     ensure_free("127.0.0.1", args.agent_port, "--agent-port")
     from burnrate.analyzer.detectors import DetectorConfig
     from burnrate.analyzer.detectors.config_file import dump_detector_config
-    from burnrate.analyzer.frames import Window
-    from burnrate.analyzer.pricing import load_catalog
-    from burnrate.analyzer.report import analyze, render_json, render_table
-    from burnrate.analyzer.sources.recording import RecordingSource
     from burnrate.analyzer.timeparse import format_time
     from burnrate.simulator.simulate import Spec, simulate
 
@@ -209,11 +210,12 @@ def run(args: argparse.Namespace) -> int:
     sock = os.path.join(work, "telemetry.sock")
     start = time.time()
     print(f"burnrate demo: writing to {work}")
-    simulate(recording, Spec(nodes=4, gpus_per_node=8, hours=2.0, end=start))
+    fleet = Spec(nodes=4, gpus_per_node=8, hours=2.0, end=start)
+    simulate(recording, fleet)
     print("  simulated fleet: 4 nodes x 8 GPUs, 2 h (labelled simulated)")
-    # The dashboard judges the live jobs as the summary at the end does: thresholds in
-    # minutes read as seconds, since the jobs last seconds.
-    thresholds = os.path.join(work, "live-thresholds.yaml")
+    # The dashboard judges the recording as the summary at the end does: thresholds in
+    # minutes read as seconds, since the live jobs last seconds.
+    thresholds = os.path.join(work, THRESHOLDS)
     with open(thresholds, "w", encoding="utf-8") as fh:
         fh.write(dump_detector_config(live_config(DetectorConfig())))
 
@@ -241,25 +243,44 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(2.0)  # the agent's last samples
     except KeyboardInterrupt:
         # The children are stopped; what they recorded is kept.
-        print(f"\nburnrate demo: stopped\n{_replay(recording)}")
+        print(f"\nburnrate demo: stopped\n{_replay(recording, thresholds)}")
         return 130
-    end = time.time()
+    # Whole seconds, as the command prints them: from the fleet's first sample to after the last.
+    window = (fleet.start_end()[0], math.ceil(time.time()))
+    summarize(recording, thresholds, window, work, args.port)
+    return 0
 
-    catalog = load_catalog(None)
-    source = RecordingSource(recording)
-    live = analyze(source.frames(Window(live_start, end)), catalog, live_config(DetectorConfig()))
-    fleet = analyze(source.frames(Window(start - 2 * 3600, start)), catalog)
-    with open(os.path.join(work, "live-analysis.json"), "w", encoding="utf-8") as fh:
-        fh.write(render_json(live))
-    print("\n=== live training on this machine (time-compressed thresholds) ===\n")
-    print(render_table(live))
+
+def summarize(recording: str, thresholds: str, window: tuple[float, float], work: str, port: int) -> None:
+    """The analysis of the recording over `window` with the demo's thresholds, as the table
+    `burnrate analyze` prints, then the crashed job's ledger, the figures the dashboard's
+    Fleet page shows, and the commands that show them again; its JSON goes to analysis.json."""
+    from burnrate.analyzer.cost import jobs_dollars, wasted_dollars
+    from burnrate.analyzer.detectors.config_file import load_detector_config
+    from burnrate.analyzer.pricing import load_catalog
+    from burnrate.analyzer.report import analyze, render_json, render_table
+    from burnrate.analyzer.sources.recording import RecordingSource
+    from burnrate.analyzer.timeparse import format_time, resolve_window
+    from burnrate.analyzer.views import ANALYSIS_COLUMNS
+
+    start, end = format_time(window[0]), format_time(window[1])
+    # The window as the command reads it back, so that the two cannot differ.
+    frames = RecordingSource(recording).frames(resolve_window(start=start, end=end), ANALYSIS_COLUMNS)
+    report = analyze(frames, load_catalog(None), load_detector_config(thresholds))
+    with open(os.path.join(work, "analysis.json"), "w", encoding="utf-8") as fh:
+        fh.write(render_json(report))
+    print(f"\n=== the recording: simulated fleet and live jobs, {start} to {end}, thresholds in minutes "
+          "read as seconds ===\n")
+    print(render_table(report))
     for job in JOBS:
         if job.crash_at:
-            print(ledger_summary(live, f"{NAMESPACE}/{job.name}"))
-    print("=== simulated fleet ===\n")
-    print(render_table(fleet))
-    print(_replay(recording))
-    return 0
+            print(ledger_summary(report, f"{NAMESPACE}/{job.name}"))
+    print(f"\nin all: {len(report.findings)} findings, ${wasted_dollars(report.findings):,.2f} wasted, of "
+          f"${jobs_dollars(report.jobs):,.2f} the jobs cost (the dashboard's Fleet and Jobs pages over this window)")
+    command = _command()
+    print(f"reproduce: {command} analyze --recording {recording} --detector-config {thresholds} "
+          f"--start {start} --end {end}")
+    print(_replay(recording, thresholds) + f"\n           then http://127.0.0.1:{port}/?start={start}&end={end}")
 
 
 def ledger_summary(report, job: str, worst: int = 5) -> str:
@@ -288,11 +309,16 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _replay(recording: str) -> str:
-    """Where the recording is and the command that opens it again, runnable as printed: the
-    venv's own `burnrate` when the venv is not activated."""
+def _command() -> str:
+    """`burnrate`, runnable as printed: the venv's own when the venv is not activated."""
     command, beside = "burnrate", os.path.join(os.path.dirname(sys.executable), "burnrate")
     if shutil.which("burnrate") is None and os.path.exists(beside):
         relative = os.path.relpath(beside)
         command = beside if relative.startswith("..") else relative
-    return f"recording: {recording}\nreplay: {command} dashboard --recording {recording}"
+    return command
+
+
+def _replay(recording: str, thresholds: str) -> str:
+    """Where the recording is and the command that opens it again with the demo's thresholds."""
+    return (f"recording: {recording}\n"
+            f"replay:    {_command()} dashboard --recording {recording} --detector-config {thresholds}")

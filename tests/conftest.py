@@ -42,3 +42,10 @@ def require(tool: str) -> str:
             pytest.fail(f"{tool} is not installed (.ci/run installs it)")
         pytest.skip(f"{tool} is not installed (.ci/run names its Debian package)")
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _every_report_keeps_its_waste_within_its_cost():
+    from tests.invariants import every_report_checked
+    with every_report_checked():
+        yield

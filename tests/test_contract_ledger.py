@@ -308,8 +308,8 @@ def check(doc: dict, case: LedgerCase, step_s: float, **kwargs) -> None:
 @given(spec=ledger_jobs())
 def test_any_job_s_ledger_matches_its_truth(vm, spec):
     case = in_slot(spec)
-    # A run that comes back from step 0 after its ranks were forgotten is, by the README's rule
-    # ("A job is a run"), a new submission of the same name: another job, not this one's restart.
+    # A run that comes back from step 0 after its ranks were forgotten is, by docs/analyze.md's rule
+    # (one name can cover several runs), a new submission of the same name: another job, not this one's restart.
     assume(not any(p.resumed_from == 0 and p.start - q.end > FORGET_AFTER_S
                    for q, p in zip(case.processes, case.processes[1:])))
     import_victoria(case, vm.url)

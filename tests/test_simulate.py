@@ -167,7 +167,7 @@ def test_unwritable_directory_is_a_user_error(tmp_path):
 
 
 def test_a_second_run_replaces_its_own_fleet_and_nothing_else(tmp_path, capsys):
-    """Running the README's command twice works; an agent's recording or a directory of
+    """Running the documented `burnrate simulate --out fleet` twice works; an agent's recording or a directory of
     other files is never written over."""
     out = tmp_path / "fleet"
     args = parse("--out", str(out), "--nodes", "1", "--hours", "0.1", "--end", "2027-01-15T08:00:00Z")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, callback, dash_table, html
 
+from burnrate.analyzer.cost import wasted_dollars
 from burnrate.analyzer.timeparse import format_time
 
 from ..aggregate import finding_rows
@@ -28,7 +29,7 @@ def update(search: str | None, _n: int | None):
 def content(a: Analysis, search: str) -> list:
     fleet, sim = a.fleet, a.simulated
     now = fleet.now
-    waste = sum(f.wasted_dollars or 0.0 for f in a.report.findings)
+    waste = wasted_dollars(a.report.findings)
     hours = (a.frames.window.end - a.frames.window.start) / 3600
     unpriced = f"{fleet.unpriced_gpus} GPUs unpriced" if fleet.unpriced_gpus else None
     basis = f"of {fleet.reporting_now} GPUs reporting"
@@ -43,7 +44,7 @@ def content(a: Analysis, search: str) -> list:
              ", ".join(filter(None, [f"the {fleet.reporting_now} reporting" if fleet.silent else None, unpriced]))),
         stat("over the window", money(fleet.window_dollars, 0),
              f"{money(fleet.window_dollars / hours if hours else None)}/h average"),
-        stat("findings", str(len(a.report.findings)), f"{money(waste, 0)} wasted"),
+        stat("findings", str(len(a.report.findings)), f"{money(waste)} wasted"),
     ], className="br-stats")
     top = sorted(a.report.findings, key=lambda f: -(f.wasted_dollars or 0.0))[:TOP_FINDINGS]
     rows = finding_rows(top)
