@@ -1,7 +1,9 @@
 """The Finding record: one problem, where it happened, what it cost and what to do.
 
 Detectors fill everything but `wasted_dollars`; the cost model prices the wasted
-GPU-hours at the node's real rate (`analyzer.cost.price_findings`).
+GPU-hours at the node's real rate (`analyzer.cost.price_findings`), then counts each
+GPU-second a job held under one of its findings at most (`analyzer.cost.held_within_jobs`),
+so that no job's waste exceeds its cost.
 """
 from __future__ import annotations
 
