@@ -1,7 +1,7 @@
 """GPU-seconds as counters, so that cost and waste are an `increase()` over any window.
 
 Each collection adds the time since the one before to what the one before saw: a state
-holds until the next reading, as the analyzer reads series (analyzer.holding), so no
+holds until the next reading, as the analyzer reads series (analyzer.grid.holding), so no
 scrape interval, missed scrape or query step changes a total. Per GPU, the seconds it
 was listed (a GPU that stopped answering is still paid for). Per GPU and holder, the
 seconds held, weighted by the holder's share (shares adding up to more than a whole GPU
@@ -23,7 +23,7 @@ from typing import Sequence
 from burnrate.exporter.catalog import IDLE_UTIL_PCT
 from burnrate.exporter.snapshot import Allocation, GpuReading, GpuSeconds, HolderSeconds, PodRef
 
-# Prometheus' default lookback: a sample is current for five minutes (analyzer.holding).
+# Prometheus' default lookback: a sample is current for five minutes (analyzer.grid.holding).
 STALENESS_S = 300.0
 
 

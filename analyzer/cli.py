@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 from burnrate.exporter.errors import UserError
 
-from .cost import AdviceConfig
+from .costing.cost import AdviceConfig
 from .detectors import DetectorConfig
-from .frames import Frames, Window
-from .pricing import Catalog
-from .sources.options import ALL_CLUSTERS, SourceOptions, add_source_arguments, source_options
-from .timeparse import parse_duration, resolve_window
-from .workloads import WorkloadError, parse_overrides
+from .grid.frames import Frames, Window
+from .costing.pricing import Catalog
+from .options import ALL_CLUSTERS, SourceOptions, add_source_arguments, source_options
+from .sources.timeparse import parse_duration, resolve_window
+from .grid.workloads import WorkloadError, parse_overrides
 
 if TYPE_CHECKING:
     from burnrate.exporter.webconfig import WebConfig
@@ -68,7 +68,7 @@ def window_of(args: argparse.Namespace, options: SourceOptions, now: float | Non
 
 
 def load_frames(args: argparse.Namespace, options: SourceOptions, source) -> Frames:
-    from .views import ANALYSIS_COLUMNS
+    from .grid.views import ANALYSIS_COLUMNS
     from .sources import PrometheusError
 
     window = window_of(args, options)
@@ -110,12 +110,12 @@ def one_source(args: argparse.Namespace, options: SourceOptions):
 def report_of(args: argparse.Namespace, options: SourceOptions, source, catalog: Catalog, config: DetectorConfig,
               advice: AdviceConfig, overrides: dict[str, str]):
     """One analysis: per GPU, or in fleet mode from the roll-ups and the series they flag."""
-    from .report import analyze
+    from .output.report import analyze
     from .sources import PrometheusError
 
     if not args.fleet:
         return analyze(load_frames(args, options, source), catalog, config, advice, overrides)
-    from .fleet import analyze_fleet
+    from .fleet.mode import analyze_fleet
     try:
         return analyze_fleet(source, window_of(args, options), catalog, config, advice, overrides, args.rollup_interval)
     except (PrometheusError, OSError, ValueError) as exc:
@@ -124,7 +124,7 @@ def report_of(args: argparse.Namespace, options: SourceOptions, source, catalog:
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     """`stop` ends `--serve` (the command runs until interrupted without it)."""
-    from .report import render_clusters, render_csv, render_json, render_table
+    from .output.report import render_clusters, render_csv, render_json, render_table
 
     options = source_options(args)
     if args.checkpoint_seconds is not None and args.checkpoint_seconds <= 0:
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     overrides = overrides_of(args)
     config = options.detectors()
     if args.serve:
-        from .serve import serve
+        from .output.serve import serve
         if args.interval <= 0:
             raise UserError("--interval must be positive")
         if options.cluster == ALL_CLUSTERS:

@@ -5,7 +5,7 @@ Recordings are generated once into a cache directory and reused. Each size runs
 in a fresh process, so its peak RSS is its own: load the recording, detect, cost,
 render the JSON document. A week is analyzed at the step Prometheus would answer
 it with (55 s: at most 11,000 points per series); every 15 s sample is read and
-reduced to it (analyzer.resample).
+reduced to it (analyzer.grid.resample).
 
     .venv/bin/python bench/analyzer.py [--sizes 128,256,512,1024] [--days 7] [--cache DIR]
 """
@@ -29,12 +29,12 @@ TARGET_RSS_GB = 4.0
 def measure(root: str, max_points: int | None) -> dict[str, float]:
     """Runs in the child: one end-to-end analysis, timed by phase."""
     if max_points:
-        from burnrate.analyzer import resample
+        from burnrate.analyzer.grid import resample
         resample.MAX_POINTS = max_points
-    from burnrate.analyzer.views import ANALYSIS_COLUMNS
-    from burnrate.analyzer.pricing import load_catalog
-    from burnrate.analyzer.recording import complete_rows, segments
-    from burnrate.analyzer.report import analyze, render_json
+    from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS
+    from burnrate.analyzer.costing.pricing import load_catalog
+    from burnrate.analyzer.sources.recording_tables import complete_rows, segments
+    from burnrate.analyzer.output.report import analyze, render_json
     from burnrate.analyzer.sources import RecordingSource
 
     began = time.monotonic()

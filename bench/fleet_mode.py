@@ -49,12 +49,12 @@ CHILD_MEMORY_GB = 16.0
 
 def measure(url: str, start: float, end: float, fleet: bool, interval: float | None) -> dict[str, float]:
     """Runs in the child: one analysis, timed."""
-    from burnrate.analyzer.fleet import analyze_fleet
-    from burnrate.analyzer.frames import Window
-    from burnrate.analyzer.pricing import load_catalog
-    from burnrate.analyzer.report import analyze, render_json
+    from burnrate.analyzer.fleet.mode import analyze_fleet
+    from burnrate.analyzer.grid.frames import Window
+    from burnrate.analyzer.costing.pricing import load_catalog
+    from burnrate.analyzer.output.report import analyze, render_json
     from burnrate.analyzer.sources import PrometheusSource
-    from burnrate.analyzer.views import ANALYSIS_COLUMNS
+    from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS
 
     source = PrometheusSource(url, min_step_s=15.0, timeout_s=600.0)
     window = Window(start, end)
@@ -139,8 +139,8 @@ def stop(proc: subprocess.Popen) -> None:
 def stored_fleet(cache: str, gpus: int, hours: float) -> Path:
     """The simulated fleet back-filled into Prometheus blocks with its roll-ups, kept in the
     cache between runs: what the analysis reads (`ANALYSIS_COLUMNS`) and the counters."""
-    from burnrate.analyzer.openmetrics import write_openmetrics
-    from burnrate.analyzer.views import ANALYSIS_COLUMNS
+    from burnrate.analyzer.sources.openmetrics import write_openmetrics
+    from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS
     from tests.recorded_counters import write_gpu_time
 
     root = Path(cache) / f"prometheus-{gpus}gpus-{hours:g}h"
@@ -218,7 +218,7 @@ def rollup_lines(gpus: int, days: float, end: float, seed: int = 0):
     nodes = gpus // GPUS_PER_NODE
     node = 0
     job = 0
-    from burnrate.analyzer.sources import rollups as R
+    from burnrate.analyzer.fleet import rollups as R
     while node < nodes:
         size = int(min(rng.choice([1, 1, 2, 4, 8]), nodes - node))
         name = {"namespace": f"team-{job % 20}", "training_job": f"run-{job}"}

@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     ensure_free("127.0.0.1", args.agent_port, "--agent-port")
     from burnrate.analyzer.detectors import DetectorConfig
     from burnrate.analyzer.detectors.config_file import dump_detector_config
-    from burnrate.analyzer.timeparse import format_time
+    from burnrate.analyzer.sources.timeparse import format_time
     from burnrate.simulator.simulate import Spec, simulate
 
     # kill, timeout, systemd and container runtimes send SIGTERM, a closed terminal SIGHUP:
@@ -255,13 +255,13 @@ def summarize(recording: str, thresholds: str, window: tuple[float, float], work
     """The analysis of the recording over `window` with the demo's thresholds, as the table
     `burnrate analyze` prints, then the crashed job's ledger, the figures the dashboard's
     Fleet page shows, and the commands that show them again; its JSON goes to analysis.json."""
-    from burnrate.analyzer.cost import jobs_dollars, wasted_dollars
+    from burnrate.analyzer.costing.cost import jobs_dollars, wasted_dollars
     from burnrate.analyzer.detectors.config_file import load_detector_config
-    from burnrate.analyzer.pricing import load_catalog
-    from burnrate.analyzer.report import analyze, render_json, render_table
+    from burnrate.analyzer.costing.pricing import load_catalog
+    from burnrate.analyzer.output.report import analyze, render_json, render_table
     from burnrate.analyzer.sources.recording import RecordingSource
-    from burnrate.analyzer.timeparse import format_time, resolve_window
-    from burnrate.analyzer.views import ANALYSIS_COLUMNS
+    from burnrate.analyzer.sources.timeparse import format_time, resolve_window
+    from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS
 
     start, end = format_time(window[0]), format_time(window[1])
     # The window as the command reads it back, so that the two cannot differ.

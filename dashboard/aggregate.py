@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from burnrate.analyzer.cost import GpuPrices, JobCost
+from burnrate.analyzer.costing.cost import GpuPrices, JobCost
 from burnrate.analyzer.detectors import idle_gpu
-from burnrate.analyzer.views import RankSteps, Views, build_grid
-from burnrate.analyzer.findings import Finding
-from burnrate.analyzer.ledger import Ledger
-from burnrate.analyzer.report import Report, headline, where
+from burnrate.analyzer.grid.views import RankSteps, Views, build_grid
+from burnrate.analyzer.detectors.findings import Finding
+from burnrate.analyzer.costing.ledger import Ledger
+from burnrate.analyzer.output.report import Report, headline, where
 from burnrate.exporter.ledger import BADPUT, PRODUCTIVE
 
 MAX_BUCKETS = 300

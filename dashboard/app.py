@@ -12,7 +12,7 @@ import dash
 from dash import Input, Output, ctx, dcc, html, no_update
 
 from burnrate.analyzer.detectors import DetectorConfig
-from burnrate.analyzer.pricing import Catalog, load_catalog
+from burnrate.analyzer.costing.pricing import Catalog, load_catalog
 
 from . import auth
 from .data import DataService, Services, Source, Unavailable, describe_window

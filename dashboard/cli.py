@@ -6,7 +6,7 @@ import sys
 import time
 from dataclasses import replace
 
-from burnrate.analyzer.sources.options import ALL_CLUSTERS, SourceOptions, add_source_arguments, source_options
+from burnrate.analyzer.options import ALL_CLUSTERS, SourceOptions, add_source_arguments, source_options
 from burnrate.exporter.errors import UserError
 from burnrate.exporter.listen import ensure_free, listen_address
 
@@ -20,7 +20,7 @@ _MAX_REQUEST_BYTES = 1 << 20
 def _prometheus(options: SourceOptions):
     """The store, or each of its clusters (name -> source, picked in the header) where it
     holds several and none is named: two clusters' jobs and nodes of the same name never add up."""
-    from burnrate.analyzer.frames import Window
+    from burnrate.analyzer.grid.frames import Window
 
     now = time.time()
     every = replace(options, cluster=options.cluster or ALL_CLUSTERS)

@@ -19,15 +19,15 @@ from typing import Callable, Protocol
 import numpy as np
 import pandas as pd
 
-from burnrate.analyzer.cost import GpuPrices
+from burnrate.analyzer.costing.cost import GpuPrices
 from burnrate.analyzer.detectors import DetectorConfig
-from burnrate.analyzer.views import Views
-from burnrate.analyzer.frames import Frames, Window
-from burnrate.analyzer.pricing import Catalog
-from burnrate.analyzer.recording import RecordingError
-from burnrate.analyzer.report import Report, analyze
+from burnrate.analyzer.grid.views import Views
+from burnrate.analyzer.grid.frames import Frames, Window
+from burnrate.analyzer.costing.pricing import Catalog
+from burnrate.analyzer.sources.recording_tables import RecordingError
+from burnrate.analyzer.output.report import Report, analyze
 from burnrate.analyzer.sources import PrometheusError, PrometheusSource, RecordingSource, missing_signals
-from burnrate.analyzer.timeparse import format_time
+from burnrate.analyzer.sources.timeparse import format_time
 
 from . import aggregate
 from .timerange import ALL, TimeRange, from_query

@@ -10,9 +10,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from burnrate.analyzer.cost import JobCost
-from burnrate.analyzer.findings import KINDS
-from burnrate.analyzer.views import RankSteps
+from burnrate.analyzer.costing.cost import JobCost
+from burnrate.analyzer.detectors.findings import KINDS
+from burnrate.analyzer.grid.views import RankSteps
 from burnrate.exporter.ledger import BADPUT, CATEGORIES, PRODUCTIVE
 
 from .aggregate import BadputTimeline, CostSummary, Fleet, JobDetail

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 from urllib.parse import parse_qs
 
-from burnrate.analyzer.findings import KINDS, SEVERITIES, Finding
+from burnrate.analyzer.detectors.findings import KINDS, SEVERITIES, Finding
 
 from .timerange import with_params
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
-from burnrate.analyzer.timeparse import format_time, parse_duration, parse_time
+from burnrate.analyzer.sources.timeparse import format_time, parse_duration, parse_time
 
 ALL = "all"
 PRESETS = ("1h", "6h", "24h", "7d")

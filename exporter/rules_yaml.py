@@ -1,7 +1,7 @@
 """Rule groups written into a Prometheus rules file by the code that owns their figures, as
 YAML that reads back as the same data, each between two markers by which a test finds it to
 check it is current and a regeneration finds it to replace it. Used for the ledger's group
-(exporter/ledger_rules.py) and the detectors' alerts (analyzer/alert_rules.py).
+(exporter/ledger_rules.py) and the detectors' alerts (analyzer/output/alert_rules.py).
 
 No third-party imports: the YAML is written here.
 """

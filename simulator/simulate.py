@@ -29,7 +29,7 @@ from burnrate.exporter.recording import TABLES
 from . import fleet as F
 from .signals import Signals
 from burnrate.analyzer.sources.recording import SIMULATED_MARKER
-from burnrate.analyzer.timeparse import format_time, parse_time
+from burnrate.analyzer.sources.timeparse import format_time, parse_time
 
 GROUND_TRUTH = "ground_truth.json"
 ROWS_PER_CHUNK = 400_000

@@ -13,7 +13,7 @@ from typing import IO
 import numpy as np
 
 from burnrate.agent.gpu_time import GpuClock
-from burnrate.analyzer.recording import load_table
+from burnrate.analyzer.sources.recording_tables import load_table
 from burnrate.exporter import catalog as C
 from burnrate.exporter.snapshot import Allocation, GpuIdentity, GpuReading, PodRef
 

@@ -2,7 +2,7 @@
 
 A finding matches a labelled fault when the kinds agree, every identity field both
 name (namespace, training_job, Hostname, pod, rank) agrees, the labelled GPU is among
-the finding's (a finding is an episode and may span several GPUs: analyzer.episodes),
+the finding's (a finding is an episode and may span several GPUs: analyzer.detectors.episodes),
 and their times overlap. Precision: the share of findings that match a fault; recall:
 the share of faults some finding matches.
 """
@@ -14,11 +14,11 @@ import os
 import pytest
 
 from burnrate.analyzer.detectors import detect_all
-from burnrate.analyzer.detectors import ledger_findings
-from burnrate.analyzer.findings import KINDS, Finding
+from burnrate.analyzer.costing import ledger_findings
+from burnrate.analyzer.detectors.findings import KINDS, Finding
 from burnrate.simulator.simulate import GROUND_TRUTH, Spec, simulate
 from burnrate.analyzer.sources import RecordingSource
-from burnrate.analyzer.timeparse import parse_time
+from burnrate.analyzer.sources.timeparse import parse_time
 
 END = 1_800_000_000.0
 IDENTITY = ("namespace", "training_job", "Hostname", "pod", "rank")

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from burnrate.analyzer import cli
-from burnrate.analyzer.pricing import load_catalog
-from burnrate.analyzer.report import analyze, render_json
+from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.output.report import analyze, render_json
 from burnrate.exporter.errors import UserError
 from burnrate.simulator.simulate import Spec, simulate
 from test_detectors import Fleet, healthy_job

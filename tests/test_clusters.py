@@ -85,7 +85,7 @@ def test_the_dashboard_shows_each_cluster_apart(two_clusters, tmp_path):
     """The dashboard's own wiring (its CLI's choice of sources, the app, a page's callback):
     a cluster picker over a store of two, each cluster's page its own."""
     from burnrate.dashboard.app import cluster_sync, create_app
-    from burnrate.analyzer.sources.options import SourceOptions
+    from burnrate.analyzer.options import SourceOptions
     from burnrate.dashboard.cli import _prometheus
     from burnrate.dashboard.ui import range_search
 

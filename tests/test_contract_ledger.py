@@ -174,9 +174,9 @@ def in_slot(spec: JobSpec) -> LedgerCase:
 
 def analyse(url: str, case: LedgerCase, start: float | None = None, end: float | None = None) -> tuple[dict, float]:
     """The analysis as `--format json` gives it, and the step it read the store at."""
-    from burnrate.analyzer.frames import Window
-    from burnrate.analyzer.pricing import load_catalog
-    from burnrate.analyzer.report import analyze, to_document
+    from burnrate.analyzer.grid.frames import Window
+    from burnrate.analyzer.costing.pricing import load_catalog
+    from burnrate.analyzer.output.report import analyze, to_document
     from burnrate.analyzer.sources import PrometheusSource
 
     window = Window(case.start if start is None else start, case.end if end is None else end)

@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from burnrate.analyzer.cost import AdviceConfig, job_costs, spot_or_on_demand
-from burnrate.analyzer.detectors.ledger_findings import advised_interval
+from burnrate.analyzer.costing.cost import AdviceConfig, job_costs, spot_or_on_demand
+from burnrate.analyzer.costing.ledger_findings import advised_interval
 from burnrate.analyzer.detectors import detect_all
-from burnrate.analyzer.report import analyze
-from burnrate.analyzer.pricing import PricingError, load_catalog
+from burnrate.analyzer.output.report import analyze
+from burnrate.analyzer.costing.pricing import PricingError, load_catalog
 from test_detectors import Fleet
 
 P5_ON_DEMAND = 55.04 / 8      # $ per GPU-hour

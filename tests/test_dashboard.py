@@ -19,10 +19,10 @@ import plotly.graph_objects as go
 import pytest
 from dash import html, no_update
 
-from burnrate.analyzer.ledger import Ledger, RunLedger
+from burnrate.analyzer.costing.ledger import Ledger, RunLedger
 from burnrate.analyzer.sources import PrometheusSource, RecordingSource
 from burnrate.exporter.ledger import BADPUT, NAMES
-from burnrate.analyzer.views import RankSteps
+from burnrate.analyzer.grid.views import RankSteps
 from burnrate.cli import main as burnrate
 from burnrate.dashboard import aggregate, figures
 from burnrate.dashboard.app import create_app, nav_links, range_sync, status_line
@@ -31,8 +31,8 @@ from burnrate.dashboard.filters import FindingFilters
 from burnrate.dashboard.timerange import TimeRange, from_query, picker_value, with_params
 from burnrate.dashboard.ui import current_service, render
 from burnrate.simulator.simulate import Spec, simulate
-from burnrate.analyzer.pricing import load_catalog
-from burnrate.analyzer.report import analyze
+from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.output.report import analyze
 from tests.conftest import free_port
 from tests.test_detectors import Fleet
 
@@ -377,7 +377,7 @@ def test_a_jobs_gpu_panels_show_only_the_time_it_held_them():
 def test_a_range_of_centuries_is_read_at_the_datas_own_span(app):
     """`/?range=99999d` once grew the dashboard to 24 GB: the window is cut to where the
     recording has data, so its resolution, and the figures', stay bounded."""
-    from burnrate.analyzer.resample import MAX_POINTS
+    from burnrate.analyzer.grid.resample import MAX_POINTS
 
     with app.server.app_context():
         service = current_service()

@@ -110,8 +110,8 @@ def test_every_page_renders_without_browser_errors(served, browser):
 
 def test_the_cost_page_shows_where_every_gpu_hour_went(served, browser):
     """The accounting identity as the analysis computed it, figure for figure."""
-    from burnrate.analyzer.pricing import load_catalog
-    from burnrate.analyzer.report import analyze
+    from burnrate.analyzer.costing.pricing import load_catalog
+    from burnrate.analyzer.output.report import analyze
     from burnrate.analyzer.sources import RecordingSource
     base, _, root = served
     _load(browser, base + "/cost", "#cost-accounting-observed")
@@ -244,8 +244,8 @@ return {totals: totals, range: gd._fullLayout.yaxis.range};
 def test_the_cost_pages_namespace_bars_are_the_jobs_dollars(served, browser):
     """Each namespace's stacked bar, as drawn, is the sum of its jobs' dollars, and the
     y axis the user sees runs from zero past the tallest bar."""
-    from burnrate.analyzer.pricing import load_catalog
-    from burnrate.analyzer.report import analyze
+    from burnrate.analyzer.costing.pricing import load_catalog
+    from burnrate.analyzer.output.report import analyze
     from burnrate.analyzer.sources import RecordingSource
     base, _, root = served
     _load(browser, base + "/cost", "#cost-namespace")
@@ -276,8 +276,8 @@ def test_a_jobs_panels_span_its_own_time_with_or_without_findings(served, browse
     last, and is no wider than the recording's window. A job without findings (here from a
     fleet without faults) once made the shared axis linear, squeezing every panel into a
     line at the right edge."""
-    from burnrate.analyzer.pricing import load_catalog
-    from burnrate.analyzer.report import analyze
+    from burnrate.analyzer.costing.pricing import load_catalog
+    from burnrate.analyzer.output.report import analyze
     from burnrate.analyzer.sources import RecordingSource
     from burnrate.simulator.simulate import Spec, simulate
     from tests.processes import dashboard
@@ -299,7 +299,7 @@ def test_now_on_the_fleet_page_says_which_gpus_it_counts(browser, tmp_path):
     """The demo's recording: a fleet that stops at T, then one node sampled every second.
     "Now" counts the GPUs reporting now and says how many stopped and when, instead of
     reading as a fleet that lost them."""
-    from burnrate.analyzer.timeparse import format_time
+    from burnrate.analyzer.sources.timeparse import format_time
     from burnrate.simulator.simulate import Spec, simulate
     from tests.processes import dashboard
     from tests.snapshots import record_live_node
@@ -362,8 +362,8 @@ return {bars: Array.from(g.querySelectorAll('.trace.bars .bartext')).map(t => t.
 def test_a_training_jobs_page_opens_with_where_its_money_went(served, browser):
     """The waterfall a user reads at the top of a training job's page: the job's cost, less
     each cause of badput, leaves its productive dollars, as the analysis computed them."""
-    from burnrate.analyzer.pricing import load_catalog
-    from burnrate.analyzer.report import analyze
+    from burnrate.analyzer.costing.pricing import load_catalog
+    from burnrate.analyzer.output.report import analyze
     from burnrate.analyzer.sources import RecordingSource
     from burnrate.exporter.ledger import BADPUT
     base, truth, root = served

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from burnrate.analyzer.sources import PrometheusSource
-from burnrate.analyzer.frames import Window
+from burnrate.analyzer.grid.frames import Window
 from tests.processes import agent, prometheus
 from tests.test_prometheus_scrape import heartbeat
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from burnrate.analyzer.detectors.config_file import load_detector_config
-from burnrate.analyzer.pricing import load_catalog
+from burnrate.analyzer.costing.pricing import load_catalog
 from burnrate.analyzer.sources import RecordingSource
 from burnrate.dashboard.app import create_app
 from burnrate.dashboard.data import DataService

@@ -13,8 +13,8 @@ from burnrate.exporter.recording import TABLES
 from burnrate.analyzer.detectors import DETECTORS, DetectorConfig, Views, detect_all
 from burnrate.analyzer.detectors import dataloader_starvation, diverging, gpu_error, idle_gpu, low_mfu, stalled
 from burnrate.analyzer.detectors import straggler, thermal_throttle, unallocated_gpu
-from burnrate.analyzer.views import runs
-from burnrate.analyzer.frames import Frames, Window
+from burnrate.analyzer.grid.views import runs
+from burnrate.analyzer.grid.frames import Frames, Window
 
 T0 = 1_800_000_000.0
 STEP = 15.0

@@ -22,7 +22,7 @@ import pytest
 
 from burnrate import cli
 from burnrate.analyzer.detectors import DetectorConfig
-from burnrate.analyzer.findings import KINDS
+from burnrate.analyzer.detectors.findings import KINDS
 from tests.conftest import PYTHON, ROOT
 from tests.test_readme import PAGES, TEXT, read
 
@@ -134,7 +134,7 @@ def test_the_cli_page_lists_exactly_the_flags_a_command_takes(command):
 
 
 def test_the_cli_page_names_the_time_formats_the_commands_read():
-    from burnrate.analyzer.timeparse import parse_duration, parse_time
+    from burnrate.analyzer.sources.timeparse import parse_duration, parse_time
     page = PAGES["docs/cli.md"]
     for example in ("2026-11-21T03:00:00Z", "1795230000"):
         assert f"`{example}`" in page and parse_time(example) > 0

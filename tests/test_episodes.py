@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from burnrate.analyzer.detectors import detect_all
-from burnrate.analyzer.episodes import KEYS, Config, merge_episodes
-from burnrate.analyzer.findings import KINDS, Finding
+from burnrate.analyzer.detectors.episodes import KEYS, Config, merge_episodes
+from burnrate.analyzer.detectors.findings import KINDS, Finding
 from tests.test_detectors import STEP, T0, Fleet
 
 MIN = 60.0

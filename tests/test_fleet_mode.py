@@ -18,16 +18,16 @@ import sys
 
 import pytest
 
-from burnrate.analyzer import partition
-from burnrate.analyzer.fleet import NODE_KINDS, analyze_fleet, drill_plan, read_whole
+from burnrate.analyzer.fleet import partition
+from burnrate.analyzer.fleet.mode import NODE_KINDS, analyze_fleet, drill_plan, read_whole
 from burnrate.analyzer.detectors import DetectorConfig
-from burnrate.analyzer.frames import Window
-from burnrate.analyzer.openmetrics import write_openmetrics
-from burnrate.analyzer.pricing import load_catalog
-from burnrate.analyzer.report import Report, analyze, to_document
+from burnrate.analyzer.grid.frames import Window
+from burnrate.analyzer.sources.openmetrics import write_openmetrics
+from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.output.report import Report, analyze, to_document
 from burnrate.analyzer.sources import PrometheusSource
-from burnrate.analyzer.sources.rollups import RollUpReader, RollUps
-from burnrate.analyzer.views import ANALYSIS_COLUMNS
+from burnrate.analyzer.fleet.rollups import RollUpReader, RollUps
+from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS
 from burnrate.simulator.simulate import Spec, simulate
 from tests.conftest import require
 from tests.contract_fleet import BASE_TIME, Node, Workload, backfill_prometheus, generate, import_victoria
@@ -229,7 +229,7 @@ def test_fleet_mode_finds_and_costs_what_the_per_gpu_path_does_on_prometheus(sto
 
 
 def test_reads_analysed_apart_equal_one_analysis_and_a_hole_is_no_missing_sample(stores):
-    """analyzer.partition on the hand-written fleet's per-GPU frames: every node over the whole
+    """analyzer.fleet.partition on the hand-written fleet's per-GPU frames: every node over the whole
     window, in groups by the jobs across nodes, is the one analysis to the last figure; every
     node read but for 70 minutes in the middle (more than the reach), every job read over part of its life (so no job
     joins the pieces), has the one analysis's node findings and hours, but the hole is time
@@ -368,7 +368,7 @@ def test_flagged_jobs_are_read_whole_and_flagged_nodes_around_their_flags():
 def test_stretches_with_missed_evaluations_are_joined_across_their_shortest_gaps():
     """One fill query a stretch, at most so many: the closest stretches share one (the fill
     only adds where an evaluation is missing, so the buckets between cost time, not truth)."""
-    from burnrate.analyzer.sources.rollups import _fewest, _runs
+    from burnrate.analyzer.fleet.rollups import _fewest, _runs
 
     runs = _runs([300.0, 600.0, 1500.0, 1800.0, 3000.0, 9000.0], 300.0)
     assert runs == [Window(300.0, 600.0), Window(1500.0, 1800.0), Window(3000.0, 3000.0), Window(9000.0, 9000.0)]
@@ -379,7 +379,7 @@ def test_stretches_with_missed_evaluations_are_joined_across_their_shortest_gaps
 
 def test_every_rollup_fleet_mode_reads_is_shipped():
     import yaml
-    from burnrate.analyzer.sources.rollups import GROUP, READ
+    from burnrate.analyzer.fleet.rollups import GROUP, READ
     from tests.rollup_stores import RULES
 
     with open(RULES) as fh:
@@ -393,7 +393,7 @@ def test_rules_older_than_the_gpu_count_fall_back_to_the_per_gpu_series(stores):
     from the VictoriaMetrics store."""
     from urllib.request import urlopen
 
-    from burnrate.analyzer.sources.rollups import REPORTING
+    from burnrate.analyzer.fleet.rollups import REPORTING
 
     before = analyze_fleet(PrometheusSource(stores[1], min_step_s=15.0), WINDOW, load_catalog(), interval_s=60.0)
     with urlopen(f"{stores[1]}/api/v1/admin/tsdb/delete_series?match[]={REPORTING}", timeout=30) as resp:

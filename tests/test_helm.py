@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from burnrate.analyzer.pricing import load_catalog
+from burnrate.analyzer.costing.pricing import load_catalog
 from tests import kube_tools
 from tests.conftest import ROOT
 from tests.test_manifests import (CUSTOM_RESOURCES, KUBERNETES_VERSION, MANIFESTS, _command_parser, _schema,

@@ -5,13 +5,13 @@ import pandas as pd
 import pytest
 
 from burnrate.exporter.recording import TABLES
-from burnrate.analyzer.accounting import account
-from burnrate.analyzer.views import Views
-from burnrate.analyzer.frames import Frames, Window
-from burnrate.analyzer.holding import STALENESS_S, hold_table
-from burnrate.analyzer.pricing import load_catalog
-from burnrate.analyzer.recording import empty_table
-from burnrate.analyzer.report import analyze
+from burnrate.analyzer.costing.accounting import account
+from burnrate.analyzer.grid.views import Views
+from burnrate.analyzer.grid.frames import Frames, Window
+from burnrate.analyzer.grid.holding import STALENESS_S, hold_table
+from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.sources.recording_tables import empty_table
+from burnrate.analyzer.output.report import analyze
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import RecordingSource
 from burnrate.analyzer.sources.allocation import best_allocation

@@ -153,7 +153,7 @@ def test_the_walk_sees_imports_as_written():
     tree's known arrows are seen, relative imports resolved."""
     assert forbidden({
         "burnrate.exporter.x": {"burnrate.agent.snapshot"},
-        "burnrate.dashboard.y": {"burnrate.analyzer.views", "burnrate.exporter.catalog"},
+        "burnrate.dashboard.y": {"burnrate.analyzer.grid.views", "burnrate.exporter.catalog"},
         "burnrate.agent.z": {"exporter.catalog"},
         "burnrate.trainer.m": {"burnrate.cli"},
         "burnrate.cli": {"burnrate.dashboard.app"},
@@ -161,6 +161,73 @@ def test_the_walk_sees_imports_as_written():
            ("burnrate.trainer.m", "burnrate.cli")}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}) == [{"a", "b", "c"}, {"e"}]
     edges = graph()
-    assert "burnrate.analyzer.report" in edges["burnrate.dashboard.data"]
+    assert "burnrate.analyzer.output.report" in edges["burnrate.dashboard.data"]
     assert "burnrate.exporter.server" in edges["burnrate.agent.cli"]
     assert "burnrate.agent.sampler" in edges["burnrate.agent.cli"]   # written `from .sampler import`
+
+
+# The analyzer's stages, in the order it runs them (docs/architecture.md): reading (`sources`)
+# onto the common grid (`grid`), detection (`detectors`), accounting and prices (`costing`),
+# the report (`output`); `fleet` runs them over the roll-ups. A stage imports only the stages
+# below it in STAGES and only their public names; the command line (`cli` and the `options`
+# it reads a store with) sits above them all and may import any.
+STAGES = ("grid", "sources", "detectors", "costing", "output", "fleet")
+
+
+def stage_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["burnrate", "analyzer"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in STAGES else None
+
+
+def stage_violations(edges: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(module, import) for every arrow from a stage to a later one."""
+    out = set()
+    for module, targets in edges.items():
+        source = stage_of(module)
+        for target in targets:
+            to = stage_of(target)
+            if source and to and STAGES.index(to) > STAGES.index(source):
+                out.add((module, target))
+    return out
+
+
+def private_stage_imports() -> set[tuple[str, str]]:
+    """(module, imported name) for every private name one stage takes from another."""
+    known = modules()
+    out = set()
+    for module, path in known.items():
+        source = stage_of(module)
+        if source is None:
+            continue
+        with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{anchor}.{base}" if base else anchor
+                if stage_of(base) not in (None, source):
+                    out |= {(module, f"{base}.{a.name}") for a in node.names if a.name.startswith("_")}
+    return out
+
+
+def test_every_analyzer_module_but_the_command_line_belongs_to_a_stage():
+    loose = {m for m in modules() if m.startswith("burnrate.analyzer.") and stage_of(m) is None}
+    assert loose == {"burnrate.analyzer.cli", "burnrate.analyzer.options"}
+
+
+def test_no_stage_imports_a_later_one():
+    assert stage_violations({
+        "burnrate.analyzer.grid.views": {"burnrate.analyzer.detectors.findings", "burnrate.analyzer.grid.frames"},
+        "burnrate.analyzer.costing.cost": {"burnrate.analyzer.detectors"},
+        "burnrate.analyzer.cli": {"burnrate.analyzer.fleet.mode"},
+    }) == {("burnrate.analyzer.grid.views", "burnrate.analyzer.detectors.findings")}
+    assert stage_violations(graph()) == set()
+
+
+def test_no_stage_takes_another_stages_private_names():
+    assert private_stage_imports() == set()

@@ -11,10 +11,10 @@ import pytest
 
 from burnrate.agent.telemetry.schema import validate
 from burnrate.agent.telemetry.state import RankTable
-from burnrate.analyzer.detectors import ledger_findings
-from burnrate.analyzer.ledger import Ledger, RunLedger
-from burnrate.analyzer.pricing import load_catalog
-from burnrate.analyzer.report import analyze, render_table, to_document
+from burnrate.analyzer.costing import ledger_findings
+from burnrate.analyzer.costing.ledger import Ledger, RunLedger
+from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.output.report import analyze, render_table, to_document
 from burnrate.exporter.ledger import NAMES
 from burnrate.exporter.telemetry import encode
 from burnrate.trainer.monitor import Monitor

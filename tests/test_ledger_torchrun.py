@@ -33,9 +33,9 @@ import grpc
 import pytest
 
 from burnrate.agent.attribution.podresources.v1 import api_pb2, api_pb2_grpc
-from burnrate.analyzer.cost import JobCost
-from burnrate.analyzer.pricing import load_catalog
-from burnrate.analyzer.report import analyze
+from burnrate.analyzer.costing.cost import JobCost
+from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.output.report import analyze
 from burnrate.analyzer.sources import RecordingSource
 from tests.conftest import PYTHON, ROOT
 from tests.processes import agent

@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from burnrate.analyzer.pricing import DEFAULT_CATALOG, Catalog, Price, load_catalog
+from burnrate.analyzer.costing.pricing import DEFAULT_CATALOG, Catalog, Price, load_catalog
 
 CATALOG = load_catalog()
 

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 from burnrate.exporter.recording import TABLES
-from burnrate.analyzer import resample
-from burnrate.analyzer.frames import Window
-from burnrate.analyzer.openmetrics import write_openmetrics
+from burnrate.analyzer.grid import resample
+from burnrate.analyzer.grid.frames import Window
+from burnrate.analyzer.sources.openmetrics import write_openmetrics
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import PrometheusError, PrometheusSource, RecordingSource
 from burnrate.analyzer.sources.promhttp import PrometheusHTTP, collector_paused
@@ -404,8 +404,8 @@ def test_prometheus_and_the_recording_cost_the_same_at_slower_scrapes(tmp_path, 
     """A fleet sampled every 30 or 60 s, read from its recording (at its own interval)
     and from Prometheus (at the default 15 s step, filled by holding): the same
     GPU-hours and dollars per job, and the same accounting."""
-    from burnrate.analyzer.pricing import load_catalog
-    from burnrate.analyzer.report import analyze
+    from burnrate.analyzer.costing.pricing import load_catalog
+    from burnrate.analyzer.output.report import analyze
     end = time.time() // interval * interval - 600
     recording = str(tmp_path / "rec")
     simulate(recording, Spec(nodes=2, gpus_per_node=4, hours=3.0, step_s=interval, seed=4, end=end))

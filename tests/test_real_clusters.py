@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from burnrate.analyzer.frames import Window
-from burnrate.analyzer.pricing import load_catalog
-from burnrate.analyzer.report import analyze, to_document
+from burnrate.analyzer.grid.frames import Window
+from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.output.report import analyze, to_document
 from burnrate.analyzer.sources import PrometheusSource
 from tests.contract_fleet import (BASE_TIME, Fleet, Node, Series, Workload, backfill_prometheus, fleets, generate,
                                   import_victoria)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from burnrate.agent.recording import Recorder
-from burnrate.analyzer.recording import RecordingError, load_table
+from burnrate.analyzer.sources.recording_tables import RecordingError, load_table
 from tests.conftest import PYTHON, ROOT
 from tests.snapshots import fixed_snapshot
 
@@ -97,8 +97,8 @@ def test_agent_records(tmp_path):
 @pytest.fixture
 def damaged(tmp_path):
     """A recording, read whole, then with one column file lost from its GPU table."""
-    from burnrate.analyzer.pricing import load_catalog
-    from burnrate.analyzer.report import analyze
+    from burnrate.analyzer.costing.pricing import load_catalog
+    from burnrate.analyzer.output.report import analyze
     from burnrate.analyzer.sources import RecordingSource
     from burnrate.simulator.simulate import Spec, simulate
 

@@ -1,8 +1,8 @@
 """A window's step and the reduction of finer samples to it, checked by hand."""
 import numpy as np
 
-from burnrate.analyzer.frames import Window
-from burnrate.analyzer.resample import MAX_POINTS, grid_points, reduce_rows, reduction, step_for
+from burnrate.analyzer.grid.frames import Window
+from burnrate.analyzer.grid.resample import MAX_POINTS, grid_points, reduce_rows, reduction, step_for
 from burnrate.analyzer.sources.prometheus import QUERIES
 
 

@@ -1,7 +1,7 @@
 """The alert rules fire where the analyzer's detectors do: the groups of
 manifests/alerts/burnrate-rules.yaml that mirror the detectors, and the Grafana dashboards'
-thresholds, are rendered from the detectors' `Config` (analyzer/alert_rules.py,
-analyzer/grafana_thresholds.py). The shipped files must be what the defaults render now; each
+thresholds, are rendered from the detectors' `Config` (analyzer/output/alert_rules.py,
+analyzer/output/grafana_thresholds.py). The shipped files must be what the defaults render now; each
 detector field must land in its rule, whatever its value; a team's --detector-config renders
 rules promtool accepts."""
 from __future__ import annotations
@@ -14,18 +14,18 @@ import subprocess
 import pytest
 import yaml
 
-from burnrate.analyzer import alert_rules as A
+from burnrate.analyzer.output import alert_rules as A
 from burnrate.analyzer.detectors import DetectorConfig
 from burnrate.analyzer.detectors.config_file import detector_config, dump_detector_config
-from burnrate.analyzer.grafana_thresholds import dashboard_text
-from burnrate.analyzer.thresholds import regenerated, rules_text
+from burnrate.analyzer.output.grafana_thresholds import dashboard_text
+from burnrate.analyzer.output.thresholds import regenerated, rules_text
 from burnrate.exporter import rules_yaml as Y
 from tests.conftest import PYTHON, ROOT, require
 from tests.test_alert_rules import RULES
 
 GRAFANA = os.path.join(ROOT, "manifests", "grafana")
 GENERATED = [RULES] + sorted(os.path.join(GRAFANA, name) for name in os.listdir(GRAFANA) if name.endswith(".json"))
-REGENERATE = "python -m burnrate.analyzer.thresholds manifests/alerts/burnrate-rules.yaml manifests/grafana/*.json"
+REGENERATE = "python -m burnrate.analyzer.output.thresholds manifests/alerts/burnrate-rules.yaml manifests/grafana/*.json"
 # Every figure the rules take from a detector moved off its default, none onto another's value.
 MOVED = detector_config({
     "dataloader_starvation": {"warning_share": 0.08, "critical_share": 0.4, "window_minutes": 15, "min_minutes": 25},
@@ -143,7 +143,7 @@ def test_rules_rendered_for_a_team_pass_promtool(tmp_path):
 
 
 def run(*argv: str, cwd: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "burnrate.analyzer.thresholds", *argv], cwd=cwd, capture_output=True,
+    return subprocess.run([PYTHON, "-m", "burnrate.analyzer.output.thresholds", *argv], cwd=cwd, capture_output=True,
                           text=True, timeout=60)
 
 

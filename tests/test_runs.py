@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from burnrate.analyzer.findings import iso
-from burnrate.analyzer.pricing import load_catalog
-from burnrate.analyzer.report import analyze
+from burnrate.analyzer.detectors.findings import iso
+from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.output.report import analyze
 from test_detectors import N, STEP, T0, Fleet
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from burnrate.analyzer.series import distinct_text, labelled, text
+from burnrate.analyzer.grid.series import distinct_text, labelled, text
 from burnrate.analyzer.sources.common import is_simulated
 
 VALUES = ["b", "", None, "a", "b", "x"]

@@ -8,7 +8,7 @@ import pytest
 
 from burnrate.exporter.recording import TABLES
 from burnrate.simulator import fleet as F
-from burnrate.analyzer.recording import load_table
+from burnrate.analyzer.sources.recording_tables import load_table
 from burnrate.simulator.simulate import Spec, add_arguments, run, simulate
 from burnrate.analyzer.sources import RecordingSource
 from burnrate.exporter.errors import UserError

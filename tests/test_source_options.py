@@ -1,4 +1,4 @@
-"""One set of source options for every command that reads a store (analyzer/sources/options.py):
+"""One set of source options for every command that reads a store (analyzer/options.py):
 the same flags on `analyze` and `dashboard`, one-line errors for a user's mistakes, and both
 commands reading a secured Prometheus for real: behind a proxy that demands a bearer token,
 and with Prometheus' own TLS and basic auth (its --web.config.file)."""
@@ -17,10 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from burnrate.analyzer import cli as analyze_cli
-from burnrate.analyzer.pricing import load_catalog
-from burnrate.analyzer.report import analyze
+from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.output.report import analyze
 from burnrate.analyzer.sources import PrometheusSource, RecordingSource
-from burnrate.analyzer.sources.options import SourceOptions, source_options
+from burnrate.analyzer.options import SourceOptions, source_options
 from burnrate.cli import main as burnrate
 from burnrate.dashboard import cli as dashboard_cli
 from burnrate.exporter.errors import UserError

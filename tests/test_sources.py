@@ -3,11 +3,11 @@ import pytest
 
 from burnrate.agent.recording import Recorder
 from burnrate.exporter.recording import TABLES
-from burnrate.analyzer.frames import Window
-from burnrate.analyzer.recording import RecordingError
+from burnrate.analyzer.grid.frames import Window
+from burnrate.analyzer.sources.recording_tables import RecordingError
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import RecordingSource, selector
-from burnrate.analyzer.timeparse import format_time, parse_duration, parse_time, resolve_window
+from burnrate.analyzer.sources.timeparse import format_time, parse_duration, parse_time, resolve_window
 from tests.snapshots import fixed_snapshot
 
 END = 1_800_000_000.0

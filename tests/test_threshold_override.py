@@ -13,15 +13,15 @@ import yaml
 
 from burnrate.analyzer.detectors import DetectorConfig
 from burnrate.analyzer.detectors.config_file import load_detector_config
-from burnrate.analyzer.fleet import analyze_fleet
-from burnrate.analyzer.frames import Window
-from burnrate.analyzer.grafana_thresholds import dashboard_text
-from burnrate.analyzer.openmetrics import write_openmetrics
-from burnrate.analyzer.pricing import load_catalog
+from burnrate.analyzer.fleet.mode import analyze_fleet
+from burnrate.analyzer.grid.frames import Window
+from burnrate.analyzer.output.grafana_thresholds import dashboard_text
+from burnrate.analyzer.sources.openmetrics import write_openmetrics
+from burnrate.analyzer.costing.pricing import load_catalog
 from burnrate.analyzer.sources import PrometheusSource, RecordingSource
-from burnrate.analyzer.sources.rollups import idle_threshold_note
-from burnrate.analyzer.thresholds import rules_text
-from burnrate.analyzer.views import ANALYSIS_COLUMNS
+from burnrate.analyzer.fleet.rollups import idle_threshold_note
+from burnrate.analyzer.output.thresholds import rules_text
+from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS
 from burnrate.dashboard.app import create_app
 from burnrate.dashboard.data import DataService
 from burnrate.dashboard.timerange import from_query

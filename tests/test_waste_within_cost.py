@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from burnrate.analyzer.cost import job_costs
+from burnrate.analyzer.costing.cost import job_costs
 from burnrate.analyzer.detectors import DetectorConfig
-from burnrate.analyzer.findings import KINDS, Finding
-from burnrate.analyzer.pricing import load_catalog
-from burnrate.analyzer.report import analyze
-from burnrate.analyzer.cost import CLAIM_ORDER
+from burnrate.analyzer.detectors.findings import KINDS, Finding
+from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.output.report import analyze
+from burnrate.analyzer.costing.cost import CLAIM_ORDER
 from burnrate.analyzer.sources import RecordingSource
 from burnrate.dashboard.aggregate import job_table
 from burnrate.demo import live_config

@@ -21,13 +21,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from burnrate.agent.recording import open_recording
-from burnrate.analyzer import resample
+from burnrate.analyzer.grid import resample
 from burnrate.analyzer.detectors import DetectorConfig
 from burnrate.analyzer.detectors.config_file import detector_config, dump_detector_config
-from burnrate.analyzer.episodes import identity
-from burnrate.analyzer.frames import Window
-from burnrate.analyzer.pricing import load_catalog
-from burnrate.analyzer.report import analyze
+from burnrate.analyzer.detectors.episodes import identity
+from burnrate.analyzer.grid.frames import Window
+from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.output.report import analyze
 from burnrate.analyzer.sources.recording import RecordingSource
 from burnrate.demo import live_config
 from burnrate.exporter.recording import TABLES

@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from burnrate.analyzer import workers
-from burnrate.analyzer.pricing import load_catalog
-from burnrate.analyzer.report import analyze, render_json
+from burnrate.analyzer.grid import workers
+from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.output.report import analyze, render_json
 from burnrate.analyzer.sources import RecordingSource
 from burnrate.simulator.simulate import Spec, simulate
 

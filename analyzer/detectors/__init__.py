@@ -5,7 +5,7 @@ module's `Config` dataclass.
 `detect_all` runs them over one shared set of views and drops findings another
 finding already explains, so that one problem is reported (and its waste counted)
 once: a hung job's idle GPUs are the stall. It then merges what is left into
-episodes (analyzer.episodes): one finding per problem, not per GPU and stretch.
+episodes (analyzer.detectors.episodes): one finding per problem, not per GPU and stretch.
 """
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .. import episodes, workers
-from ..findings import Finding
-from ..frames import Frames
-from . import (dataloader_starvation, diverging, gpu_error, idle_gpu, ledger_findings, low_mfu, stalled, straggler,
+from . import episodes
+from ..grid import workers
+from .findings import Finding
+from ..grid.frames import Frames
+from . import (dataloader_starvation, diverging, gpu_error, idle_gpu, ledger_thresholds, low_mfu, stalled, straggler,
                thermal_throttle, unallocated_gpu, underused_gpu)
-from ..workloads import TRAINING
-from ..views import Views
+from ..grid.workloads import TRAINING
+from ..grid.views import Views
 
 DETECTORS: dict[str, Callable[..., list[Finding]]] = {
     "dataloader_starvation": dataloader_starvation.detect,
@@ -62,7 +63,7 @@ class DetectorConfig:
     low_mfu: low_mfu.Config = field(default_factory=low_mfu.Config)
     underused_gpu: underused_gpu.Config = field(default_factory=underused_gpu.Config)
     episodes: episodes.Config = field(default_factory=episodes.Config)
-    ledger: ledger_findings.Config = field(default_factory=ledger_findings.Config)
+    ledger: ledger_thresholds.Config = field(default_factory=ledger_thresholds.Config)
 
 
 def detect_all(data: Frames | Views, config: DetectorConfig = DetectorConfig()) -> list[Finding]:

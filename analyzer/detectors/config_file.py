@@ -18,7 +18,7 @@ import typing
 
 import yaml
 
-from ..yamlfile import read_yaml
+from ..sources.yamlfile import read_yaml
 from . import DetectorConfig
 
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..findings import Finding
-from ..frames import Frames
-from ..views import Views, fmean, runs, window_sum
+from .findings import Finding
+from ..grid.frames import Frames
+from ..grid.views import Views, fmean, runs, window_sum
 
 KIND = "dataloader_starvation"
 ADVICE = ("Feed the GPUs faster: more DataLoader workers with pin_memory=True and prefetching, "

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..findings import Finding, iso
-from ..frames import Frames
-from ..views import Views, median_over_rows, trailing_mean
+from .findings import Finding, iso
+from ..grid.frames import Frames
+from ..grid.views import Views, median_over_rows, trailing_mean
 
 KIND = "diverging"
 
@@ -44,7 +44,7 @@ def _sustained_spike(values: np.ndarray, mean: np.ndarray, fresh: np.ndarray, ra
     the mean before that bin, or -1. The level is held from the spike's start: a
     trailing mean that took in the spike would soon call a blown-up loss normal.
     Only `fresh` bins are reports: a step finer than the reports repeats each one into
-    several bins (analyzer.holding), and one bad batch must not count three times."""
+    several bins (analyzer.grid.holding), and one bad batch must not count three times."""
     report = np.flatnonzero(fresh)
     values, level = values[report], mean[report]
     with np.errstate(invalid="ignore"):
@@ -59,7 +59,7 @@ def _sustained_spike(values: np.ndarray, mean: np.ndarray, fresh: np.ndarray, ra
 def _fresh(v: Views, rows: np.ndarray, present: np.ndarray) -> np.ndarray:
     """The bins where a new report arrived: a new sample in which some rank's step
     counter moved, or its series began. A sample held over into later bins is no
-    new report, though the steps it stands for are spread over them (analyzer.views).
+    new report, though the steps it stands for are spread over them (analyzer.grid.views).
     Without step counters every bin with a new sample counts."""
     sampled = present if v.rank.sampled is None else v.rank.sampled[rows]
     seen = present.any(axis=0)

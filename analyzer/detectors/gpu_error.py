@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..findings import Finding
-from ..frames import Frames
-from ..views import Views, build_grid, counter_delta, holder_of, runs
+from .findings import Finding
+from ..grid.frames import Frames
+from ..grid.views import Views, build_grid, counter_delta, holder_of, runs
 
 KIND = "gpu_error"
 # NVIDIA's XID catalog: codes that mean the GPU (or its memory or links) needs

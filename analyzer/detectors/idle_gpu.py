@@ -11,10 +11,10 @@ import numpy as np
 
 from burnrate.exporter.catalog import IDLE_UTIL_PCT
 
-from ..findings import Finding
-from ..frames import Frames
-from ..workloads import INTERACTIVE, SERVING
-from ..views import Views, fmean, runs
+from .findings import Finding
+from ..grid.frames import Frames
+from ..grid.workloads import INTERACTIVE, SERVING
+from ..grid.views import Views, fmean, runs
 
 KIND = "idle_gpu"
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..findings import Finding
-from ..frames import Frames
-from ..views import Views
+from .findings import Finding
+from ..grid.frames import Frames
+from ..grid.views import Views
 
 KIND = "low_mfu"
 

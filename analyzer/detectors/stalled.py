@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..findings import Finding, iso
-from ..frames import Frames
-from ..views import Views, fmean, runs
+from .findings import Finding, iso
+from ..grid.frames import Frames
+from ..grid.views import Views, fmean, runs
 
 KIND = "stalled"
 
@@ -60,7 +60,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
             held = rank.present[rows].sum(axis=0).astype(np.float64)
         if not (held > 0).any():
             continue
-        # Steps are spread over the time each sample stands for (analyzer.views), so a job
+        # Steps are spread over the time each sample stands for (analyzer.grid.views), so a job
         # sampled every 15 s on a 1 s grid makes steps in every second, not in one of 15.
         progress = (np.nan_to_num(steps) > 0).any(axis=0)
         # Where a rank reports but no sample says whether it stepped (its first in the

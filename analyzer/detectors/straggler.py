@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..findings import Finding
-from ..frames import Frames
-from ..views import Views, block_sum, fmean, median_over_rows, runs
+from .findings import Finding
+from ..grid.frames import Frames
+from ..grid.views import Views, block_sum, fmean, median_over_rows, runs
 
 KIND = "straggler"
 ADVICE = ("Cordon and drain the straggler's node (or replace the GPU) and restart from the last checkpoint; "

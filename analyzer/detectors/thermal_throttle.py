@@ -12,9 +12,9 @@ import pandas as pd
 
 from burnrate.exporter import throttle
 
-from ..findings import Finding
-from ..frames import Frames
-from ..views import Views, fmean, holder_of, runs
+from .findings import Finding
+from ..grid.frames import Frames
+from ..grid.views import Views, fmean, holder_of, runs
 
 KIND = "thermal_throttle"
 
@@ -42,7 +42,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
     has = np.isfinite(clock).any(axis=1)
     peak[has] = np.nanmax(clock[has], axis=1)
     model = gpu.keys["modelName"].astype(str).to_numpy()
-    # Fleet mode's parts are given the peaks of all its GPUs (analyzer.partition).
+    # Fleet mode's parts are given the peaks of all its GPUs (analyzer.fleet.partition).
     usual = v.frames.usual_peak_sm_clock_mhz or _median_by_model(peak, model)
     ref = np.array([usual.get(name, np.nan) for name in model], np.float64)
     with np.errstate(invalid="ignore"):

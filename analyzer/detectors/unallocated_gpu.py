@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..findings import Finding
-from ..frames import Frames
-from ..views import Views, fmean, runs
+from .findings import Finding
+from ..grid.frames import Frames
+from ..grid.views import Views, fmean, runs
 
 KIND = "unallocated_gpu"
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..findings import Finding
-from ..frames import Frames
-from ..workloads import INTERACTIVE, SERVING
-from ..views import Views, fmean
+from .findings import Finding
+from ..grid.frames import Frames
+from ..grid.workloads import INTERACTIVE, SERVING
+from ..grid.views import Views, fmean
 
 KIND = "underused_gpu"
 

@@ -1,6 +1,6 @@
 """Where frames come from: a Prometheus server or a local recording.
 
-Both sources yield the same `Frames` for a window (analyzer.frames), so every
+Both sources yield the same `Frames` for a window (analyzer.grid.frames), so every
 detector and the cost model work on either.
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pandas.api.types import union_categoricals
 
 from burnrate.exporter import labels as L
 
-from ..series import labelled
+from ..grid.series import labelled
 
 SHARE_RATIO = "share_ratio"
 ALLOCATED = "allocated"

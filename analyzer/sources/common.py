@@ -9,9 +9,9 @@ import pandas as pd
 from burnrate.exporter.labels import SIMULATED
 from burnrate.exporter.recording import TABLES
 
-from ..frames import Window
-from ..resample import step_for
-from ..series import distinct_text
+from ..grid.frames import Window
+from ..grid.resample import step_for
+from ..grid.series import distinct_text
 
 TRAINING_TELEMETRY = "training telemetry"
 NODE_PRICING_LABELS = "node pricing labels"

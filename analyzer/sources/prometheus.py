@@ -35,12 +35,12 @@ from burnrate.exporter.recording import TABLES
 from burnrate.exporter import catalog as C
 from burnrate.exporter import labels as L
 
-from ..frames import OWNER_COLUMNS, Frames, Window, empty_owners
-from ..recording import empty_table
-from ..holding import hold
-from ..resample import MAX_POINTS, reduction, step_for
-from ..series import distinct_text, labelled, text
-from ..timeparse import parse_duration
+from ..grid.frames import OWNER_COLUMNS, Frames, Window, empty_owners
+from .recording_tables import empty_table
+from ..grid.holding import hold
+from ..grid.resample import MAX_POINTS, reduction, step_for
+from ..grid.series import distinct_text, labelled, text
+from .timeparse import parse_duration
 from .common import DEFAULT_STEP_S, Progress, column_order, is_simulated, missing_signals, within
 from .allocation import best_allocation, empty_alloc
 from .promhttp import PrometheusError, PrometheusHTTP, collector_paused
@@ -123,7 +123,7 @@ def _queries() -> list[_Query]:
 QUERIES = _queries()
 QUERIES += _renamed(QUERIES)
 # Where a step holds several samples, how many each series had: how much of the step
-# it covered (analyzer.holding). Asked only for what GPU-time is made of.
+# it covered (analyzer.grid.holding). Asked only for what GPU-time is made of.
 COUNTS = [_Query("gpu", "sample_count", "DCGM_FI_DEV_GPU_UTIL", C.DEVICE_POD, "count"),
           _Query("alloc", "sample_count", "burnrate_gpu_allocation_share_ratio", C.DEVICE_POD, "count"),
           _Query("alloc", "sample_count", "burnrate_gpu_allocated", C.DEVICE_POD, "count",
@@ -150,7 +150,7 @@ class PrometheusSource:
     series must carry it; kube-state-metrics' and OpenCost's may also lack it, where
     the cluster's name is put on by its agents alone. `min_step_s` is
     the shortest scrape interval of the GPU exporters: no step is shorter (any
-    interval reads true, analyzer.holding; this only saves points). None asks the
+    interval reads true, analyzer.grid.holding; this only saves points). None asks the
     server's targets (`scrape_interval_hint`), else takes 15 s. `chunk_points` bounds the steps of
     one request, so that long windows over many GPUs come in pieces Prometheus
     and this process both handle comfortably.

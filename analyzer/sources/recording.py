@@ -10,12 +10,12 @@ import pandas as pd
 
 from burnrate.exporter.recording import TABLES
 
-from ..frames import Frames, Window
-from ..recording import Span, check, complete_rows, damage, empty_table, load_table, segments
-from ..holding import STALENESS_S, hold, series_intervals
+from ..grid.frames import Frames, Window
+from .recording_tables import Span, check, complete_rows, damage, empty_table, load_table, segments
+from ..grid.holding import STALENESS_S, hold, series_intervals
 from .allocation import SHARE_RATIO
 from .common import DEFAULT_STEP_S, Progress, is_simulated, missing_signals, within
-from ..resample import grid_points, step_for
+from ..grid.resample import grid_points, step_for
 
 SIMULATED_MARKER = "simulated.json"
 STEP_SAMPLE_ROWS = 100_000   # enough rows to see many sample times, cheap to read
@@ -72,7 +72,7 @@ class RecordingSource:
     def frames(self, window: Window | None = None, columns: Mapping[str, Sequence[str]] | None = None,
                progress: Progress | None = None) -> Frames:
         """The tables within `window` (inclusive; the whole recording when None), at
-        the window's step (analyzer.resample). `columns` names the value
+        the window's step (analyzer.grid.resample). `columns` names the value
         columns to read per table; tables it leaves out come back empty.
         `progress(done, total)` is told how many rows are read so far."""
         data = time_range(self.root)

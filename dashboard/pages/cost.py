@@ -4,8 +4,8 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, callback, ctx, html, no_update
 
-from burnrate.analyzer.accounting import COVERAGE_WARNING
-from burnrate.analyzer.report import Report
+from burnrate.analyzer.costing.accounting import COVERAGE_WARNING
+from burnrate.analyzer.output.report import Report
 
 from ..aggregate import badput_timeline, cost_summary, namespace_goodput
 from ..data import Analysis

@@ -4,8 +4,8 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, callback, dash_table, dcc, html, no_update
 
-from burnrate.analyzer.findings import KINDS, SEVERITIES
-from burnrate.analyzer.report import SEVERITY_ORDER
+from burnrate.analyzer.detectors.findings import KINDS, SEVERITIES
+from burnrate.analyzer.output.report import SEVERITY_ORDER
 
 from ..aggregate import finding_rows
 from ..data import Analysis

@@ -4,8 +4,8 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, callback, dash_table, html
 
-from burnrate.analyzer.cost import wasted_dollars
-from burnrate.analyzer.timeparse import format_time
+from burnrate.analyzer.costing.cost import wasted_dollars
+from burnrate.analyzer.sources.timeparse import format_time
 
 from ..aggregate import finding_rows
 from ..data import Analysis

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, callback, dcc, html
 
-from burnrate.analyzer.cost import JobCost
+from burnrate.analyzer.costing.cost import JobCost
 
 from ..aggregate import job_detail, unmeasured
 from ..data import Analysis

@@ -9,7 +9,7 @@ import re
 import time
 from datetime import datetime, timezone
 
-from .frames import Window
+from ..grid.frames import Window
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
 _PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")

@@ -5,7 +5,7 @@ twice in a dev pod, is two runs with two costs. A new run starts where the job's
 trainer telemetry comes back after a silence longer than the staleness bound (its
 ranks were gone, not late), or where its world size changes (a new world), unless it
 comes back resumed from a checkpoint (`resumed_from` above 0): that is the same job
-restarted, whose restart and lost progress the ledger counts (analyzer.ledger). Where a
+restarted, whose restart and lost progress the ledger counts (analyzer.costing.ledger). Where a
 job has more than one run in the window, each run is named `<job>@<start>` (its
 start in ISO-8601), and the job's allocations follow the runs in time: GPUs held
 after a run's last report, until the next run, are that run's.
@@ -19,8 +19,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from .findings import iso
-from .frames import Frames
+from .frames import Frames, iso
 from .holding import STALENESS_S
 from .series import series_numbers
 

@@ -39,7 +39,7 @@ RANK_TIMES = ("last_step_time", "last_checkpoint_time", "start_time")
 RANK_STEPS = ("global_step", "resumed_from")
 RANK_GAUGES = ("mfu", "loss", "grad_norm") + RANK_TIMES + RANK_STEPS
 GPU_SIGNALS = ("gpu_util", "up", "sm_clock_mhz", "throttle_reasons")
-HELD = ("held_s",)    # seconds each sample stands for (analyzer.holding)
+HELD = ("held_s",)    # seconds each sample stands for (analyzer.grid.holding)
 # The value columns the detectors and the cost model read, per table: what a
 # source needs to fetch for an analysis (the dashboard's charts read more).
 ANALYSIS_COLUMNS = {"gpu": GPU_SIGNALS, "alloc": ("share",), "rank": RANK_COUNTERS + RANK_GAUGES,
@@ -51,7 +51,7 @@ class Grid:
     keys: pd.DataFrame                 # one row per series, label columns, RangeIndex = row number
     values: dict[str, np.ndarray]      # column -> (series, time) array, NaN where absent
     present: np.ndarray                # (series, time) bool: a sample exists
-    sampled: np.ndarray | None = None  # (series, time) bool: a new sample, not one held over (analyzer.holding)
+    sampled: np.ndarray | None = None  # (series, time) bool: a new sample, not one held over (analyzer.grid.holding)
 
     @property
     def size(self) -> int:
@@ -75,7 +75,7 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
     """`counters` become per-bin increases (counter_delta), spread over the bins their
     sample stands for where the frame says which rows are held over (`spread`);
     `summed` columns add up the rows that fall in one bin (time held,
-    analyzer.holding) where others keep the last; float64 columns stay float64 only
+    analyzer.grid.holding) where others keep the last; float64 columns stay float64 only
     when named in `wide` (all of them when it is None): a week of timestamps needs the
     precision, a loss or an increase does not."""
     codes, keys = series_codes(frame, by, labels)
@@ -118,7 +118,7 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
 
 def _owners(present: np.ndarray, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each bin, the bin of the sample whose increase covers it and how many bins that
-    increase covers: a sample held over into later bins (analyzer.holding) is no new
+    increase covers: a sample held over into later bins (analyzer.grid.holding) is no new
     report, so the next sample's increase happened across them all. Known is False
     where no later sample tells (the last sample's interval, or one the series left)."""
     s, n = present.shape
@@ -363,7 +363,7 @@ class Views:
 
     @cached_property
     def classes(self) -> dict[tuple[str, str], WorkloadClass]:
-        """Each job's workload class and the evidence for it (analyzer.workloads)."""
+        """Each job's workload class and the evidence for it (analyzer.grid.workloads)."""
         pods: dict[tuple[str, str], set[str]] = {}
         for grid in (self.alloc, self.rank):
             names = grid.keys["pod"].to_numpy()

@@ -1,4 +1,4 @@
-"""`python -m burnrate.analyzer.thresholds [--detector-config FILE] [--check] [FILE ...]`: the
+"""`python -m burnrate.analyzer.output.thresholds [--detector-config FILE] [--check] [FILE ...]`: the
 generated parts of a rules file and of the Grafana dashboards, from the detectors' thresholds
 (docs/thresholds.md).
 
@@ -18,8 +18,8 @@ from burnrate.exporter import ledger_rules
 from burnrate.exporter import rules_yaml as Y
 
 from . import alert_rules
-from .detectors import DetectorConfig
-from .detectors.config_file import DetectorConfigError, load_detector_config
+from ..detectors import DetectorConfig
+from ..detectors.config_file import DetectorConfigError, load_detector_config
 from .grafana_thresholds import DashboardError, dashboard_text
 
 
@@ -35,7 +35,7 @@ def regenerated(path: str, text: str, config: DetectorConfig = DetectorConfig())
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m burnrate.analyzer.thresholds",
+    parser = argparse.ArgumentParser(prog="python -m burnrate.analyzer.output.thresholds",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", metavar="FILE",
                         help="a rules file (.yaml) or a burnrate Grafana dashboard (.json), rewritten in place")

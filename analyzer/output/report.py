@@ -11,16 +11,17 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .accounting import COVERAGE_WARNING, Accounting, account, added
-from .cost import AdviceConfig, GpuPrices, JobCost, gpu_prices, job_costs, job_prior_mtbf
-from .detectors import DetectorConfig, detect_all, ledger_findings, order
-from .findings import Finding, iso
-from .frames import Frames, Window
-from .ledger import job_ledgers
-from .workloads import TRAINING
+from ..costing.accounting import COVERAGE_WARNING, Accounting, account, added
+from ..costing.cost import AdviceConfig, GpuPrices, JobCost, gpu_prices, job_costs, job_prior_mtbf
+from ..detectors import DetectorConfig, detect_all, order
+from ..costing import ledger_findings
+from ..detectors.findings import Finding, iso
+from ..grid.frames import Frames, Window
+from ..costing.ledger import job_ledgers
+from ..grid.workloads import TRAINING
 from burnrate.exporter.ledger import BADPUT, NAMES, PRODUCTIVE
-from .pricing import Catalog
-from .views import Views
+from ..costing.pricing import Catalog
+from ..grid.views import Views
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -62,7 +63,7 @@ def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorC
 
 def combine(frames: Frames, reports: list[Report]) -> Report:
     """One report of the analyses of parts of `frames` that no detector relates
-    (analyzer.partition): their findings, jobs and GPU-hours together. A job analysed in
+    (analyzer.fleet.partition): their findings, jobs and GPU-hours together. A job analysed in
     several parts is listed once for each."""
     if len(reports) == 1:
         return replace(reports[0], window=frames.window)

@@ -22,7 +22,7 @@ samples. Two regimes follow from it:
 `held_s` is added to the gpu and alloc tables (what GPU-time is made of); every
 table is filled in the fine regime. The rank table also gets `repeated`: True on the
 rows filled in, which are no new report, so that a counter's increase is known to
-stand for the whole interval up to the sample that shows it (analyzer.views), and a
+stand for the whole interval up to the sample that shows it (analyzer.grid.views), and a
 detector tells a new report from one held over.
 """
 from __future__ import annotations

@@ -17,8 +17,8 @@ import pandas as pd
 from burnrate.exporter import catalog as C
 from burnrate.exporter import labels as L
 
-from .frames import Window
-from .recording import load_table
+from ..grid.frames import Window
+from .recording_tables import load_table
 
 # (table, metric, value column or a constant, label columns, extra labels, keep NaN)
 _Family = tuple[str, C.MetricSpec, "str | float", tuple[str, ...], dict[str, str], bool]
@@ -87,7 +87,7 @@ def write_openmetrics(root: str, out: IO[str], window: Window | None = None,
                       columns: Mapping[str, Sequence[str]] | None = None, end: bool = True) -> int:
     """Writes the recording at `root` to `out`; returns the number of samples written.
     `columns` keeps only those value columns per table (and the series that stand for a
-    constant: allocation, node info), e.g. the analysis' own (analyzer.views.ANALYSIS_COLUMNS);
+    constant: allocation, node info), e.g. the analysis' own (analyzer.grid.views.ANALYSIS_COLUMNS);
     `end=False` leaves out `# EOF`, for more families to follow."""
     written = 0
     tables: dict[str, pd.DataFrame] = {}

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 from burnrate.exporter.errors import UserError
 
-from ..detectors import DetectorConfig
-from ..detectors.config_file import DetectorConfigError, load_detector_config
-from ..frames import Window
-from ..pricing import Catalog, PricingError, load_catalog
-from ..recording import RecordingError
-from .prometheus import PrometheusError, PrometheusSource
-from .recording import RecordingSource
+from .detectors import DetectorConfig
+from .detectors.config_file import DetectorConfigError, load_detector_config
+from .grid.frames import Window
+from .costing.pricing import Catalog, PricingError, load_catalog
+from .sources.recording_tables import RecordingError
+from .sources.prometheus import PrometheusError, PrometheusSource
+from .sources.recording import RecordingSource
 
 ALL_CLUSTERS = "all"
 # The flags that only a Prometheus store takes, by the option's attribute.

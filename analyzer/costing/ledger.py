@@ -32,8 +32,8 @@ import numpy as np
 from burnrate.exporter.ledger import COUNTED, NAMES, PRODUCTIVE
 
 from .accounting import Accounting, holder_seconds
-from .detectors.stalled import Config as StalledConfig
-from .views import Views
+from ..detectors.stalled import Config as StalledConfig
+from ..grid.views import Views
 
 _I = {name: i for i, name in enumerate(NAMES)}
 # The categories a step's own time is split into; a stall is taken out of them.

@@ -78,7 +78,7 @@ def reduce_rows(t: np.ndarray, series: np.ndarray, n_series: int, values: dict[s
             extreme = np.full(size, -np.inf if how == "max" else np.inf, v.dtype)
             (np.maximum if how == "max" else np.minimum).at(extreme, group, v)
             out[name] = extreme[held]
-    # How many samples each point holds: how much of its step a series covered (analyzer.holding).
+    # How many samples each point holds: how much of its step a series covered (analyzer.grid.holding).
     out["sample_count"] = count[held].astype(np.float32)
     rows_point, rows_series = np.divmod(held, n_series)
     return first + (rows_point + p0) * step, rows_series, out

@@ -1,13 +1,13 @@
 """Fleet mode: the store's roll-ups for the whole fleet, per-GPU series only where a
 roll-up flags something.
 
-1. The roll-ups (analyzer.sources.rollups) give every job's and node's GPU-seconds and
+1. The roll-ups (analyzer.fleet.rollups) give every job's and node's GPU-seconds and
    the flags: the jobs and nodes where some detector could fire.
 2. The nodes to read per GPU, and over which part of the window: a flagged node around
    where its flags held, the nodes of a flagged job over that job's whole life, and nodes
    with GPUs the roll-ups miss over all of it. What is read is analysed as the per-GPU
    path does, in groups that no detector relates, each over its own stretch
-   (analyzer.partition).
+   (analyzer.fleet.partition).
 3. Every other job (one with trainer telemetry that no flag names) is costed from its
    roll-ups at its node's price; it has no finding of its own, by the flags' construction,
    even where part of its life was read beside a flagged node (whose findings it keeps, and
@@ -27,22 +27,22 @@ import pandas as pd
 
 from burnrate.exporter import labels as L
 
-from . import episodes
-from .accounting import Accounting, covered, lifetime, node_figures, node_lifetime
-from .cost import (AdviceConfig, JobCost, NodePrice, advice_basis, capacity_advice, checkpoint_advice, node_price,
-                   sum_known)
-from .detectors import DetectorConfig
-from .findings import KINDS
-from .frames import Frames, Window
-from .pricing import Catalog
+from ..detectors import episodes
+from ..costing.accounting import Accounting, covered, lifetime, node_figures, node_lifetime
+from ..costing.cost import (AdviceConfig, JobCost, NodePrice, advice_basis, capacity_advice,
+                            checkpoint_advice, node_price, sum_known)
+from ..detectors import DetectorConfig
+from ..detectors.findings import KINDS
+from ..grid.frames import Frames, Window
+from ..costing.pricing import Catalog
 from .partition import analyze_apart
-from .report import Report, report_notes
-from .series import labelled, series_codes, text
-from .sources.common import NODE_PRICING_LABELS, TRAINING_TELEMETRY, Progress, missing_signals, within
-from .sources.prometheus import PrometheusSource, dcgm_only
-from .sources.rollups import BARE, RATE_WINDOW_S, RollUpReader, RollUps
-from .views import ANALYSIS_COLUMNS, job_name
-from .workloads import TRAINING
+from ..output.report import Report, report_notes
+from ..grid.series import labelled, series_codes, text
+from ..sources.common import NODE_PRICING_LABELS, TRAINING_TELEMETRY, Progress, missing_signals, within
+from ..sources.prometheus import PrometheusSource, dcgm_only
+from .rollups import BARE, RATE_WINDOW_S, RollUpReader, RollUps
+from ..grid.views import ANALYSIS_COLUMNS, job_name
+from ..grid.workloads import TRAINING
 
 Job = tuple[str, str]
 # Findings about a node or its GPUs rather than a job's own run (episodes tells them by what
@@ -272,7 +272,7 @@ def _job_cost(rollups: RollUps, job: Job, prices: dict[str, NodePrice], advice: 
 
 def _advice(rollups: RollUps, job: Job, gpus: float, held: dict[str, float], prices: dict[str, NodePrice],
             caps: set[str], config: AdviceConfig) -> dict[str, object]:
-    """As the per-GPU path advises (analyzer.cost), from the job's roll-ups: its hours are its
+    """As the per-GPU path advises (analyzer.costing.cost), from the job's roll-ups: its hours are its
     GPU-hours over its GPUs (a roll-up over 5 minutes runs on past the job's end), and prices
     are averaged over its nodes by the GPU-time it spent on each."""
     out = checkpoint_advice(gpus, len(held), rollups.checkpoint_interval_s.get(job), config)
@@ -299,7 +299,7 @@ def _accounting(drilled: Accounting | None, rollups: RollUps, hosts: list[str],
     per_node = dict(drilled.per_node)
     observed, allocated, idle = (rollups.per_host(x) for x in (rollups.observed, rollups.allocated, rollups.idle))
     seen = {host: rollups.evaluations.get(host, 0.0) * rollups.interval_s for host in hosts}
-    # In GPU-seconds, as analyzer.accounting counts a lifetime: observed over coverage.
+    # In GPU-seconds, as analyzer.costing.accounting counts a lifetime: observed over coverage.
     life = {host: observed.get(host, 0.0) * rollups.lifetime_s.get(host, 0.0) / seen[host] if seen[host] else 0.0
             for host in hosts}
     for host in hosts:

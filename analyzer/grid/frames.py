@@ -8,14 +8,15 @@ exposes them; detectors take differences. A source that cannot provide a table
 it in `missing`.
 
 Columns come beyond the recording's: `held_s` on the gpu and alloc tables, the
-seconds each row stands for (analyzer.holding: what GPU-time is made of, true at
+seconds each row stands for (analyzer.grid.holding: what GPU-time is made of, true at
 any scrape interval), `signal` on the alloc table, the allocation signal the
 row was read from (analyzer.sources.allocation); and `repeated` on the rank table, True
-on the rows analyzer.holding filled in, a sample held over rather than a new one.
+on the rows analyzer.grid.holding filled in, a sample held over rather than a new one.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import pandas as pd
 
@@ -43,7 +44,7 @@ class Frames:
     # node_gpu_hourly_cost: negotiated and spot rates included).
     gpu_hour_prices: dict[str, float] = field(default_factory=dict)
     # Each GPU model's usual peak SM clock where it is known from more GPUs than these frames
-    # hold (fleet mode's parts: analyzer.partition); otherwise the thermal detector takes it
+    # hold (fleet mode's parts: analyzer.fleet.partition); otherwise the thermal detector takes it
     # from the GPUs here.
     usual_peak_sm_clock_mhz: dict[str, float] = field(default_factory=dict)
 
@@ -54,3 +55,8 @@ OWNER_COLUMNS = ("namespace", "pod", "owner_kind", "owner_name")
 def empty_owners() -> pd.DataFrame:
     """Pod -> the controller that owns it (kube-state-metrics' kube_pod_owner), where known."""
     return pd.DataFrame({c: pd.Series(dtype=object) for c in OWNER_COLUMNS})
+
+
+def iso(t: float) -> str:
+    """A time as the report writes it: ISO-8601 in UTC to the second, `Z` for the zone."""
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")

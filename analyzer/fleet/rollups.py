@@ -30,9 +30,9 @@ from burnrate.exporter import labels as L
 from burnrate.exporter.catalog import IDLE_UTIL_PCT
 
 from ..detectors import DetectorConfig
-from ..frames import Window
-from ..resample import MAX_POINTS
-from .prometheus import GPU_SERIES, HOSTNAME_SPELLINGS, PrometheusSource, matching, selector
+from ..grid.frames import Window
+from ..grid.resample import MAX_POINTS
+from ..sources.prometheus import GPU_SERIES, HOSTNAME_SPELLINGS, PrometheusSource, matching, selector
 
 GROUP = "burnrate-rollups"
 DEFAULT_INTERVAL_S = 60.0

@@ -1,4 +1,4 @@
-"""Findings read from the ledger (analyzer.ledger), where acting on them pays:
+"""Findings read from the ledger (analyzer.costing.ledger), where acting on them pays:
 
 - `lost_progress`: restarts cost more recomputed steps than a sensible checkpoint interval
   would. The interval to use is Daly's refinement of Young's, τ = √(2·C·M) − C (Young 1974;
@@ -9,44 +9,16 @@
   optimum (C/τ), by more than `Config.overhead_factor`.
 - `slow_startup`: a run took longer than `Config.startup_minutes` from its start to its first
   step.
+
+The thresholds are the detectors' (analyzer/detectors/ledger_thresholds.py).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from ..detectors.findings import Finding
+from ..detectors.ledger_thresholds import CHECKPOINT_OVERHEAD, KINDS, LOST_PROGRESS, SLOW_STARTUP, Config, advised_interval
+from .ledger import Ledger
 
-from ..findings import Finding
-
-if TYPE_CHECKING:       # the ledger reads the stalled detector's config: no import cycle at run time
-    from ..ledger import Ledger
-
-LOST_PROGRESS, CHECKPOINT_OVERHEAD, SLOW_STARTUP = "lost_progress", "checkpoint_overhead", "slow_startup"
-KINDS = (LOST_PROGRESS, CHECKPOINT_OVERHEAD, SLOW_STARTUP)
-
-
-@dataclass(frozen=True)
-class Config:
-    lost_factor: float = 1.5
-    """Lost progress per restart above this many times the expected loss at the advised interval
-    (half an interval) is a finding: restarts land anywhere in an interval, so up to a whole one
-    is lost by chance; 1.5 halves leaves room for that without hiding a cadence far too long."""
-    overhead_factor: float = 2.0
-    """Blocking saves above twice the optimal share of the loop (C/τ) are worth changing: at the
-    optimum, saving and recomputing cost the same, and the total is flat near it."""
-    overhead_min_share: float = 0.02
-    """...and above 2% of the loop's time: below that, no change of cadence pays for a look."""
-    startup_minutes: float = 10.0
-    """A run that takes longer than this to its first step: a large image pulled each time, a
-    model or data set loaded over the network, a slow checkpoint restore."""
-
-
-def advised_interval(save_seconds: float, mtbf_seconds: float) -> float:
-    """Daly's first-order optimum checkpoint interval (work between saves), τ = √(2CM) − C;
-    Young's √(2CM) where C is not small against M."""
-    young = math.sqrt(2.0 * save_seconds * mtbf_seconds)
-    return young - save_seconds if save_seconds < 2.0 * mtbf_seconds else young
-
+__all__ = ["KINDS", "Config", "advised_interval", "detect", "mtbf"]
 
 def detect(ledgers: dict[tuple[str, str], Ledger], prior_mtbf_s: dict[tuple[str, str], float | None],
            config: Config = Config()) -> list[Finding]:

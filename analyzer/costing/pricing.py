@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .yamlfile import read_yaml
+from ..sources.yamlfile import read_yaml
 
 DEFAULT_CATALOG = os.path.join(os.path.dirname(__file__), "prices.yaml")
 SPOT = "spot"

@@ -25,13 +25,13 @@ from typing import Collection, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .cost import AdviceConfig
-from .detectors import DetectorConfig
-from .detectors.thermal_throttle import usual_peaks
-from .frames import Frames, Window
-from .pricing import Catalog
-from .report import Report, analyze, combine
-from .views import job_name
+from ..costing.cost import AdviceConfig
+from ..detectors import DetectorConfig
+from ..detectors.thermal_throttle import usual_peaks
+from ..grid.frames import Frames, Window
+from ..costing.pricing import Catalog
+from ..output.report import Report, analyze, combine
+from ..grid.views import job_name
 
 Job = tuple[str, str]
 Piece = tuple[str, Window]        # a node over a part of the window

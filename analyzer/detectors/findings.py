@@ -1,16 +1,17 @@
 """The Finding record: one problem, where it happened, what it cost and what to do.
 
 Detectors fill everything but `wasted_dollars`; the cost model prices the wasted
-GPU-hours at the node's real rate (`analyzer.cost.price_findings`), then counts each
-GPU-second a job held under one of its findings at most (`analyzer.cost.held_within_jobs`),
+GPU-hours at the node's real rate (`analyzer.costing.cost.price_findings`), then counts each
+GPU-second a job held under one of its findings at most (`analyzer.costing.cost.held_within_jobs`),
 so that no job's waste exceeds its cost.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
+
+from ..grid.frames import iso
 
 KINDS = ("dataloader_starvation", "idle_gpu", "unallocated_gpu", "straggler", "stalled",
          "diverging", "thermal_throttle", "gpu_error", "low_mfu", "underused_gpu",
@@ -59,10 +60,6 @@ class Finding:
             "evidence": {k: _plain(v) for k, v in self.evidence.items()},
             "recommendation": self.recommendation,
         }
-
-
-def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _number(value: float | None, digits: int = 4) -> float | None:

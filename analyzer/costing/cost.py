@@ -14,14 +14,14 @@ from typing import NamedTuple
 import numpy as np
 
 from .accounting import Accounting, account, holder_seconds
-from .views import Views
-from .detectors import ledger_findings
-from .detectors.ledger_findings import advised_interval
-from .findings import KINDS, Finding, iso
+from ..grid.views import Views
+from . import ledger_findings
+from .ledger_findings import advised_interval
+from ..detectors.findings import KINDS, Finding, iso
 from .ledger import Ledger
-from .frames import Frames
+from ..grid.frames import Frames
 from .pricing import ON_DEMAND, SPOT, Catalog
-from .workloads import BATCH, TRAINING, WorkloadClass
+from ..grid.workloads import BATCH, TRAINING, WorkloadClass
 
 # Meta's Llama 3 paper ("The Llama 3 Herd of Models", 2024, §3.3.4): 419 unexpected
 # interruptions in 54 days on 16,384 H100 GPUs, i.e. one per ~50,700 GPU-hours.

@@ -4,7 +4,7 @@
     allocated = busy + idle          (GPU-hours weighted by the holders' share)
     Σ jobs    = allocated
 
-Time comes from each sample's `held_s` (analyzer.holding), so the figures are the
+Time comes from each sample's `held_s` (analyzer.grid.holding), so the figures are the
 same at any scrape interval and for any window that holds the same samples. A GPU
 whose holders' shares add up to more than one (a time-sliced GPU counted by pods
 that each report a whole GPU) is split among them, never counted twice.
@@ -18,8 +18,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .detectors.idle_gpu import Config as IdleConfig
-from .views import Views
+from ..detectors.idle_gpu import Config as IdleConfig
+from ..grid.views import Views
 
 COVERAGE_WARNING = 0.99
 
@@ -59,7 +59,7 @@ def _r(value: float) -> float:
 
 def account(v: Views, idle: IdleConfig = IdleConfig()) -> Accounting:
     """`idle` is the config in effect: the idle GPU-hours count what the idle_gpu finding does."""
-    # Held seconds are sums of samples (analyzer.holding): zero, never NaN, where none fell.
+    # Held seconds are sums of samples (analyzer.grid.holding): zero, never NaN, where none fell.
     gpu, alloc = v.gpu, v.alloc
     observed = gpu.values["held_s"].copy() if "held_s" in gpu.values else np.zeros((gpu.size, v.n))
     rows = alloc.keys["gpu_row"].to_numpy() if alloc.size else np.zeros(0, np.int64)

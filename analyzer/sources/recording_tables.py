@@ -4,7 +4,7 @@ into tidy pandas frames: one row per (time, series), label columns as categorica
 Only the columns asked for are read, and only the rows of the window asked for
 (rows are time-sorted within a segment: two binary searches find them). Long
 windows are read in chunks and reduced to the window's step as they go
-(analyzer.resample), so memory follows the frames, not the recording.
+(analyzer.grid.resample), so memory follows the frames, not the recording.
 A segment whose columns differ in length (a crash mid-write) is cut to its
 shortest complete column, and rows whose key never reached keys.jsonl are dropped.
 A value column that is lost altogether (no file, or an empty one) reads as no value
@@ -22,7 +22,7 @@ import pandas as pd
 
 from burnrate.exporter.recording import FORMAT, TABLES
 
-from .resample import reduce_rows
+from ..grid.resample import reduce_rows
 from .timeparse import format_time
 
 # Rows read at once: small enough that a chunk's arrays are reused from the heap
