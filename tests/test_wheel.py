@@ -22,7 +22,7 @@ from tests.test_import_rules import modules
 
 pytestmark = pytest.mark.slow
 
-DATA = ("burnrate/analyzer/prices.yaml", "burnrate/dashboard/assets/style.css", "burnrate/dashboard/assets/links.js",
+DATA = ("burnrate/analyzer/costing/prices.yaml", "burnrate/dashboard/assets/style.css", "burnrate/dashboard/assets/links.js",
         "burnrate/agent/attribution/podresources/v1/api.proto")
 
 
