@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "simulate": ("burnrate.simulator.simulate", "simulator", "write a synthetic fleet recording with ground-truth faults"),
     "analyze": ("burnrate.analyzer.cli", "analyzer", "findings and per-job cost from Prometheus or a recording"),
     "dashboard": ("burnrate.dashboard.cli", "dashboard", "the team dashboard: fleet, jobs, findings, cost"),
+    "rules": ("burnrate.analyzer.output.thresholds", "analyzer",
+              "render the alert rules and Grafana thresholds from the detectors' thresholds"),
 }
 
 

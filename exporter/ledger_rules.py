@@ -5,7 +5,7 @@ analyzer count the same counters with the same signs; tests/test_ledger_rules.py
 the rules file holds another group than this renders.
 
 `python -m burnrate.exporter.ledger_rules` prints the group, as an item of the file's `groups:`;
-`python -m burnrate.analyzer.output.thresholds FILE` renders it again in a rules file, with the
+`burnrate rules FILE` renders it again in a rules file, with the
 detectors' groups (docs/thresholds.md).
 """
 from __future__ import annotations

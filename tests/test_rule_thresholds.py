@@ -25,7 +25,7 @@ from tests.test_alert_rules import RULES
 
 GRAFANA = os.path.join(ROOT, "manifests", "grafana")
 GENERATED = [RULES] + sorted(os.path.join(GRAFANA, name) for name in os.listdir(GRAFANA) if name.endswith(".json"))
-REGENERATE = "python -m burnrate.analyzer.output.thresholds manifests/alerts/burnrate-rules.yaml manifests/grafana/*.json"
+REGENERATE = "burnrate rules manifests/alerts/burnrate-rules.yaml manifests/grafana/*.json"
 # Every figure the rules take from a detector moved off its default, none onto another's value.
 MOVED = detector_config({
     "dataloader_starvation": {"warning_share": 0.08, "critical_share": 0.4, "window_minutes": 15, "min_minutes": 25},
@@ -143,7 +143,7 @@ def test_rules_rendered_for_a_team_pass_promtool(tmp_path):
 
 
 def run(*argv: str, cwd: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "burnrate.analyzer.output.thresholds", *argv], cwd=cwd, capture_output=True,
+    return subprocess.run([PYTHON, "-m", "burnrate", "rules", *argv], cwd=cwd, capture_output=True,
                           text=True, timeout=60)
 
 
@@ -167,14 +167,14 @@ def test_the_module_checks_rewrites_and_renders_a_teams_config(tmp_path):
 
 
 @pytest.mark.parametrize("argv, files, message", [
-    (["{tmp}/missing.yaml"], {}, "error: {tmp}/missing.yaml: No such file or directory"),
+    (["{tmp}/missing.yaml"], {}, "burnrate rules: error: {tmp}/missing.yaml: No such file or directory"),
     (["{tmp}/bare.yaml"], {"bare.yaml": "groups: []\n"},
-     "error: {tmp}/bare.yaml: expected one '# BEGIN burnrate-training' ... '# END burnrate-training' block, found 0"),
+     "burnrate rules: error: {tmp}/bare.yaml: expected one '# BEGIN burnrate-training' ... '# END burnrate-training' block, found 0"),
     (["{tmp}/other.json"], {"other.json": '{"uid": "someone-else"}'},
-     "error: {tmp}/other.json: not a burnrate dashboard (uid 'someone-else'; known: burnrate-fleet-cost, "
+     "burnrate rules: error: {tmp}/other.json: not a burnrate dashboard (uid 'someone-else'; known: burnrate-fleet-cost, "
      "burnrate-training-job)"),
     (["--detector-config", "{tmp}/bad.yaml"], {"bad.yaml": "idle_gpu:\n  util_max_pct: -1\n"},
-     "error: {tmp}/bad.yaml: idle_gpu.util_max_pct: expected a non-negative float, got -1"),
+     "burnrate rules: error: {tmp}/bad.yaml: idle_gpu.util_max_pct: expected a non-negative float, got -1"),
 ])
 def test_user_mistakes_are_one_line(tmp_path, argv, files, message):
     for name, text in files.items():

@@ -2,7 +2,7 @@
 and `burnrate-gpu` groups of manifests/alerts/burnrate-rules.yaml. Each threshold, window and
 duration is the detector's own field, so an alert fires where `burnrate analyze` finds the same
 problem; tests/test_rule_thresholds.py fails while the shipped file holds other groups than the
-defaults render. `python -m burnrate.analyzer.output.thresholds` writes them (docs/thresholds.md).
+defaults render. `burnrate rules` writes them (docs/thresholds.md).
 
 Every group is evaluated each minute: a `for:` of N minutes is N + 1 evaluations in a row.
 """
@@ -14,7 +14,7 @@ from ..detectors import DetectorConfig
 from ..detectors.gpu_error import CRITICAL_XIDS
 
 TRAINING, GPU = "burnrate-training", "burnrate-gpu"
-SOURCE = "analyzer/output/alert_rules.py from the detectors' thresholds (`python -m burnrate.analyzer.output.thresholds`)"
+SOURCE = "analyzer/output/alert_rules.py from the detectors' thresholds (`burnrate rules`)"
 # The workload's namespace (and pod, container) where the exported-labels profile put them.
 NS = '"namespace", "$1", "exported_namespace", "(.+)"'
 POD = '"pod", "$1", "exported_pod", "(.+)"'

@@ -1,7 +1,7 @@
 """The figures the Grafana dashboards (manifests/grafana/*.json) share with the detectors and
 the rules, set from a DetectorConfig: the idle threshold of the fleet dashboard's GPU panel,
 the goodput alert's threshold on the training-job dashboard's Goodput panel. Everything else
-in a dashboard is written by hand; `python -m burnrate.analyzer.output.thresholds` rewrites these
+in a dashboard is written by hand; `burnrate rules` rewrites these
 (docs/thresholds.md), and tests/test_rule_thresholds.py fails while a shipped dashboard holds
 other figures than the defaults give.
 """

@@ -1,6 +1,5 @@
-"""`python -m burnrate.analyzer.output.thresholds [--detector-config FILE] [--check] [FILE ...]`: the
-generated parts of a rules file and of the Grafana dashboards, from the detectors' thresholds
-(docs/thresholds.md).
+"""`burnrate rules [--detector-config FILE] [--check] [FILE ...]`: the generated parts of a
+rules file and of the Grafana dashboards, from the detectors' thresholds (docs/thresholds.md).
 
 Each FILE is a rules file (YAML: its groups between `# BEGIN` and `# END` markers are
 rendered again) or one of burnrate's Grafana dashboards (JSON: its thresholds are set), and
@@ -15,6 +14,7 @@ import argparse
 import sys
 
 from burnrate.exporter import ledger_rules
+from burnrate.exporter.errors import UserError
 from burnrate.exporter import rules_yaml as Y
 
 from . import alert_rules
@@ -34,20 +34,19 @@ def regenerated(path: str, text: str, config: DetectorConfig = DetectorConfig())
     return dashboard_text(text, config) if path.endswith(".json") else rules_text(text, config)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m burnrate.analyzer.output.thresholds",
-                                     description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="*", metavar="FILE",
                         help="a rules file (.yaml) or a burnrate Grafana dashboard (.json), rewritten in place")
     parser.add_argument("--detector-config", metavar="FILE",
                         help="YAML thresholds per detector, as `burnrate analyze --detector-config` reads them")
     parser.add_argument("--check", action="store_true", help="write nothing; fail naming each FILE that differs")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     try:
         config = load_detector_config(args.detector_config) if args.detector_config else DetectorConfig()
     except DetectorConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(str(exc)) from None
     if not args.files:
         print("".join(alert_rules.render(name, config) for name in alert_rules.GROUPS), end="")
         return 0
@@ -58,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 text = fh.read()
             new = regenerated(path, text, config)
         except (OSError, UnicodeDecodeError, Y.MarkerError, DashboardError) as exc:
-            print(f"error: {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
-            return 2
+            raise UserError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
         if new == text:
             continue
         if args.check:
@@ -72,7 +70,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"not as rendered: {', '.join(stale)} (run without --check to rewrite)", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
