@@ -15,6 +15,7 @@ platform team reuses its existing certificates, hashes and habits:
 from __future__ import annotations
 
 import base64
+import enum
 import functools
 import hashlib
 import os
@@ -42,16 +43,22 @@ class WebConfigError(ValueError):
 
 @functools.cache
 def _stand_in_hash(rounds: int) -> bytes:
-    """Checked in place of an unknown user's hash, at the cost of the configured ones, so
-    that a wrong user name costs what a wrong password does and timing does not tell
-    which names exist."""
+    """A hash no password matches, checked where a refusal must cost `rounds` of work."""
     return bcrypt.hashpw(b"burnrate: no such user", bcrypt.gensalt(rounds=rounds))
 
 
 # bcrypt checks at once: each burns a core for ~60 ms by design, so a flood of wrong
 # passwords waits its turn instead of taking every core from the exporter.
 _CHECKS_AT_ONCE = 1
+# How long a request waits for its turn before it is answered "busy": a queue of wrong
+# passwords must not hold the right one for longer than a scrape waits.
+_TURN_WAIT_S = 2.0
 
+
+class Verdict(enum.Enum):
+    ALLOWED = "allowed"
+    REFUSED = "refused"
+    BUSY = "busy"       # no check could start: too many at once, or this address has one going
 
 
 def _rounds(hashed: bytes) -> int:
@@ -59,41 +66,90 @@ def _rounds(hashed: bytes) -> int:
     return int(hashed.split(b"$")[2])
 
 
+def _credentials(header: str | None) -> tuple[str, str] | None:
+    if not header or not header.startswith("Basic "):
+        return None
+    try:
+        user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return user, password
+
+
+def _matches(password: bytes, hashed: bytes) -> bool:
+    try:
+        return bcrypt.checkpw(password, hashed)
+    except ValueError:      # bcrypt refuses passwords over 72 bytes: never a match
+        return False
+
+
 @dataclass
 class WebConfig:
     tls: ssl.SSLContext | None = None
     users: Mapping[str, bytes] = field(default_factory=dict)
     _verified: set[bytes] = field(default_factory=set, repr=False)
+    _checking_for: set[str] = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _checking: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(_CHECKS_AT_ONCE), repr=False)
+    _turns: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(_CHECKS_AT_ONCE), repr=False)
 
-    def authorized(self, header: str | None) -> bool:
-        """True when no users are configured, or the Basic credentials match a hash."""
+    def __post_init__(self) -> None:
+        # Made now, so that the first refusal costs what every later one does.
+        if self.users:
+            for rounds in range(min(map(_rounds, self.users.values())), self._dearest() + 1):
+                _stand_in_hash(rounds)
+
+    def _dearest(self) -> int:
+        return max(map(_rounds, self.users.values()), default=0)
+
+    def authorize(self, header: str | None, client: str) -> Verdict:
+        """ALLOWED when no users are configured or the Basic credentials match a hash.
+        `client` (the peer's address) has at most one check waiting or running: a flood
+        from one address cannot queue ahead of everyone else."""
         if not self.users:
-            return True
-        if not header or not header.startswith("Basic "):
-            return False
-        try:
-            user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
-        except (ValueError, UnicodeDecodeError):
-            return False
-        known = user in self.users
-        hashed = self.users[user] if known else _stand_in_hash(max(_rounds(h) for h in self.users.values()))
+            return Verdict.ALLOWED
+        credentials = _credentials(header)
+        if credentials is None:
+            return Verdict.REFUSED
+        user, password = credentials
+        hashed = self.users.get(user)
         # bcrypt costs ~100 ms by design; remember credentials already verified so
         # that a scrape every few seconds stays fast (exporter-toolkit caches too).
-        token = hashlib.sha256(user.encode() + b"\0" + password.encode() + b"\0" + hashed).digest()
+        token = hashlib.sha256(user.encode() + b"\0" + password.encode() + b"\0" + (hashed or b"")).digest()
         with self._lock:
             if token in self._verified:
-                return True
-        with self._checking:
+                return Verdict.ALLOWED
+            if client in self._checking_for:
+                return Verdict.BUSY
+            self._checking_for.add(client)
+        try:
+            if not self._turns.acquire(timeout=_TURN_WAIT_S):
+                return Verdict.BUSY
             try:
-                ok = bcrypt.checkpw(password.encode(), hashed) and known
-            except ValueError:      # bcrypt refuses passwords over 72 bytes: never a match
-                ok = False
+                ok = self._check(password.encode(), hashed)
+            finally:
+                self._turns.release()
+        finally:
+            with self._lock:
+                self._checking_for.discard(client)
         if ok:
             with self._lock:
                 self._verified.add(token)
-        return ok
+        return Verdict.ALLOWED if ok else Verdict.REFUSED
+
+    def _check(self, password: bytes, hashed: bytes | None) -> bool:
+        """Every refusal costs one check at the dearest configured cost, so its timing tells
+        neither which user names exist nor which are hashed cheaply."""
+        dearest = self._dearest()
+        if hashed is None:
+            _matches(password, _stand_in_hash(dearest))
+            return False
+        if _matches(password, hashed):
+            return True
+        # bcrypt's work doubles with each round: checks at rounds r, r+1, ..., dearest-1
+        # add to one at r exactly what one at `dearest` costs.
+        for rounds in range(_rounds(hashed), dearest):
+            _matches(password, _stand_in_hash(rounds))
+        return False
 
 
 def _tls_context(conf: dict, base: str) -> ssl.SSLContext:
