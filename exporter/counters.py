@@ -9,6 +9,8 @@ series (burnrate_*) are exported whatever the file says.
 """
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 
 from . import catalog as C
@@ -64,10 +66,29 @@ def parse(text: str, source: str = "counters") -> Counters:
     return Counters(frozenset(fields), frozenset(labels))
 
 
+# dcgm-exporter's own files are a few KiB: a file far larger is a mistake, not read into memory.
+MAX_BYTES = 1 << 20
+# (open() itself refuses a directory.)
+_NOT_FILES = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+              (stat.S_ISSOCK, "a socket"))
+
+
+def _without_blocking(path: str, flags: int) -> int:
+    # A FIFO's open() waits for a writer, forever where none comes; regular files ignore the flag.
+    return os.open(path, flags | os.O_NONBLOCK)
+
+
 def read(path: str) -> Counters:
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb", opener=_without_blocking) as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            kind = next((name for test, name in _NOT_FILES if test(mode)), None)
+            if kind:
+                raise CountersError(f"{path}: --collectors takes a counters file, not {kind}")
+            data = fh.read(MAX_BYTES + 1)
+        if len(data) > MAX_BYTES:
+            raise CountersError(f"{path}: over {MAX_BYTES >> 20} MiB, too large for a counters file")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CountersError(f"{path}: cannot read the counters file ({exc})") from None
     return parse(text, path)

@@ -451,6 +451,10 @@ def test_the_agent_daemonset():
     telemetry = _volume(template, container, posixpath.dirname(DEFAULT_SOCKET))
     assert telemetry["hostPath"] == {"path": "/run/burnrate", "type": "DirectoryOrCreate"}
     assert telemetry["readOnly"] is False
+    # The single-agent lock in a host directory of the agent's own: a pod that could open it could hold it.
+    lock = _volume(template, container, posixpath.dirname(option(container["args"], "--telemetry-lock")))
+    assert lock["hostPath"] == {"path": "/run/burnrate-agent", "type": "DirectoryOrCreate"}
+    assert lock["readOnly"] is False
 
 
 def test_the_training_job_reaches_the_agent_and_survives_eviction():
@@ -470,10 +474,11 @@ def test_the_training_job_reaches_the_agent_and_survives_eviction():
         socket = env["BURNRATE_TELEMETRY_SOCKET"]["value"]
         telemetry = _volume(template, container, posixpath.dirname(socket))
         assert telemetry["hostPath"]["path"] == agent_socket_dir
+        assert "/run/burnrate-agent" not in [v.get("hostPath", {}).get("path") for v in template["spec"]["volumes"]]
         assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
         assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
         args = container["args"]
-        assert "--resume" in args
+        assert "--resume-or-start" in args     # the first start, and every restart after it
         checkpoints = _volume(template, container, option(args, "--checkpoint-dir"))
         assert "persistentVolumeClaim" in checkpoints and not checkpoints["readOnly"]
         # Room for a step and an emergency checkpoint after SIGTERM.
@@ -530,7 +535,7 @@ def test_trainer_arguments_parse():
             parser = argparse.ArgumentParser(prog="python -m burnrate.trainer", exit_on_error=False)
             config.add_arguments(parser)
             cfg = config.from_args(parser.parse_args(container["args"]))
-            assert cfg.checkpoint.resume and cfg.checkpoint.checkpoint_dir
+            assert cfg.checkpoint.resume_or_start and cfg.checkpoint.checkpoint_dir
 
 
 # --- Prometheus without the operator ---------------------------------------------------------------

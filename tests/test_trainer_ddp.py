@@ -146,6 +146,36 @@ def test_resume_after_a_crash_is_bitwise_identical(tmp_path):
     assert a["scheduler"] == b["scheduler"]
 
 
+def test_a_resume_with_only_damaged_checkpoints_or_another_model_is_one_line_and_overwrites_nothing(tmp_path):
+    """Both used to launch the ranks: damaged checkpoints were trained over from step 0 by a
+    new run that exited 0, and another model was a traceback from every rank."""
+    ck = tmp_path / "ck"
+    _train(tmp_path, "--steps", "4", "--checkpoint-every-steps", "2", "--checkpoint-dir", str(ck))
+    other = _train(tmp_path, "--steps", "6", "--checkpoint-dir", str(ck), "--resume", "--model", "gpt2-124m", ok=False)
+    assert other.returncode == 2 and other.stderr.strip().splitlines() == [
+        f"burnrate train: error: --resume: the checkpoints in {ck} are --model tiny's, not --model gpt2-124m's: "
+        "resume with --model tiny, or give this model a new --checkpoint-dir"]
+    for name in ("step-00000002.pt", "step-00000004.pt"):
+        (ck / name).write_bytes((ck / name).read_bytes()[:-1])      # a copy cut short
+    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+    for flag in ("--resume", "--resume-or-start"):
+        r = _train(tmp_path, "--steps", "6", "--checkpoint-dir", str(ck), flag, ok=False)
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+            f"burnrate train: error: --resume: {ck} holds no good checkpoint (step-00000004.pt fails its checksum; "
+            "step-00000002.pt fails its checksum): move them away to start a new run there"]
+    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before
+
+
+def test_resume_or_start_starts_in_an_empty_directory_and_resumes_after(tmp_path):
+    """A PyTorchJob's one command for its first start and its restarts."""
+    ck = tmp_path / "ck"
+    first = _train(tmp_path, "--steps", "2", "--checkpoint-dir", str(ck), "--resume-or-start")
+    assert f"{ck} holds no checkpoint: starting at step 0" in first.stdout
+    again = _train(tmp_path, "--steps", "4", "--checkpoint-dir", str(ck), "--resume-or-start")
+    assert "resumed from step-00000002.pt (step 2)" in again.stdout
+    assert [r["step"] for r in _records(tmp_path) if r["rank"] == 0 and r["steps"]] == [1, 2, 3, 4]
+
+
 def test_sigterm_saves_an_emergency_checkpoint_and_exits_0(tmp_path):
     ck = tmp_path / "ck"
     proc = _start(tmp_path, "--steps", "100000", "--checkpoint-dir", str(ck))

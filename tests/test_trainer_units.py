@@ -19,7 +19,7 @@ import torch
 from burnrate.agent.telemetry.inbox import TelemetryInbox
 from burnrate.exporter.telemetry import TelemetrySink
 from burnrate.trainer import config
-from burnrate.trainer.checkpoint import CheckpointDirInUse, Checkpointer, young_interval
+from burnrate.trainer.checkpoint import CheckpointDirInUse, CheckpointRefused, Checkpointer, young_interval
 from burnrate.trainer.data import SyntheticTokens, TokenFile, batches
 from burnrate.trainer.faults import Faults, InjectedCrash, parse_fault
 from burnrate.trainer.flops import model_flops_per_token, peak_flops
@@ -81,6 +81,42 @@ def test_a_fresh_run_into_another_runs_checkpoints_is_one_line(tmp_path, command
         f"{prog}: error: {tmp_path} holds another run's checkpoints (up to step 9): --resume continues that run, "
         "or give this one a new --checkpoint-dir"]
     assert [i.step for i in Checkpointer(tmp_path).manifests()] == [9]
+
+
+def _refused(command: list[str], *args: str) -> list[str]:
+    """The error lines of a launch that must be refused before training starts."""
+    r = subprocess.run([PYTHON, *command, "--steps", "2", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    return r.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("command", [["-m", "burnrate", "train"], ["-m", "burnrate.trainer"]],
+                         ids=["launcher", "rank"])
+def test_a_resume_with_nothing_to_resume_is_one_line(tmp_path, command):
+    """It used to train from step 0 as a new run and exit 0."""
+    prog = "burnrate train" if command[1] == "burnrate" else "python -m burnrate.trainer"
+    empty = tmp_path / "empty"
+    assert _refused(command, "--checkpoint-dir", str(empty), "--resume") == [
+        f"{prog}: error: --resume: {empty} holds no checkpoint to resume from: leave out --resume to start a new run "
+        "there (or use --resume-or-start, which does either)"]
+    assert not list(empty.glob("step-*"))
+    # A manifest naming its model is refused before a rank builds anything.
+    Checkpointer(tmp_path / "big", model="gpt2-124m").save(9, _state(9))
+    assert _refused(command, "--checkpoint-dir", str(tmp_path / "big"), "--resume-or-start") == [
+        f"{prog}: error: --resume: the checkpoints in {tmp_path / 'big'} are --model gpt2-124m's, not --model tiny's: "
+        "resume with --model gpt2-124m, or give this model a new --checkpoint-dir"]
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_one_line(tmp_path):
+    """One whose manifest names no model (written before they did), of another shape."""
+    state = {"step": 3, "model": {"wte.weight": torch.zeros(3, 3)}}
+    info = Checkpointer(tmp_path).save(3, state)
+    manifest = json.loads(info.path.with_suffix(".json").read_text())
+    assert manifest.pop("model") == ""
+    info.path.with_suffix(".json").write_text(json.dumps(manifest))
+    assert _refused(["-m", "burnrate.trainer"], "--checkpoint-dir", str(tmp_path), "--resume") == [
+        f"python -m burnrate.trainer: error: --resume: step-00000003.pt in {tmp_path} does not fit --model tiny "
+        "(its tensors differ in name or shape)"]
 
 
 def test_config_round_trips_through_flags():
@@ -150,10 +186,7 @@ def test_checkpoint_round_trip_pointer_and_keep(tmp_path):
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path):
     ck = Checkpointer(tmp_path, keep=3)
     ck.save(1, _state(1))
-    info = ck.save(2, _state(2))
-    data = bytearray(info.path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    info.path.write_bytes(bytes(data))
+    _damage(ck.save(2, _state(2)))
     state, loaded = Checkpointer(tmp_path).load()
     assert loaded.step == 1 and state["step"] == 1
 
@@ -163,6 +196,63 @@ def test_a_fresh_run_is_refused_where_another_runs_checkpoints_are(tmp_path):
     with pytest.raises(CheckpointDirInUse, match="holds another run's checkpoints \\(up to step 500\\): --resume"):
         Checkpointer(tmp_path).claim_fresh()
     Checkpointer(tmp_path / "new").claim_fresh()        # an empty or new directory is free
+
+
+def test_a_fresh_run_is_refused_where_only_unreadable_checkpoint_files_are(tmp_path):
+    """A manifest cut short was skipped as if absent, and the fresh run wrote over its step."""
+    (tmp_path / "step-00000007.json").write_text('{"step": 7, "sha')
+    (tmp_path / "step-00000007.pt").write_bytes(b"weights")
+    with pytest.raises(CheckpointDirInUse, match="holds another run's checkpoints \\(up to step 7\\)"):
+        Checkpointer(tmp_path).claim_fresh()
+
+
+def _damage(info) -> None:
+    data = bytearray(info.path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    info.path.write_bytes(bytes(data))
+
+
+def test_resume_finds_nothing_to_resume_and_says_what_it_found(tmp_path):
+    with pytest.raises(CheckpointRefused, match=f"^--resume: {tmp_path} holds no checkpoint to resume from: leave "
+                                                "out --resume to start a new run there \\(or use --resume-or-start"):
+        Checkpointer(tmp_path, model="tiny").resume_point(100)
+    assert Checkpointer(tmp_path, model="tiny").resume(100, or_start=True) is None   # empty: start at step 0
+
+    ck = Checkpointer(tmp_path, model="tiny")
+    for step in (10, 20):
+        _damage(ck.save(step, _state(step)))
+    (tmp_path / "step-00000005.json").write_text("{")
+    (tmp_path / "step-00000005.pt").write_bytes(b"")
+    for or_start in (False, True):      # damaged checkpoints are never started over, even when asked to start
+        with pytest.raises(CheckpointRefused) as refused:
+            Checkpointer(tmp_path, model="tiny").resume_point(100, or_start)
+        assert str(refused.value) == (
+            f"--resume: {tmp_path} holds no good checkpoint (step-00000020.pt fails its checksum; step-00000010.pt "
+            "fails its checksum; step-00000005 has no readable manifest): move them away to start a new run there")
+
+
+def test_resume_refuses_another_models_checkpoints_before_reading_them(tmp_path):
+    info = Checkpointer(tmp_path, model="gpt2-124m").save(30, _state(30))
+    info.path.write_bytes(b"")      # never read: the manifest says whose it is
+    with pytest.raises(CheckpointRefused) as refused:
+        Checkpointer(tmp_path, model="tiny").resume(100)
+    assert str(refused.value) == (f"--resume: the checkpoints in {tmp_path} are --model gpt2-124m's, not --model "
+                                  "tiny's: resume with --model gpt2-124m, or give this model a new --checkpoint-dir")
+
+
+def test_resume_refuses_to_reach_steps_where_another_runs_checkpoints_are(tmp_path):
+    other = Checkpointer(tmp_path, model="tiny")
+    for step in (40, 50):
+        other.save(step, _state(step))
+    other.release()
+    mine = Checkpointer(tmp_path, model="tiny")
+    mine.save(10, _state(10))
+    mine.release()
+    state, info = Checkpointer(tmp_path, model="tiny").resume(39)     # stops short of theirs: goes ahead
+    assert info.step == 10 and info.run == mine.run
+    with pytest.raises(CheckpointRefused, match="also holds another run's checkpoints at steps this run would write "
+                                                "\\(step-00000040, step-00000050\\): move them away first"):
+        Checkpointer(tmp_path, model="tiny").resume(60)
 
 
 def test_a_resumed_run_loads_prunes_and_falls_back_only_within_itself(tmp_path):

@@ -11,7 +11,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from burnrate.exporter.lifetime import end_with_parent
 
-from .checkpoint import CheckpointDirInUse
+from .checkpoint import CheckpointRefused
 from .config import ConfigError, add_arguments, from_args
 from .train import train
 
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     try:
         return train(cfg)
-    except CheckpointDirInUse as exc:
+    except CheckpointRefused as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from burnrate.exporter.errors import UserError
 
 from . import config
-from .checkpoint import CheckpointDirInUse, Checkpointer
+from .checkpoint import CheckpointRefused, Checkpointer
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -42,15 +42,19 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--device cuda, but no GPU is visible")
     if cfg.data.data_path and not Path(cfg.data.data_path).is_file():
         raise UserError(f"--data-path {cfg.data.data_path}: no such file")
-    if cfg.checkpoint.checkpoint_dir:
-        ckpt = Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep)
-        try:    # said once, here, rather than by every rank
+    ck = cfg.checkpoint
+    if ck.checkpoint_dir:
+        ckpt = Checkpointer(ck.checkpoint_dir, ck.keep, cfg.run.model)
+        try:    # said once, here, before any rank starts, rather than by every rank
             ckpt.hold_for_writing()
-            ckpt.release()
-            if not cfg.checkpoint.resume:
+            if ck.resuming:
+                ckpt.resume_point(cfg.run.steps, ck.resume_or_start)
+            else:
                 ckpt.claim_fresh()
-        except CheckpointDirInUse as exc:
+        except CheckpointRefused as exc:
             raise UserError(str(exc)) from None
+        finally:
+            ckpt.release()
 
     # The launcher's default log directory (the ranks' error files) is a /tmp/torchelastic_*
     # that nothing removes; this one lives as long as the launch.

@@ -108,7 +108,11 @@ class CheckpointConfig:
     mtbf: float = opt(6 * 3600.0, "mean time between failures in seconds, for --checkpoint-every young "
                                   "(spot interruption rates are the usual source)")
     keep: int = opt(3, "checkpoints to keep")
-    resume: bool = opt(False, "resume from the newest good checkpoint in --checkpoint-dir")
+    resume: bool = opt(False, "resume from the newest good checkpoint in --checkpoint-dir; an error where there "
+                              "is none")
+    resume_or_start: bool = opt(False, "resume as --resume does, or start at step 0 where --checkpoint-dir holds "
+                                       "no checkpoint file at all: one command for a job's first start and its "
+                                       "restarts")
 
     def __post_init__(self) -> None:
         _require(_is_interval(self.checkpoint_every), "--checkpoint-every takes seconds or 'young'")
@@ -116,6 +120,11 @@ class CheckpointConfig:
         _require(self.checkpoint_every_steps >= 0, "--checkpoint-every-steps must be >= 0")
         _require(self.mtbf > 0, "--mtbf must be positive")
         _require(not self.resume or bool(self.checkpoint_dir), "--resume needs --checkpoint-dir")
+        _require(not self.resume_or_start or bool(self.checkpoint_dir), "--resume-or-start needs --checkpoint-dir")
+
+    @property
+    def resuming(self) -> bool:
+        return self.resume or self.resume_or_start
 
     @property
     def young(self) -> bool:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .checkpoint import Checkpointer, young_interval
+from .checkpoint import CheckpointRefused, Checkpointer, young_interval
 from .config import TrainConfig
 from .data import SyntheticTokens, TokenFile, batches
 from .faults import Faults
@@ -146,19 +146,24 @@ def _train(cfg: TrainConfig, ranks: Ranks, device: torch.device, stop: _StopRequ
     optimizer = _optimizer(model, cfg, ranks.world_size, fused=cuda)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, faults))
 
-    ckpt = Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep) if cfg.checkpoint.checkpoint_dir else None
+    ck = cfg.checkpoint
+    ckpt = Checkpointer(ck.checkpoint_dir, ck.keep, cfg.run.model) if ck.checkpoint_dir else None
     start = 0
     if ckpt and is_main:
         ckpt.hold_for_writing()
-    if ckpt and not cfg.checkpoint.resume:
+    if ckpt and not ck.resuming:
         ckpt.claim_fresh()
-    if ckpt and cfg.checkpoint.resume:
-        loaded = ckpt.load()
+    if ckpt and ck.resuming:
+        loaded = ckpt.resume(cfg.run.steps, ck.resume_or_start)
         if loaded is None:
-            _say(is_main, "no checkpoint to resume from; starting at step 0")
+            _say(is_main, f"{ck.checkpoint_dir} holds no checkpoint: starting at step 0")
         else:
             state, info = loaded
-            model.load_state_dict(state["model"])
+            try:
+                model.load_state_dict(state["model"])
+            except RuntimeError:    # a manifest that names no model, or a model shaped otherwise since
+                raise CheckpointRefused(f"--resume: {info.path.name} in {ck.checkpoint_dir} does not fit "
+                                        f"--model {cfg.run.model} (its tensors differ in name or shape)") from None
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             rngs = state["rng"]
@@ -190,7 +195,6 @@ def _train(cfg: TrainConfig, ranks: Ranks, device: torch.device, stop: _StopRequ
     agree = _Agreement(ranks.world_size, cuda)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     max_norm = cfg.optim.grad_clip or math.inf
-    ck = cfg.checkpoint
     interval = ck.every_s
     last_save = time.monotonic()
     saved_at = -1
