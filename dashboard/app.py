@@ -37,6 +37,7 @@ def create_app(source: Source | dict[str, Source], catalog: Catalog | None = Non
     services = Services({name: DataService(s, catalog, ttl_s=ttl_s, config=config) for name, s in sources.items()})
     service = services.of(None)
     app.server.extensions[SERVICE_KEY] = services
+    auth.add_health(app.server)
     if basic_auth is not None:
         auth.require_basic_auth(app.server, *basic_auth)
     options = [{"label": "whole recording", "value": ALL}] if service.default_range == ALL else []

@@ -1,5 +1,5 @@
 """Optional HTTP basic auth for a shared deployment: one user, checked before every
-request (pages, callbacks and assets alike)."""
+request (pages, callbacks and assets alike) but the liveness probe's."""
 from __future__ import annotations
 
 import hmac
@@ -8,6 +8,8 @@ import os
 import flask
 
 REALM = "burnrate"
+HEALTH = "/healthz"
+"""Answered without credentials, as kubelet probes carry none; it says only that the app is up."""
 
 
 def credentials(value: str) -> tuple[str, str]:
@@ -31,6 +33,8 @@ def require_basic_auth(server: flask.Flask, user: str, password: str) -> None:
 
     @server.before_request
     def check() -> flask.Response | None:
+        if flask.request.path == HEALTH:
+            return None
         given = flask.request.authorization
         if given is not None and given.type == "basic":
             # Both compared, in constant time, so timing tells nothing about which was wrong.
@@ -40,3 +44,7 @@ def require_basic_auth(server: flask.Flask, user: str, password: str) -> None:
                 return None
         return flask.Response("authentication required\n", 401,
                               {"WWW-Authenticate": f'Basic realm="{REALM}", charset="UTF-8"'})
+
+
+def add_health(server: flask.Flask) -> None:
+    server.add_url_rule(HEALTH, "healthz", lambda: flask.Response("ok\n", 200, {"Content-Type": "text/plain"}))

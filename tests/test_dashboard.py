@@ -7,6 +7,7 @@ import base64
 import http.client
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -33,7 +34,7 @@ from burnrate.dashboard.ui import current_service, render
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.costing.pricing import load_catalog
 from burnrate.analyzer.output.report import analyze
-from tests.conftest import free_port
+from tests.conftest import ROOT, free_port
 from tests.test_detectors import Fleet
 
 # Three nodes of 8 GPUs: room for a full-node straggler job beside the GPUs kept free.
@@ -322,6 +323,20 @@ def test_basic_auth_guards_every_route(recording):
     assert client.get("/", headers={"Authorization": f"Basic {bad}"}).status_code == 401
     good = base64.b64encode(b"team:s3cret").decode()
     assert client.get("/", headers={"Authorization": f"Basic {good}"}).status_code == 200
+
+
+def test_a_probe_needs_no_password_and_learns_only_that_the_app_is_up(recording):
+    """Kubelet probes carry no credentials: /healthz answers them without a password and says
+    nothing else, while every other route still asks; the chart's probes ask /healthz."""
+    app = create_app(RecordingSource(recording[0]), basic_auth=("team", "s3cret"))
+    client = app.server.test_client()
+    health = client.get("/healthz")
+    assert (health.status_code, health.data) == (200, b"ok\n")
+    assert client.get("/").status_code == 401
+    assert client.get("/healthz/../").status_code == 401
+    with open(os.path.join(ROOT, "charts", "burnrate", "templates", "dashboard", "deployment.yaml")) as fh:
+        probes = re.findall(r"(readiness|liveness)Probe:\s+httpGet:\s+path: (\S+)", fh.read())
+    assert probes == [("readiness", "/healthz"), ("liveness", "/healthz")]
 
 
 def test_the_app_only_reads(app):
