@@ -11,7 +11,7 @@ import pandas as pd
 from burnrate.exporter.recording import TABLES
 
 from ..grid.frames import Frames, Window
-from .recording_tables import Span, check, complete_rows, damage, empty_table, load_table, segments
+from .recording_tables import Span, check, damage, empty_table, load_table, placed_rows, read_times, segments
 from ..grid.holding import STALENESS_S, hold, series_intervals
 from .allocation import SHARE_RATIO
 from .common import DEFAULT_STEP_S, Progress, is_simulated, missing_signals, within
@@ -37,14 +37,16 @@ def sample_interval(root: str, window: Window) -> float:
 
 
 def _finest_series_interval(segment: str, window: Window) -> float | None:
-    rows = complete_rows(segment, {"t": "f8", "key": "u4"})
+    rows = placed_rows(segment)
     if not rows:
         return None
-    t = np.memmap(os.path.join(segment, "t.f8"), dtype="<f8", mode="r", shape=(rows,))
-    lo = int(np.searchsorted(t, window.start, "left"))
-    hi = min(int(np.searchsorted(t, window.end, "right")), lo + STEP_SAMPLE_ROWS)
+    checked = read_times(segment, rows)
+    lo = int(np.searchsorted(checked.t, window.start, "left"))
+    hi = min(int(np.searchsorted(checked.t, window.end, "right")), lo + STEP_SAMPLE_ROWS)
     keys = np.fromfile(os.path.join(segment, "key.u4"), dtype="<u4", count=hi - lo, offset=lo * 4)
-    times = np.array(t[lo:hi])
+    times = np.array(checked.t[lo:hi])
+    if checked.dropped is not None:
+        keys, times = keys[~checked.dropped[lo:hi]], times[~checked.dropped[lo:hi]]
     codes = np.unique(keys, return_inverse=True)[1]
     order = np.lexsort((times, codes))
     # Each series' own interval, as holding measures it (missed samples and outages aside).
@@ -57,10 +59,10 @@ def time_range(root: str) -> Window:
     ends = []
     for table in TABLES:
         for segment in segments(root, table):
-            rows = complete_rows(segment, {"t": "f8"})
-            if rows:
-                path = os.path.join(segment, "t.f8")
-                ends += [np.fromfile(path, "<f8", count=1)[0], np.fromfile(path, "<f8", count=1, offset=(rows - 1) * 8)[0]]
+            rows = placed_rows(segment)
+            checked = read_times(segment, rows) if rows else None
+            if checked is not None and checked.last >= checked.first > 0:
+                ends += [checked.first, checked.last]
     return Window(float(min(ends)), float(max(ends))) if ends else Window(0.0, 0.0)
 
 
@@ -85,7 +87,7 @@ class RecordingSource:
         else:
             step, span = native, Span(window.start, window.end)
         wanted = [name for name in TABLES if columns is None or name in columns]
-        sizes = {name: sum(complete_rows(s, {"t": "f8"}) for s in segments(self.root, name)) for name in wanted}
+        sizes = {name: sum(placed_rows(s) for s in segments(self.root, name)) for name in wanted}
         tables = {name: empty_table(name) for name in TABLES}
         done = 0
         # numpy reads and reduces without the GIL: tables load side by side, largest first.

@@ -5,16 +5,19 @@ Only the columns asked for are read, and only the rows of the window asked for
 (rows are time-sorted within a segment: two binary searches find them). Long
 windows are read in chunks and reduced to the window's step as they go
 (analyzer.grid.resample), so memory follows the frames, not the recording.
-A segment whose columns differ in length (a crash mid-write) is cut to its
-shortest complete column, and rows whose key never reached keys.jsonl are dropped.
-A value column that is lost altogether (no file, or an empty one) reads as no value
-rather than taking its table's rows with it; `damage` says what is lost, and where.
+A segment's rows are those its time and key columns both hold (the writer appends
+the time column last, so a crash leaves the others longer, never shorter); a value
+column shorter than that, or lost altogether, reads as no value past its end rather
+than taking its table's rows with it. Rows whose time is impossible or out of order,
+and series whose line in keys.jsonl is unreadable, are dropped. Nothing of this is
+silent: `damage` says what was lost or dropped, and where.
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -28,6 +31,9 @@ from .timeparse import format_time
 # Rows read at once: small enough that a chunk's arrays are reused from the heap
 # instead of faulted in afresh, and that a long window never sits in memory whole.
 CHUNK_ROWS = 1 << 19
+# Times outside this range are damage, not samples. The upper bound is fixed rather than
+# now + a margin: a simulated fleet may be dated ahead on purpose (`simulate --end`).
+EARLIEST, LATEST = 946_684_800.0, 4_102_444_800.0   # 2000-01-01, 2100-01-01 UTC
 
 
 class RecordingError(ValueError):
@@ -59,23 +65,39 @@ def segments(root: str, table: str) -> list[str]:
     return [os.path.join(directory, s) for s in sorted(os.listdir(directory))] if os.path.isdir(directory) else []
 
 
-def _keys(segment: str) -> dict[int, dict[str, str]]:
-    keys = {}
+def _keys(segment: str) -> tuple[dict[int, dict[str, str]], int]:
+    """The series of a segment, and the count of lines of keys.jsonl that are unreadable.
+    The writer numbers series 0, 1, … in line order, so a key must be a whole number
+    below the count of lines; anything else is damage (and could not be held in an
+    array indexed by key)."""
     try:
-        with open(os.path.join(segment, "keys.jsonl"), encoding="utf-8") as fh:
-            for line in fh:
-                if not line.endswith("\n"):
-                    break  # torn last line: its rows are dropped below
-                entry = json.loads(line)
-                keys[entry["key"]] = entry["labels"]
+        with open(os.path.join(segment, "keys.jsonl"), encoding="utf-8", errors="replace") as fh:
+            lines = fh.readlines()
     except FileNotFoundError:
-        pass
-    return keys
+        return {}, 0
+    if lines and not lines[-1].endswith("\n"):
+        lines.pop()  # torn last line, a write in flight: its rows were not written
+    keys, unreadable = {}, 0
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except (ValueError, RecursionError):
+            entry = None
+        key, labels = (entry.get("key"), entry.get("labels")) if isinstance(entry, dict) else (None, None)
+        if (type(key) is int and 0 <= key < len(lines) and key not in keys and isinstance(labels, dict)
+                and all(isinstance(v, str) for v in labels.values())):
+            keys[key] = labels
+        else:
+            unreadable += 1
+    return keys, unreadable
 
 
-def _read(path: str, dtype: str, lo: int, hi: int) -> np.ndarray:
+def _read(path: str, dtype: str, lo: int, hi: int, available: int | None = None) -> np.ndarray:
+    """Rows [lo, hi) of a column; past `available` rows, NaN (a column cut short)."""
+    have = hi - lo if available is None else max(0, min(hi, available) - lo)
     size = np.dtype(dtype).itemsize
-    return np.fromfile(path, dtype="<" + dtype, count=hi - lo, offset=lo * size)
+    values = np.fromfile(path, dtype="<" + dtype, count=have, offset=lo * size) if have else np.empty(0, "<" + dtype)
+    return values if have == hi - lo else np.concatenate([values, np.full(hi - lo - have, np.nan, "<" + dtype)])
 
 
 def _column_rows(segment: str, column: str, dtype: str) -> int:
@@ -88,33 +110,121 @@ def complete_rows(segment: str, dtypes: dict[str, str]) -> int:
     return min(_column_rows(segment, c, d) for c, d in dtypes.items())
 
 
-def _lost(segment: str, columns: dict[str, str]) -> set[str]:
-    """Value columns with no rows where the time column has some: lost, not in flight."""
-    if not _column_rows(segment, "t", "f8"):
-        return set()
-    return {c for c, d in columns.items() if not _column_rows(segment, c, d)}
+def placed_rows(segment: str) -> int:
+    """Rows with a time and a key: the segment's rows."""
+    return complete_rows(segment, {"t": "f8", "key": "u4"})
+
+
+@dataclass(frozen=True)
+class Times:
+    """A segment's time column, checked: `t` is sorted for binary searches (a dropped row
+    holds the time of the last good one before it, -inf before the first), `dropped`
+    marks the rows to drop (None when none)."""
+    t: np.ndarray
+    dropped: np.ndarray | None
+    impossible: int      # rows before EARLIEST or after LATEST (or NaN)
+    out_of_order: int    # rows earlier than a row before them
+    first: float
+    last: float
+
+
+def read_times(segment: str, rows: int) -> Times:
+    """The first `rows` times of a segment, checked once per version of the file."""
+    path = os.path.join(segment, "t.f8")
+    stat = os.stat(path)
+    checked = _checked_times(path, rows, stat.st_ino, stat.st_mtime_ns)
+    # A clean column is mapped afresh, so that the cache keeps no pages of it resident.
+    return checked if checked.dropped is not None else replace(checked, t=_mapped(path, rows))
+
+
+def _mapped(path: str, rows: int) -> np.ndarray:
+    return np.memmap(path, dtype="<f8", mode="r", shape=(rows,)) if rows else np.empty(0)
+
+
+@lru_cache(maxsize=32)
+def _checked_times(path: str, rows: int, *_version: int) -> Times:
+    t = _mapped(path, rows)
+    dropped, impossible, out_of_order, top = [], 0, 0, -np.inf
+    for lo in range(0, rows, CHUNK_ROWS):
+        chunk = np.asarray(t[lo:lo + CHUNK_ROWS])
+        possible = (chunk >= EARLIEST) & (chunk < LATEST)
+        if possible.all() and chunk[0] >= top and (chunk[1:] >= chunk[:-1]).all():
+            top = chunk[-1]
+            continue
+        # The latest possible time before each row: a row earlier than it is out of order.
+        latest = np.maximum.accumulate(np.where(possible, chunk, -np.inf))
+        before = np.maximum(np.concatenate(([top], latest[:-1])), top)
+        late = possible & (chunk < before)
+        impossible, out_of_order = impossible + int((~possible).sum()), out_of_order + int(late.sum())
+        dropped.append((lo, ~possible | late))
+        top = max(top, latest[-1])
+    if not dropped:
+        return Times(np.empty(0), None, 0, 0, float(t[0]) if rows else 0.0, float(top) if rows else 0.0)
+    mask = np.zeros(rows, bool)
+    for lo, part in dropped:
+        mask[lo:lo + len(part)] = part
+    repaired = np.maximum.accumulate(np.where(mask, -np.inf, t))
+    good = np.flatnonzero(~mask)
+    first, last = (float(t[good[0]]), float(top)) if len(good) else (0.0, 0.0)
+    return Times(repaired, mask, impossible, out_of_order, first, last)
 
 
 def damage(root: str, start: float, end: float) -> list[str]:
-    """One line per part of a recording that cannot be read in [start, end]: a value
-    column lost (its rows read as no value) or a time column lost (its rows cannot be
-    placed in time), with the rows and the time it covers."""
+    """One line per part of a recording that cannot be read as written: rows that cannot
+    be placed in time (no time or key for them), value columns lost or cut short (their
+    rows in [start, end] read as no value), rows with impossible or out-of-order times,
+    unreadable series in keys.jsonl (those three dropped)."""
     notes = []
     for table, (_labels, columns) in TABLES.items():
         for segment in segments(root, table):
             where = f"recording {table}/{os.path.basename(segment)}"
-            rows = complete_rows(segment, {"t": "f8", "key": "u4"})
+            rows = placed_rows(segment)
+            lengths = {c: _column_rows(segment, c, d) for c, d in columns.items()}
+            longest = max([*lengths.values(), _column_rows(segment, "t", "f8"), _column_rows(segment, "key", "u4")])
             if not rows:
-                stranded = max(_column_rows(segment, c, d) for c, d in columns.items())
-                if stranded:
-                    notes.append(f"{where}: no readable time or key column, {stranded:,} rows cannot be placed in time")
+                if longest:
+                    notes.append(f"{where}: no readable time or key column, {longest:,} rows cannot be placed in time")
                 continue
-            lost = sorted(_lost(segment, columns))
-            t = np.memmap(os.path.join(segment, "t.f8"), dtype="<f8", mode="r", shape=(rows,))
-            lo, hi = int(np.searchsorted(t, start, "left")), int(np.searchsorted(t, end, "right"))
-            if lost and hi > lo:
-                notes.append(f"{where}: {', '.join(lost)} lost, {hi - lo:,} rows from {format_time(t[lo])} "
-                             f"to {format_time(t[hi - 1])} read as no value")
+            if longest > rows:
+                notes.append(f"{where}: {longest - rows:,} rows past the end of its time or key column "
+                             "cannot be placed in time")
+            checked = read_times(segment, rows)
+            notes += _short_columns(where, checked, lengths, rows, start, end)
+            dropped = _dropped_times(checked)
+            if dropped:
+                notes.append(f"{where}: {dropped}")
+            unreadable = _keys(segment)[1]
+            if unreadable:
+                notes.append(f"{where}: {unreadable:,} unreadable lines in keys.jsonl, the rows of their series dropped")
+    return notes
+
+
+def _rows(n: int) -> str:
+    return f"{n:,} row{'' if n == 1 else 's'}"
+
+
+def _dropped_times(checked: Times) -> str | None:
+    parts = []
+    if checked.impossible:
+        times = "an impossible time" if checked.impossible == 1 else "impossible times"
+        parts.append(f"{_rows(checked.impossible)} with {times} (before 2000 or after 2100)")
+    if checked.out_of_order:
+        parts.append(f"{_rows(checked.out_of_order)} out of time order")
+    return " and ".join(parts) + " dropped" if parts else None
+
+
+def _short_columns(where: str, checked: Times, lengths: dict[str, int], rows: int,
+                   start: float, end: float) -> list[str]:
+    """Value columns that end before the segment's rows do, by where they end: their rows
+    within [start, end] past that end read as no value."""
+    lo, hi = int(np.searchsorted(checked.t, start, "left")), int(np.searchsorted(checked.t, end, "right"))
+    notes = []
+    for length in sorted({n for n in lengths.values() if n < rows}):
+        begin = max(lo, length)
+        if hi > begin:
+            names = ", ".join(sorted(c for c, n in lengths.items() if n == length))
+            notes.append(f"{where}: {names} {'lost' if not length else 'cut short'}, {hi - begin:,} rows from "
+                         f"{format_time(checked.t[begin])} to {format_time(checked.t[hi - 1])} read as no value")
     return notes
 
 
@@ -138,18 +248,18 @@ def _chunks(t: np.ndarray, span: Span | None) -> Iterator[tuple[int, int]]:
 
 def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str], table: str,
              span: Span | None) -> pd.DataFrame | None:
-    lost = _lost(segment, columns)
-    dtypes = {"t": "f8", "key": "u4", **columns}
-    rows = complete_rows(segment, {c: d for c, d in dtypes.items() if c not in lost})
+    rows = placed_rows(segment)
     if rows == 0:
         return None
-    path = {c: os.path.join(segment, f"{c}.{d}") for c, d in dtypes.items()}
-    keys = _keys(segment)
+    path = {c: os.path.join(segment, f"{c}.{d}") for c, d in {"t": "f8", "key": "u4", **columns}.items()}
+    available = {c: _column_rows(segment, c, d) for c, d in columns.items()}
+    keys = _keys(segment)[0]
+    checked = read_times(segment, rows)
     order = np.array(sorted(keys), dtype=np.int64)
     # Row key -> position in `order`, -1 for a key that never reached keys.jsonl.
     position = np.full(int(order[-1]) + 2 if len(order) else 1, -1, np.int64)
     position[order] = np.arange(len(order))
-    chunks = list(_chunks(np.memmap(path["t"], dtype="<f8", mode="r", shape=(rows,)), span))
+    chunks = list(_chunks(checked.t, span))
     # Each chunk's rows are written straight into arrays sized for the whole span:
     # no copy to join the chunks, and pages a reduction leaves unwritten are never touched.
     capacity = sum(hi - lo for lo, hi in chunks)
@@ -160,10 +270,11 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
     filled = 0
     for lo, hi in chunks:
         times, key = _read(path["t"], "f8", lo, hi), _read(path["key"], "u4", lo, hi)
-        values = {c: np.full(hi - lo, np.nan, "<" + d) if c in lost else _read(path[c], d, lo, hi)
-                  for c, d in columns.items()}
+        values = {c: _read(path[c], d, lo, hi, available[c]) for c, d in columns.items()}
         series = position[np.minimum(key, len(position) - 1)]
         known = series >= 0
+        if checked.dropped is not None:
+            known &= ~checked.dropped[lo:hi]
         if not known.all():
             times, series, values = times[known], series[known], {c: v[known] for c, v in values.items()}
         if reducing:
