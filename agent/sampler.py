@@ -61,19 +61,34 @@ class Sampler:
         self._clock = clock
         self._errors: dict[str, int] = {}
         self._seconds: dict[str, float] = {}
+        self._failing: dict[str, tuple[str, int]] = {}   # collector -> (its last error, failures in a row)
         self.latest: Snapshot | None = None
 
     def _timed(self, name: str, fn: Callable[[], T], fallback: T) -> T:
         self._errors.setdefault(name, 0)  # a counter exists from the start, so rate() sees its first error
         start = time.perf_counter()
         try:
-            return fn()
-        except Exception:  # a broken collector must not take the others down
+            value = fn()
+        except Exception as exc:  # a broken collector must not take the others down
             self._errors[name] = self._errors.get(name, 0) + 1
-            log.exception("collector %s failed", name)
+            self._failed(name, exc)
             return fallback
         finally:
             self._seconds[name] = time.perf_counter() - start
+        if name in self._failing:
+            log.info("collector %s recovered after %d failures", name, self._failing.pop(name)[1])
+        return value
+
+    def _failed(self, name: str, exc: Exception) -> None:
+        """Sampled every second, a lasting fault would log a traceback a second: the first
+        failure logs one, a different error one line, a repeat nothing (the counter has it)."""
+        what = f"{type(exc).__name__}: {exc}"
+        last, count = self._failing.get(name, (None, 0))
+        self._failing[name] = (what, count + 1)
+        if last is None:
+            log.exception("collector %s failed: %s", name, what)
+        elif what != last:
+            log.error("collector %s failed: %s", name, what)
 
     def collect(self) -> Snapshot:
         ranks = self._timed("telemetry", self._telemetry.ranks, ()) if self._telemetry else ()

@@ -53,6 +53,38 @@ def test_a_broken_collector_is_counted_and_the_rest_is_served():
     assert 'burnrate_agent_collection_errors_total{Hostname="n",collector="host"} 3' in text
 
 
+class FlakyHost:
+    """Fails with the same error, then another, then recovers."""
+    def __init__(self):
+        self.calls = 0
+
+    def read(self, pods):
+        self.calls += 1
+        if self.calls <= 100:
+            raise OSError("cgroup filesystem went away")
+        if self.calls <= 101:
+            raise OSError("permission denied")
+        return []
+
+
+def test_a_collector_failing_every_second_logs_once_per_change_not_each_time(caplog):
+    """At one sample a second, a traceback per failure would drown the log for as long as
+    the fault lasts: the first failure logs its traceback, a different error one line, a
+    repeat nothing (the counter has it), and the recovery one line with the count."""
+    sampler = Sampler(node_name="n", reader=SimulatedReader(1), host=FlakyHost(),
+                      attribution=StaticAttributor(NodeInfo("n"), list))
+    with caplog.at_level("INFO", logger="burnrate.agent.sampler"):
+        for _ in range(102):
+            snap = sampler.collect()
+    assert snap.stats.collection_errors["host"] == 101
+    records = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert records == [
+        ("ERROR", "collector host failed: OSError: cgroup filesystem went away", True),
+        ("ERROR", "collector host failed: OSError: permission denied", False),
+        ("INFO", "collector host recovered after 101 failures", False),
+    ]
+
+
 def test_xid_events_are_counted_per_code():
     reader = SimulatedReader(1)
     for code in (79, 79, 48):
