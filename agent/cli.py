@@ -5,13 +5,13 @@ import argparse
 import grp
 import logging
 import os
-import re
 import signal
 import socket
 import sys
 import threading
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Callable
 
 from prometheus_client import CollectorRegistry
@@ -21,6 +21,7 @@ from burnrate.exporter.errors import UserError
 from burnrate.exporter.listen import listen_address
 from burnrate.exporter.telemetry import DEFAULT_SOCKET_PATH, socket_path
 from burnrate.exporter import counters as dcgm_counters
+from burnrate.exporter import labels as L
 from burnrate.exporter import webconfig
 from burnrate.exporter.collector import SnapshotCollector
 from burnrate.exporter.render import Exposition
@@ -52,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "in Kubernetes each datagram is checked against its sending pod anyway)")
     p.add_argument("--telemetry-socket-group", metavar="GROUP",
                    help="group owning the telemetry socket, for a mode such as 0660 outside Kubernetes")
+    p.add_argument("--telemetry-lock", metavar="PATH",
+                   help="the lock that keeps a second agent off the telemetry socket (default: the socket's "
+                   "path with .lock); in Kubernetes a path no pod mounts, since any process that can open "
+                   "it can hold it")
     p.add_argument("--forget-after", type=float, default=300.0, metavar="S",
                    help="forget a rank silent this long, and a GPU or pod gone this long from the GPU-second "
                    "counters (default 300 s)")
@@ -79,8 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _cluster(name: str | None, label: str) -> dict[str, str]:
     if not name:
         return {}
-    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", label) or label.startswith("__"):
-        raise UserError(f"--cluster-label {label!r} is not a Prometheus label name")
+    problem = L.not_a_cluster_label(label)
+    if problem:
+        raise UserError(problem)
     if label in dcgm_counters.LABELS_IN_USE:
         raise UserError(f"--cluster-label {label!r} is a label the agent's series already carry; choose another")
     return {label: name}
@@ -117,6 +123,11 @@ def _socket_access(args: argparse.Namespace) -> dict[str, int | None]:
     return {"mode": mode, "group": gid}
 
 
+def _shared(lock: Path, socket_path: Path) -> bool:
+    """Whether `lock` lies in the socket's directory or below it."""
+    return socket_path.absolute().parent in lock.absolute().parents
+
+
 def _reader(args: argparse.Namespace, telemetry) -> GpuReader:
     if args.backend in ("auto", "nvml"):
         try:
@@ -144,8 +155,13 @@ def _attribution(args: argparse.Namespace, reader: GpuReader, telemetry, sampler
         except Exception as exc:  # no service account and no kubeconfig: allocations stay unenriched
             log.warning("Kubernetes API not configured (%s): pods are not enriched", exc)
             kube = None
-        return Attributor(args.node, args.kubelet_socket, kube, mig_devices=reader.mig_devices,
-                          gpu_minors=reader.gpu_minors, refresh_s=args.refresh)
+        attributor = Attributor(args.node, args.kubelet_socket, kube, mig_devices=reader.mig_devices,
+                                gpu_minors=reader.gpu_minors, refresh_s=args.refresh)
+        if telemetry and kube is not None:
+            # Datagrams are checked against the pod that sent them, and dropped where the agent
+            # cannot place their sender in a listed pod (docs/security.md).
+            telemetry.senders.pods = attributor.pods
+        return attributor
 
     # Where the kernel names no rank's process, a rank silent for a few intervals has let go.
     holders = LocalHolders(held_for_s=max(3 * args.interval, 5.0))
@@ -182,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         if args.telemetry_socket:
             try:
                 telemetry = TelemetryInbox(args.telemetry_socket, forget_after_s=args.forget_after,
-                                           **_socket_access(args))
+                                           lock=args.telemetry_lock, **_socket_access(args))
             except OSError as exc:
                 raise UserError(f"cannot open the telemetry socket {args.telemetry_socket}: {exc.strerror or exc}"
                                 " (pick another with --telemetry-socket PATH, or '' to disable)") from exc
@@ -191,9 +207,10 @@ def run(args: argparse.Namespace) -> int:
         stack.callback(reader.close)
         sampler_ref: list[Sampler] = []
         attribution = _attribution(args, reader, telemetry, sampler_ref)
-        if telemetry and isinstance(attribution, Attributor):
-            # Datagrams are checked against the pod that sent them (docs/security.md).
-            telemetry.senders.pods = attribution.pods
+        if telemetry and isinstance(attribution, Attributor) and _shared(telemetry.lock_path, telemetry.path):
+            log.warning("the telemetry lock %s is in the socket's directory, which training pods mount: any of "
+                        "them can hold it and keep the agent from starting (--telemetry-lock PATH elsewhere)",
+                        telemetry.lock_path)
         registry = CollectorRegistry()
         registry.register(SnapshotCollector(lambda: sampler_ref[0].latest, counters, constant))
         ProcessCollector(registry=registry)

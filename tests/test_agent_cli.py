@@ -2,9 +2,14 @@
 import os
 import signal
 import socket
+import stat
 import subprocess
+import tempfile
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import PYTHON, ROOT
 from tests.processes import agent
@@ -110,3 +115,67 @@ def test_a_second_agent_on_the_same_socket_is_refused(tmp_path):
         assert os.path.exists(sock) and _health(base) == (200, "ok")
         os.unlink(sock)         # removed under it, as the second agent used to on its way out
         assert _health(base) == (503, f"the telemetry socket {sock} was removed or replaced")
+
+
+# Run as another user, an interpreter that user may run (the test's own may live under a
+# private home); the system's has the standard library, all these processes need.
+SYSTEM_PYTHON = "/usr/bin/python3"
+# A process that opens every file in a directory for reading and holds a lock on each.
+HOLD_EVERYTHING = ("import fcntl,os,sys\nheld=[]\n"
+                   "for name in os.listdir(sys.argv[1]):\n"
+                   "    fd=os.open(os.path.join(sys.argv[1],name),os.O_RDONLY)\n"
+                   "    fcntl.flock(fd,fcntl.LOCK_EX|fcntl.LOCK_NB); held.append(fd)\n"
+                   "print('held',len(held),flush=True); sys.stdin.read()\n")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK),
+                    reason="needs root, to run the pod's process as another user, and a system Python")
+def test_no_process_that_can_read_the_socket_directory_keeps_the_agent_from_starting():
+    """A pod mounts the socket's directory (read-only is enough to open its files, and
+    reading is enough to hold a lock). It used to hold the agent's lock there, and every
+    agent start then ended "another agent is receiving on it". Stood in: the pod is a
+    process of user nobody, reading the directory as its mount would let it; the agent runs
+    as the DaemonSet runs it, its lock in a directory of its own."""
+    with tempfile.TemporaryDirectory(prefix="br-", dir="/tmp") as d:
+        os.chmod(d, 0o755)
+        shared, own = Path(d) / "burnrate", Path(d) / "burnrate-agent"
+        shared.mkdir(mode=0o755)
+        (shared / "telemetry.sock.lock").touch(mode=0o644)  # where agents before this one kept it
+        pod = subprocess.Popen([SYSTEM_PYTHON, "-c", HOLD_EVERYTHING, str(shared)], user=65534, group=65534,
+                               extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert pod.stdout.readline().strip() == "held 1"
+            sock = str(shared / "telemetry.sock")
+            started = burnrate("agent", "--backend", "simulated", "--gpus", "1", "--once",
+                               "--telemetry-socket", sock, "--telemetry-lock", str(own / "telemetry.lock"))
+            assert started.returncode == 0, started.stderr
+            assert stat.S_IMODE(os.stat(own / "telemetry.lock").st_mode) == 0o600
+            # The lock where it used to be: the pod keeps the agent out.
+            kept_out = burnrate("agent", "--backend", "simulated", "--gpus", "1", "--once", "--telemetry-socket", sock)
+            assert kept_out.returncode == 2 and "another agent is receiving on it" in kept_out.stderr
+        finally:
+            pod.stdin.close()
+            pod.wait(timeout=10)
+            pod.stdout.close()
+
+
+def test_with_pods_a_lock_in_the_socket_directory_is_warned_of(tmp_path):
+    sock = tmp_path / "shared" / "t.sock"
+    proc = burnrate("agent", "--backend", "simulated", "--gpus", "1", "--once", "--telemetry-socket", str(sock),
+                    "--attribution", "kubelet", "--kubelet-socket", str(tmp_path / "no-kubelet.sock"))
+    assert proc.returncode == 0, proc.stderr
+    assert (f"the telemetry lock {sock}.lock is in the socket's directory, which training pods mount: any of them "
+            "can hold it and keep the agent from starting (--telemetry-lock PATH elsewhere)") in proc.stderr
+    elsewhere = burnrate("agent", "--backend", "simulated", "--gpus", "1", "--once", "--telemetry-socket", str(sock),
+                         "--attribution", "kubelet", "--kubelet-socket", str(tmp_path / "no-kubelet.sock"),
+                         "--telemetry-lock", str(tmp_path / "own" / "t.lock"))
+    assert elsewhere.returncode == 0 and "--telemetry-lock PATH elsewhere" not in elsewhere.stderr
+
+
+def test_a_lock_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "t.lock").mkdir()
+    proc = burnrate("agent", "--backend", "simulated", "--once", "--telemetry-socket", str(tmp_path / "t.sock"),
+                    "--telemetry-lock", str(tmp_path / "t.lock"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"burnrate agent: error: cannot open the telemetry socket {tmp_path / 't.sock'}: cannot create its lock "
+        f"{tmp_path / 't.lock'}: Is a directory (pick another with --telemetry-socket PATH, or '' to disable)"]

@@ -494,6 +494,16 @@ def test_a_second_inbox_on_a_live_socket_is_refused(sock_dir: Path) -> None:
         assert after.alive() == (True, "ok")
 
 
+def test_the_lock_can_live_apart_from_the_socket(sock_dir: Path) -> None:
+    """Where pods mount the socket's directory, the lock must be elsewhere (docs/security.md)."""
+    path, lock = sock_dir / "shared" / "t.sock", sock_dir / "own" / "t.lock"
+    with TelemetryInbox(path, lock=lock) as first:
+        assert os.listdir(path.parent) == ["t.sock"] and stat.S_IMODE(os.stat(lock).st_mode) == 0o600
+        with pytest.raises(InboxInUse, match=f"another agent is receiving on it \\(it holds {lock}\\)"):
+            TelemetryInbox(path, lock=lock)
+        assert first.alive() == (True, "ok")
+
+
 def test_close_leaves_a_socket_someone_else_bound(sock_dir: Path) -> None:
     path = sock_dir / "t.sock"
     inbox = TelemetryInbox(path)

@@ -4,18 +4,23 @@ Real sockets and real sender processes: the kernel's SCM_CREDENTIALS name each s
 pid. What no machine here has is a kubelet putting those processes into pod cgroups, so
 the agent reads their cgroups from a stand-in /proc: a directory holding, for each real
 sender pid, the `cgroup` file a pod's process has on a Kubernetes node (the formats of
-the systemd and cgroupfs drivers, cgroup v2 and v1). A wrong pid from the kernel would
-find no file there and show as an unidentified sender. The pod list is the real
-attributor's, read from a stand-in kubelet and API server (tests/test_attribution.py's).
+the systemd and cgroupfs drivers, cgroup v2 and v1), and its `stat`, a link to the real
+process's /proc/<pid>/stat (so its real start time). A wrong pid from the kernel would
+find no entry there and show as an unidentified sender; a process with no entry stands
+for one that exited before the agent looked, as short-lived processes do on a node. The
+pod list is the real attributor's, read from a stand-in kubelet and API server
+(tests/test_attribution.py's).
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -23,8 +28,8 @@ import pytest
 
 from burnrate.agent.attribution.attributor import Attributor
 from burnrate.agent.attribution.kube import PodInfo
-from burnrate.agent.telemetry import CARDINALITY, TelemetryInbox, validate
-from burnrate.agent.telemetry.senders import IMPERSONATION, Senders, pod_uid
+from burnrate.agent.telemetry import CARDINALITY, Rejection, TelemetryInbox, validate
+from burnrate.agent.telemetry.senders import IMPERSONATION, UNVERIFIED, Senders, pod_uid
 from tests.test_attribution import MIG_DEVICES, NODE, apiserver, kube_client, kubelet, socket_dir  # noqa: F401
 from tests.test_telemetry import T0, Clock, encode, message
 
@@ -63,8 +68,7 @@ class PodProcess:
                                         stdout=subprocess.PIPE, text=True, user=user,
                                         group=user, extra_groups=None if user is None else [])
         self.cgroup = proc / str(self.process.pid) / "cgroup"
-        self.cgroup.parent.mkdir()
-        self.cgroup.write_text(cgroup)
+        enter(self.cgroup.parent, self.process.pid, cgroup)
 
     def send(self, *payloads: bytes) -> list[str]:
         answers = []
@@ -78,6 +82,33 @@ class PodProcess:
         self.process.stdin.close()
         self.process.wait(timeout=10)
         self.process.stdout.close()
+
+
+def enter(entry: Path, pid: int, cgroup: str) -> None:
+    """The stand-in /proc entry of real process `pid`, in the pod `cgroup` names."""
+    entry.mkdir()
+    (entry / "cgroup").write_text(cgroup)
+    (entry / "stat").symlink_to(f"/proc/{pid}/stat")
+
+
+def spawn_senders(socket_path: Path, payloads: list[list[bytes]], first_user: int | None = None) -> None:
+    """Forks one short-lived process per list of payloads, each sending its own and exiting
+    (switching first to user first_user + i, as a root pod's processes can), and waits for all."""
+    code = ("import os,socket,sys\n"
+            "path, first_user = sys.argv[1], int(sys.argv[2])\n"
+            "for i, line in enumerate(sys.stdin):\n"
+            "    child = os.fork()\n"
+            "    if child == 0:\n"
+            "        if first_user >= 0:\n"
+            "            os.setgroups([]); os.setgid(first_user + i); os.setuid(first_user + i)\n"
+            "        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+            "        for payload in line.split():\n"
+            "            s.sendto(bytes.fromhex(payload), path)\n"
+            "        os._exit(0)\n"
+            "    assert os.waitpid(child, 0)[1] == 0\n")
+    stdin = "".join(" ".join(p.hex() for p in batch) + "\n" for batch in payloads)
+    subprocess.run([sys.executable, "-c", code, str(socket_path), str(-1 if first_user is None else first_user)],
+                   input=stdin, text=True, check=True, timeout=120)
 
 
 @pytest.fixture
@@ -139,7 +170,7 @@ def test_a_pod_reporting_as_another_pod_is_kept_under_its_own_name(node, process
         assert dict(inbox.rejected) == {}
 
 
-def test_nobody_outside_a_pod_can_name_that_pod(node, processes) -> None:
+def test_nobody_outside_a_listed_pod_can_write_at_all(node, processes) -> None:
     path, proc = node
     with TelemetryInbox(path, clock=Clock(), senders=Senders(proc, pods=lambda: PODS)) as inbox:
         unlisted_pod = start(processes, node, systemd_v2(UID_NEW))
@@ -148,31 +179,73 @@ def test_nobody_outside_a_pod_can_name_that_pod(node, processes) -> None:
         assert unlisted_pod.send(victim, encode(message(namespace="team-c", pod="new-0"))) == ["sent", "sent"]
         assert host.send(victim, encode(message(namespace="local", pod="bench", rank=3))) == ["sent", "sent"]
         assert inbox.wait_idle(timeout=10)
-        # A pod the API has not listed yet, and a process outside every pod, keep the names
-        # they give so long as those are no known pod's.
-        assert by_pod(inbox) == {("team-c", "new-0"): [("llm-7b", 0)], ("local", "bench"): [("llm-7b", 3)]}
-        assert dict(inbox.rejected) == {IMPERSONATION: 2}
+        # A pod the API has not listed yet, and a process outside every pod, have no namespace
+        # the agent could check: naming a listed pod is impersonation, any other name unverified.
+        assert by_pod(inbox) == {}
+        assert dict(inbox.rejected) == {IMPERSONATION: 2, UNVERIFIED: 2}
 
 
-def test_a_sender_that_exits_after_its_last_send_is_still_its_pod(node, processes) -> None:
-    """A trainer's final flush can be read after the trainer is gone: its pid was seen in its pod."""
+def test_a_pid_is_never_filed_under_its_earlier_owner(node, processes) -> None:
+    """trainer-b-0's process is seen at a pid. Then the process at that pid is gone when the
+    agent looks: it stands for trainer-b-0 having exited and a short-lived process of pod A
+    taking its pid, sending in team-b's name and exiting (its stand-in /proc entry removed)."""
     path, proc = node
     with TelemetryInbox(path, clock=Clock(), senders=Senders(proc, pods=lambda: PODS)) as inbox:
         trainer = start(processes, node, systemd_v2(UID_B))
-        assert trainer.send(encode(message(namespace="team-b", pod="trainer-b-0", steps=3))) == ["sent"]
+        assert trainer.send(encode(message(namespace="team-b", pod="trainer-b-0", training_job="job-b",
+                                           steps=3))) == ["sent"]
         assert inbox.wait_idle(timeout=10)
-        shutil.rmtree(trainer.cgroup.parent)  # its /proc entry gone, as after exit
-        assert trainer.send(encode(message(namespace="team-b", pod="trainer-b-0", steps=4))) == ["sent"]
+        shutil.rmtree(trainer.cgroup.parent)
+        forged = message(namespace="team-b", pod="trainer-b-0", training_job="job-b", steps=1000, loss=math.nan)
+        assert trainer.send(encode(forged)) == ["sent"]
         assert inbox.wait_idle(timeout=10)
         (rank,) = inbox.ranks()
-        assert (rank.key.pod, rank.values["steps"]) == ("trainer-b-0", 7)
-        assert dict(inbox.rejected) == {}
-        # The pid taken again, by a process of another pod: its new /proc entry is read afresh.
-        trainer.cgroup.parent.mkdir()
-        trainer.cgroup.write_text(systemd_v2(UID_A))
-        assert trainer.send(encode(message(namespace="team-b", pod="trainer-b-0", steps=5))) == ["sent"]
+        assert (rank.key.pod, rank.values["steps"], rank.values["loss"]) == ("trainer-b-0", 3, 2.5)
+        assert dict(inbox.rejected) == {IMPERSONATION: 1}   # a listed pod's name, from no pod the agent sees
+        # The pid's new owner, alive, of pod A: its own entry is read, and it is pod A.
+        enter(trainer.cgroup.parent, trainer.process.pid, systemd_v2(UID_A))
+        assert trainer.send(encode(forged)) == ["sent"]
         assert inbox.wait_idle(timeout=10)
-        assert {(r.key.pod, r.values["steps"]) for r in inbox.ranks()} == {("trainer-b-0", 7), ("trainer-a-0", 5)}
+        assert {(r.key.pod, r.values["steps"]) for r in inbox.ranks()} == {("trainer-b-0", 3), ("trainer-a-0", 1000)}
+
+
+def test_short_lived_processes_cannot_write_into_another_namespace(node, processes) -> None:
+    """Children of pod A, each sending one datagram in team-b's name and exiting before the
+    agent reads its /proc entry (they have none in the stand-in): the loss NaN would page
+    team-b with TrainingDiverging."""
+    path, proc = node
+    with TelemetryInbox(path, clock=Clock(), senders=Senders(proc, pods=lambda: PODS)) as inbox:
+        start(processes, node, systemd_v2(UID_A))  # their parent, in pod A
+        ghosts = [[encode(message(namespace="team-b", pod=f"ghost-{i}", training_job="job-b", loss=math.nan))]
+                  for i in range(50)]
+        spawn_senders(path, ghosts)
+        assert inbox.wait_idle(timeout=10)
+        assert inbox.received == 50 and by_pod(inbox) == {}
+        assert dict(inbox.rejected) == {UNVERIFIED: 50}
+
+
+def test_outside_kubernetes_short_lived_senders_keep_their_names(node) -> None:
+    """No pod list (the demo, a laptop): names are taken as sent, as the demo's trainers need."""
+    path, proc = node
+    with TelemetryInbox(path, clock=Clock(), senders=Senders(proc)) as inbox:
+        spawn_senders(path, [[encode(message(namespace="local", pod=f"rank-{i}", rank=i))] for i in range(3)])
+        assert inbox.wait_idle(timeout=10)
+        assert by_pod(inbox) == {("local", f"rank-{i}"): [("llm-7b", i)] for i in range(3)}
+        assert dict(inbox.rejected) == {}
+
+
+def test_a_process_started_after_the_datagram_arrived_did_not_send_it(node, processes) -> None:
+    """The process now at the kernel's pid is the sender only if it was running when the
+    datagram was received; one started later has taken a freed pid."""
+    path, proc = node
+    before = time.clock_gettime(time.CLOCK_BOOTTIME)
+    process = start(processes, node, systemd_v2(UID_B))
+    senders = Senders(proc, pods=lambda: PODS)
+    record = validate(encode(message(namespace="team-a", pod="trainer-a-0")))
+    pid = process.process.pid
+    assert senders.check(record, pid, 0, received=before - 1.0) == Rejection(UNVERIFIED, f"pid {pid} is in no listed pod")
+    kept, key = senders.check(record, pid, 0, received=time.clock_gettime(time.CLOCK_BOOTTIME))
+    assert ((kept.namespace, kept.pod), key) == (("team-b", "trainer-b-0"), f"pod:{UID_B}")
 
 
 def test_a_flood_of_made_up_ranks_costs_only_its_sender(node, processes) -> None:
@@ -194,6 +267,31 @@ def test_a_flood_of_made_up_ranks_costs_only_its_sender(node, processes) -> None
         assert inbox.rejected[CARDINALITY] == 5000 - 256
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to switch users as a root pod's processes can")
+@pytest.mark.parametrize("kubernetes", [True, False])
+def test_a_pod_whose_processes_switch_users_cannot_take_the_node(node, processes, kubernetes) -> None:
+    """A root pod's short-lived children, each switching to a user of its own, flood made-up
+    ranks (each user used to get a budget of its own: 16 filled the node). Then a rank of
+    another pod, new, must still be taken."""
+    path, proc = node
+    os.chmod(path.parent, 0o755)   # the children, once other users, must reach the socket
+    senders = Senders(proc, pods=lambda: PODS) if kubernetes else Senders(proc)
+    with TelemetryInbox(path, clock=Clock(), senders=senders) as inbox:
+        start(processes, node, systemd_v2(UID_A))  # their parent, in pod A
+        made_up = [[encode(message(training_job=f"junk-{child}-{i % 16}", rank=i // 16, world_size=1000))
+                    for i in range(260)] for child in range(20)]
+        spawn_senders(path, made_up, first_user=20000)
+        newcomer = start(processes, node, systemd_v2(UID_B))
+        assert newcomer.send(encode(message(namespace="team-b", pod="trainer-b-0", training_job="job-b"))) == ["sent"]
+        assert inbox.wait_idle(timeout=30)
+        held = by_pod(inbox)
+        assert held.pop(("team-b", "trainer-b-0")) == [("job-b", 0)]
+        if kubernetes:  # senders that cannot be placed in a pod hold nothing
+            assert held == {} and dict(inbox.rejected) == {UNVERIFIED: 20 * 260}
+        else:           # they share one budget, whatever users they switch to
+            assert sum(map(len, held.values())) == 256 and dict(inbox.rejected) == {CARDINALITY: 20 * 260 - 256}
+
+
 def test_the_real_attributors_pod_list_decides(node, processes, kubelet, apiserver) -> None:  # noqa: F811
     """Wired as `burnrate agent --attribution kubelet` wires it: the pods the API lists."""
     path, proc = node
@@ -204,20 +302,25 @@ def test_the_real_attributors_pod_list_decides(node, processes, kubelet, apiserv
         claim = encode(message(namespace="default", pod="whatever", training_job="llm-7b"))
         assert worker.send(claim) == ["sent"]
         assert inbox.wait_idle(timeout=10)
-        # Before the first list nothing is known: the claim stands.
-        assert list(by_pod(inbox)) == [("default", "whatever")]
+        # Before the first list no sender can be placed: nothing is kept.
+        assert by_pod(inbox) == {} and dict(inbox.rejected) == {UNVERIFIED: 1}
         attributor.refresh()
         assert worker.send(claim) == ["sent"]
         assert inbox.wait_idle(timeout=10)
-        assert ("ml", "llm-7b-worker-0") in by_pod(inbox)
+        assert list(by_pod(inbox)) == [("ml", "llm-7b-worker-0")]
         assert inbox.relabelled == 1
 
 
-def test_without_the_hosts_pid_namespace_claims_are_taken_and_a_warning_says_why(caplog) -> None:
-    senders = Senders("/nonexistent", pods=lambda: PODS)
+@pytest.mark.parametrize("pods, outcome", [
+    (lambda: PODS, Rejection(UNVERIFIED, "the kernel named no sender")),   # Kubernetes: dropped
+    (None, "kept"),                                                         # outside: taken as sent
+])
+def test_without_the_hosts_pid_namespace_a_warning_says_why(caplog, pods, outcome) -> None:
+    senders = Senders("/nonexistent", pods=pods)
     record = validate(encode(message(namespace="team-b", pod="trainer-b-0")))
-    assert senders.check(record, 0, 1000) == (record, "uid:1000")
-    assert senders.check(record, 0, 1000) == (record, "uid:1000")
+    expected = (record, "uid:1000") if outcome == "kept" else outcome
+    assert senders.check(record, 0, 1000, 0.0) == expected
+    assert senders.check(record, 0, 1000, 0.0) == expected
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "hostPID: true" in warnings[0]
 

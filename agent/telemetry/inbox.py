@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import logging
 import os
 import socket
@@ -38,6 +39,7 @@ INTERNAL = "internal"         # handling the datagram raised; the reader goes on
 _RETRY_S = 0.2                # pause after a failed read, so a persistent socket error cannot spin a core
 _CREDENTIALS = struct.Struct("iII")  # struct ucred: pid, uid, gid
 _ANCILLARY_BYTES = socket.CMSG_SPACE(_CREDENTIALS.size)
+_boottime = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)  # the clock of /proc/<pid>/stat
 _log = logging.getLogger(__name__)
 
 
@@ -45,13 +47,17 @@ class TelemetryInbox:
     """Binds the socket at `path` and accumulates what trainers send until close().
 
     `mode` and `group` set who may send at all (outside Kubernetes they are the only
-    guard); `senders` checks each datagram against the process the kernel says sent it."""
+    guard); `senders` checks each datagram against the process the kernel says sent it.
+    `lock` (default: `<path>.lock`, beside the socket) admits one agent per socket; where
+    pods mount the socket's directory it must lie elsewhere, or any pod could hold it."""
 
     def __init__(self, path: str | os.PathLike[str], *, max_ranks: int = 4096,
                  max_ranks_per_job: int = 1024, max_ranks_per_sender: int = 256, max_jobs_per_sender: int = 32,
                  forget_after_s: float = 300.0, clock: Callable[[], float] = time.time,
-                 senders: Senders | None = None, mode: int = 0o666, group: int | None = None) -> None:
+                 senders: Senders | None = None, mode: int = 0o666, group: int | None = None,
+                 lock: str | os.PathLike[str] | None = None) -> None:
         self._path = Path(path)
+        self.lock_path = Path(lock) if lock is not None else self._path.with_name(self._path.name + ".lock")
         self._clock = clock
         self._table = RankTable(max_ranks, max_ranks_per_job, forget_after_s, max_ranks_per_sender,
                                 max_jobs_per_sender)
@@ -62,7 +68,7 @@ class TelemetryInbox:
         self._busy = False
         self._last_done = time.monotonic()
         self._closing = threading.Event()
-        self._lock_fd = _claim(self._path)
+        self._lock_fd = _claim(self.lock_path)
         try:
             self._sock, self._inode = _bind(self._path, mode, group)
         except BaseException:
@@ -157,6 +163,8 @@ class TelemetryInbox:
             try:
                 # One byte over the limit is enough to tell an oversized datagram; the kernel drops the rest.
                 payload, ancillary, _, _ = receive(MAX_MESSAGE_BYTES + 1, _ANCILLARY_BYTES)
+                # The sender's process must have started by now (senders.py).
+                received = _boottime()
             except OSError:
                 if self._closing.is_set():
                     return
@@ -168,9 +176,9 @@ class TelemetryInbox:
             if not payload and self._closing.is_set():
                 return
             self._busy = True  # off the queue but not yet counted: wait_idle must wait for it
-            self._take(payload, ancillary)
+            self._take(payload, ancillary, received)
 
-    def _take(self, payload: bytes, ancillary: list) -> None:
+    def _take(self, payload: bytes, ancillary: list, received: float) -> None:
         try:
             result = validate(payload)
         except Exception:
@@ -180,7 +188,7 @@ class TelemetryInbox:
             pid, uid = _sender(ancillary)
             if not isinstance(result, Rejection):
                 try:
-                    result = self.senders.check(result, pid, uid)
+                    result = self.senders.check(result, pid, uid, received)
                 except Exception:
                     _log.debug("telemetry sender could not be checked", exc_info=True)
                     result = Rejection(INTERNAL)
@@ -221,13 +229,16 @@ class InboxInUse(OSError):
     """Another live process receives on this socket."""
 
 
-def _claim(path: Path) -> int:
-    """Hold `<socket>.lock` for as long as the inbox lives: a second agent on the same
-    socket would take it over and delete it on exit, leaving the first deaf. The kernel
-    drops the lock when its holder dies, so a crashed agent does not block the next."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = path.with_name(path.name + ".lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+def _claim(lock: Path) -> int:
+    """Hold `lock` for as long as the inbox lives: a second agent on the same socket would
+    take it over and delete it on exit, leaving the first deaf. The kernel drops the lock
+    when its holder dies, so a crashed agent does not block the next. Whoever can open the
+    file can hold it (reading is enough), so it is 0600, and it belongs where no pod can reach."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot create its lock {lock}: {exc.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
