@@ -12,6 +12,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 from burnrate.exporter.errors import UserError
+from burnrate.exporter.labels import not_a_cluster_label
 
 from .detectors import DetectorConfig
 from .detectors.config_file import DetectorConfigError, load_detector_config
@@ -19,13 +20,15 @@ from .grid.frames import Window
 from .costing.pricing import Catalog, PricingError, load_catalog
 from .sources.recording_tables import RecordingError
 from .sources.prometheus import PrometheusError, PrometheusSource
+from .sources.promhttp import MAX_POINTS, MAX_SERIES, Limits
 from .sources.recording import RecordingSource
 
 ALL_CLUSTERS = "all"
 # The flags that only a Prometheus store takes, by the option's attribute.
 _CONNECTION = {"bearer_token_file": "--bearer-token-file", "basic_auth_user": "--basic-auth-user",
                "basic_auth_password_file": "--basic-auth-password-file", "ca_file": "--ca-file",
-               "insecure_skip_verify": "--insecure-skip-verify"}
+               "insecure_skip_verify": "--insecure-skip-verify", "max_series": "--max-series",
+               "max_points": "--max-points"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class SourceOptions:
     cluster_label: str = "cluster"
     pricing: str | None = None
     detector_config: str | None = None
+    max_series: int | None = None
+    max_points: int | None = None
 
     def __post_init__(self) -> None:
         if (self.prometheus is None) == (self.recording is None):
@@ -62,6 +67,12 @@ class SourceOptions:
         _check_url(self.prometheus)
         if self.timeout_s <= 0:
             raise UserError("--timeout must be positive")
+        for flag, limit in (("--max-series", self.max_series), ("--max-points", self.max_points)):
+            if limit is not None and limit <= 0:
+                raise UserError(f"{flag} must be positive")
+        problem = not_a_cluster_label(self.cluster_label)
+        if problem:
+            raise UserError(problem)
         if self.scrape_interval_s is not None and self.scrape_interval_s <= 0:
             raise UserError("--scrape-interval must be positive")
         if self.basic_auth_password_file and not self.basic_auth_user:
@@ -93,7 +104,8 @@ class SourceOptions:
                 self.prometheus, timeout_s=self.timeout_s,
                 bearer_token=_read_secret(self.bearer_token_file, "bearer token file"), basic_auth=basic_auth,
                 ca_file=self.ca_file, insecure=self.insecure_skip_verify, min_step_s=self.scrape_interval_s,
-                scope={self.cluster_label: cluster} if cluster is not None else None)
+                scope={self.cluster_label: cluster} if cluster is not None else None,
+                limits=Limits(self.max_series or MAX_SERIES, self.max_points or MAX_POINTS))
         except (OSError, ValueError) as exc:
             raise UserError(f"cannot use Prometheus at {self.prometheus}: {exc}") from None
 
@@ -157,7 +169,13 @@ def add_source_arguments(parser: argparse.ArgumentParser, cluster_help: str) -> 
     conn.add_argument("--basic-auth-password-file", metavar="FILE", help="that user's password, in a file")
     conn.add_argument("--ca-file", metavar="FILE", help="CA bundle to verify Prometheus' TLS certificate")
     conn.add_argument("--insecure-skip-verify", action="store_true", help="do not verify the TLS certificate")
-    conn.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-request timeout (default 30)")
+    conn.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                      help="the most one request may take, connecting, headers and answer together (default 30)")
+    limits = parser.add_argument_group("Prometheus answers (what one read may hold, docs/sources.md)")
+    limits.add_argument("--max-series", type=int, metavar="N",
+                        help=f"series in the answers of one read, each time piece counted (default {MAX_SERIES:,})")
+    limits.add_argument("--max-points", type=int, metavar="N",
+                        help=f"points in the answers of one read (default {MAX_POINTS:,})")
 
 
 def source_options(args: argparse.Namespace) -> SourceOptions:
@@ -167,7 +185,8 @@ def source_options(args: argparse.Namespace) -> SourceOptions:
         basic_auth_user=args.basic_auth_user, basic_auth_password_file=args.basic_auth_password_file,
         ca_file=args.ca_file, insecure_skip_verify=args.insecure_skip_verify, timeout_s=args.timeout,
         scrape_interval_s=args.scrape_interval, cluster=args.cluster, cluster_label=args.cluster_label,
-        pricing=args.pricing, detector_config=args.detector_config)
+        pricing=args.pricing, detector_config=args.detector_config, max_series=args.max_series,
+        max_points=args.max_points)
 
 
 def _check_url(url: str) -> None:

@@ -10,7 +10,7 @@ import contextlib
 import importlib
 import sys
 
-from burnrate.exporter.errors import UserError
+from burnrate.exporter.errors import UserError, printable
 
 # command -> (module with add_arguments(parser) and run(args) -> int, the extra it needs, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         with _needs(args.command):
             return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
     except (MissingExtra, UserError) as exc:
-        print(f"burnrate {command}: error: {exc}", file=sys.stderr)
+        print(f"burnrate {command}: error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

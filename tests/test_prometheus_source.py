@@ -190,8 +190,7 @@ def transport(request, monkeypatch):
     """Each way an exchange can go: a thread's kept connection, or urllib's, which a URL
     the environment proxies takes (forced here: no proxy runs in the tests)."""
     if request.param == "urllib":
-        monkeypatch.setattr(PrometheusHTTP, "_exchange",
-                            lambda self, path, params, post: self._answer(self._request(path, params, post)))
+        monkeypatch.setattr(PrometheusHTTP, "_kept_exchange", PrometheusHTTP._urllib_exchange)
 
 
 @pytest.mark.usefixtures("transport")
@@ -278,6 +277,16 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(b" ")
                 self.wfile.flush()
                 time.sleep(0.3)
+        elif self.mode == "drip headers":
+            # A status line, then a header a byte a second: each read gets a byte in time.
+            with contextlib.suppress(OSError):     # until the client gives up
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nX")
+                for _ in range(60):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.3)
+        elif self.mode == "not http":
+            self.wfile.write(b"\x1b[2J garbage\r\n\r\n")
         elif self.mode == "flood":
             self.send_response(200)
             self.end_headers()          # no length: the answer ends when the connection does
@@ -318,6 +327,25 @@ def test_a_dripping_answer_meets_the_deadline():
     with hostile("drip") as (url, _):
         with pytest.raises(PrometheusError, match="did not answer within 1 s"):
             PrometheusSource(url, timeout_s=1.0, workers=1).frames(Window(time.time() - 60, time.time()))
+
+
+@pytest.mark.usefixtures("transport")
+def test_headers_that_drip_meet_the_deadline():
+    """Headers sent a byte every 0.3 s held `analyze --timeout 4` for minutes: the deadline
+    is on the wall clock, for the status line and headers as for the body."""
+    with hostile("drip headers") as (url, _):
+        began = time.monotonic()
+        with pytest.raises(PrometheusError, match=f"Prometheus at {url} did not answer within 1 s"):
+            PrometheusHTTP(url, {}, timeout_s=1.0).data("/api/v1/query", {"query": "up"})
+        assert time.monotonic() - began < 5
+
+
+@pytest.mark.usefixtures("transport")
+def test_an_answer_that_is_not_http_is_one_line():
+    with hostile("not http") as (url, _):
+        with pytest.raises(PrometheusError, match="answered something that is not HTTP") as err:
+            PrometheusHTTP(url, {}, timeout_s=5.0).data("/api/v1/query", {"query": "up"})
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.usefixtures("transport")

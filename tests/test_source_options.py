@@ -31,7 +31,7 @@ from tests.tls import basic, self_signed, trusting, web_config
 
 SOURCE_FLAGS = {"--prometheus", "--recording", "--pricing", "--detector-config", "--cluster", "--cluster-label",
                 "--scrape-interval", "--bearer-token-file", "--basic-auth-user", "--basic-auth-password-file",
-                "--ca-file", "--insecure-skip-verify", "--timeout"}
+                "--ca-file", "--insecure-skip-verify", "--timeout", "--max-series", "--max-points"}
 
 
 def parser_of(module) -> argparse.ArgumentParser:
@@ -53,13 +53,15 @@ def test_analyze_and_the_dashboard_take_the_same_source_flags_and_read_them_alik
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     argv = ("--prometheus", "https://prometheus:9090", "--bearer-token-file", str(token), "--insecure-skip-verify",
-            "--timeout", "5", "--scrape-interval", "30", "--cluster", "eu-1", "--cluster-label", "k8s")
+            "--timeout", "5", "--scrape-interval", "30", "--cluster", "eu-1", "--cluster-label", "k8s",
+            "--max-series", "7000", "--max-points", "9000")
     ours = options_of(analyze_cli, *argv)
     assert ours == options_of(dashboard_cli, *argv)
     assert (ours.timeout_s, ours.scrape_interval_s, ours.cluster, ours.cluster_label) == (5.0, 30.0, "eu-1", "k8s")
     store = ours.open("eu-1")
     assert isinstance(store, PrometheusSource) and store.scope == {"k8s": "eu-1"}
     assert store._headers["Authorization"] == "Bearer s3cret" and store.min_step_s == 30.0
+    assert (store._http.limits.series, store._http.limits.points) == (7000, 9000)
 
 
 def test_the_dashboards_own_password_is_not_the_stores(tmp_path):

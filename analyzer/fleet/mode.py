@@ -172,7 +172,8 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
     if rollups.node_info:
         missing = [m for m in missing if m != NODE_PRICING_LABELS]
     # Coverage is said of the whole fleet's accounting, not of the nodes read per GPU alone.
-    notes = [_basis(rollups, plan, everyone, window)] + rollups.notes + report_notes(report.unpriced_nodes, accounting)
+    notes = [_basis(rollups, plan, everyone, window)] + rollups.notes + report_notes(report.unpriced_nodes, accounting,
+                                                                                  report.dropped_mfu)
     if rollups.filled:
         notes.append(f"the ruler missed {sum(rollups.filled.values()):.0f} evaluations of the roll-ups on "
                      f"{len(rollups.filled)} nodes: each was filled with the evaluation before it")

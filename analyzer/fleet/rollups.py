@@ -32,6 +32,7 @@ from burnrate.exporter.catalog import IDLE_UTIL_PCT
 from ..detectors import DetectorConfig
 from ..grid.frames import Window
 from ..grid.resample import MAX_POINTS
+from ..grid.views import invalid_mfu, invalid_mfu_note
 from ..sources.prometheus import GPU_SERIES, HOSTNAME_SPELLINGS, PrometheusSource, matching, selector
 
 GROUP = "burnrate-rollups"
@@ -202,8 +203,11 @@ class RollUpReader:
             out.evaluations[key[1]] = out.evaluations.get(key[1], 0.0) + n
         out.steps = _jobs(self._sums(STEPS, JOB))
         out.tokens = _jobs(self._sums(TOKENS, JOB))
-        out.mfu = _jobs(self._values(f"avg_over_time(({self._sel(MFU)} and on (cluster, namespace, training_job) "
-                                     f"{self._sel(STEPS)} > 0)[{self._range}:{self._step(interval)}])", JOB))
+        mfu = _jobs(self._values(f"avg_over_time(({self._sel(MFU)} and on (cluster, namespace, training_job) "
+                                 f"{self._sel(STEPS)} > 0)[{self._range}:{self._step(interval)}])", JOB))
+        bad = invalid_mfu(np.fromiter(mfu.values(), np.float64, len(mfu)))
+        out.mfu = {job: value for (job, value), no in zip(mfu.items(), bad) if not no}
+        out.notes += invalid_mfu_note({job: 1 for job, no in zip(mfu, bad) if no})
         out.gpus = _jobs(self._values(f"max_over_time({self._sel(JOB_SHARE)}[{self._range}])", JOB))
         out.checkpoint_interval_s = self._checkpoints(interval)
         out.node_info = self._node_info()

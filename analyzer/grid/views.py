@@ -46,6 +46,22 @@ ANALYSIS_COLUMNS = {"gpu": GPU_SIGNALS, "alloc": ("share",), "rank": RANK_COUNTE
                     "node": (), "xid": ("count",)}
 
 
+def invalid_mfu(mfu: np.ndarray) -> np.ndarray:
+    """Where an MFU is a figure no GPU can reach: below 0 or above 1 (a peak of FLOPs set too
+    low, or a hostile sender). NaN is no figure at all, and is left as absent."""
+    with np.errstate(invalid="ignore"):
+        return ~np.isnan(mfu) & ~((mfu >= 0) & (mfu <= 1))
+
+
+def invalid_mfu_note(jobs: Mapping[tuple[str, str], int]) -> list[str]:
+    """The report's note of the jobs whose MFU samples were dropped, (namespace, job) -> how many."""
+    if not jobs:
+        return []
+    named = ", ".join(f"{namespace}/{job}" for namespace, job in sorted(jobs)[:5]) + (" …" if len(jobs) > 5 else "")
+    return [f"{sum(jobs.values()):,} MFU samples outside 0-100% dropped, of {named}: "
+            "their MFU is from the valid samples, unknown where none is left"]
+
+
 @dataclass(frozen=True)
 class Grid:
     keys: pd.DataFrame                 # one row per series, label columns, RangeIndex = row number
@@ -257,6 +273,7 @@ class Views:
         self.n = max(int(np.rint((frames.window.end - frames.window.start) / self.step)) + 1, 1)
         self._job_rows: dict[int, dict[tuple[str, str], np.ndarray]] = {}
         self.class_overrides = dict(class_overrides or {})
+        self.dropped_mfu: dict[tuple[str, str], int] = {}     # (namespace, job) -> MFU samples out of range
 
     def span(self, minutes: float) -> int:
         """Samples that cover `minutes` (at least one): run lengths and windows."""
@@ -339,6 +356,14 @@ class Views:
         keys = grid.keys
         keys["job"] = job_name(keys["training_job"], keys["pod"])
         keys["rank_no"] = pd.to_numeric(keys["rank"], errors="coerce")
+        if "mfu" in grid.values:
+            # Dropped here, where every reader of MFU (cost, low_mfu, the dashboard) takes it from.
+            bad = invalid_mfu(grid.values["mfu"])
+            grid.values["mfu"][bad] = np.nan
+            per_row = bad.sum(axis=1)
+            for row in np.flatnonzero(per_row):
+                job = (str(keys["namespace"].iat[row]), str(keys["job"].iat[row]))
+                self.dropped_mfu[job] = self.dropped_mfu.get(job, 0) + int(per_row[row])
         return grid
 
     @cached_property

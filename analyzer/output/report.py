@@ -21,7 +21,8 @@ from ..costing.ledger import job_ledgers
 from ..grid.workloads import TRAINING
 from burnrate.exporter.ledger import BADPUT, NAMES, PRODUCTIVE
 from ..costing.pricing import Catalog
-from ..grid.views import Views
+from ..grid.views import Views, invalid_mfu_note
+from burnrate.exporter.errors import printable
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -41,6 +42,7 @@ class Report:
     views: Views | None = field(default=None, repr=False, compare=False)
     prices: GpuPrices | None = field(default=None, repr=False, compare=False)
     unpriced_nodes: dict[str, str] = field(default_factory=dict, repr=False, compare=False)   # host -> why
+    dropped_mfu: dict[tuple[str, str], int] = field(default_factory=dict, repr=False, compare=False)
 
 
 def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorConfig(),
@@ -57,8 +59,9 @@ def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorC
     reasons = unpriced_nodes(views, catalog)
     unpriced = [{"namespace": j.namespace, "training_job": j.training_job,
                  "reason": _unpriced_reason(views, j, reasons)} for j in jobs if j.cost_dollars is None]
-    return Report(frames.window, priced, jobs, tuple(frames.missing), frames.simulated, report_notes(reasons, accounting),
-                  accounting, unpriced, views, prices, reasons)
+    return Report(frames.window, priced, jobs, tuple(frames.missing), frames.simulated,
+                  report_notes(reasons, accounting, views.dropped_mfu), accounting, unpriced, views, prices, reasons,
+                  dict(views.dropped_mfu))
 
 
 def combine(frames: Frames, reports: list[Report]) -> Report:
@@ -69,15 +72,21 @@ def combine(frames: Frames, reports: list[Report]) -> Report:
         return replace(reports[0], window=frames.window)
     accounting = added([r.accounting for r in reports if r.accounting is not None])
     reasons = {host: why for r in reports for host, why in r.unpriced_nodes.items()}
+    dropped: dict[tuple[str, str], int] = {}
+    for r in reports:
+        for job, n in r.dropped_mfu.items():
+            dropped[job] = dropped.get(job, 0) + n
     return Report(frames.window, sorted((f for r in reports for f in r.findings), key=order),
                   sorted((j for r in reports for j in r.jobs), key=lambda j: (j.namespace, j.training_job)),
-                  tuple(frames.missing), frames.simulated, report_notes(reasons, accounting), accounting,
-                  [u for r in reports for u in r.unpriced_jobs], unpriced_nodes=reasons)
+                  tuple(frames.missing), frames.simulated, report_notes(reasons, accounting, dropped), accounting,
+                  [u for r in reports for u in r.unpriced_jobs], unpriced_nodes=reasons, dropped_mfu=dropped)
 
 
-def report_notes(reasons: dict[str, str], accounting: Accounting | None) -> list[str]:
-    """What a report says of its figures' basis: the nodes without a price (host -> why)
-    and, where samples cover too little of the GPUs' time, how much they cover."""
+def report_notes(reasons: dict[str, str], accounting: Accounting | None,
+                 dropped_mfu: Mapping[tuple[str, str], int] = {}) -> list[str]:
+    """What a report says of its figures' basis: the nodes without a price (host -> why),
+    where samples cover too little of the GPUs' time, how much they cover, and the jobs
+    whose MFU samples no GPU can reach were dropped."""
     notes = []
     if reasons:
         hosts = sorted(reasons)
@@ -86,7 +95,7 @@ def report_notes(reasons: dict[str, str], accounting: Accounting | None) -> list
     if accounting is not None and accounting.coverage is not None and accounting.coverage < COVERAGE_WARNING:
         notes.append(f"samples cover {accounting.coverage:.1%} of the GPUs' time: dollars and hours "
                      "are for the covered part only")
-    return notes
+    return notes + invalid_mfu_note(dropped_mfu)
 
 
 def _state_prices(accounting: Accounting, views: Views, prices: GpuPrices) -> None:
@@ -211,6 +220,7 @@ def _num(value: float | None, fmt: str = "{:,.1f}") -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    rows = [[printable(c) for c in r] for r in rows]     # a label's control characters, escaped before measuring
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
@@ -291,7 +301,7 @@ def render_table(report: Report) -> str:
         lines.append("  none")
     lines += _ledger_lines(jobs)
     lines += _accounting_lines(report)
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines), keep="\n") + "\n"
 
 
 def _ledger_lines(jobs: list[JobCost]) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from burnrate.exporter.errors import UserError
+from burnrate.exporter.errors import UserError, printable
 from burnrate.exporter.listen import listen_address
 from burnrate.exporter.render import Exposition
 from burnrate.exporter.server import MetricsServer
@@ -97,7 +97,7 @@ def evaluate(analysis: Callable[[], Report], collector: ReportCollector) -> None
         report = analysis()
     except UserError as exc:
         collector.failed()
-        print(f"burnrate analyze: {exc}", file=sys.stderr)
+        print(f"burnrate analyze: {printable(str(exc))}", file=sys.stderr)
         return
     collector.update(report, time.monotonic() - began, time.time())
 

@@ -43,7 +43,7 @@ from ..grid.series import distinct_text, labelled, text
 from .timeparse import parse_duration
 from .common import DEFAULT_STEP_S, Progress, column_order, is_simulated, missing_signals, within
 from .allocation import best_allocation, empty_alloc
-from .promhttp import PrometheusError, PrometheusHTTP, collector_paused
+from .promhttp import Limits, PrometheusError, PrometheusHTTP, Tally, collector_paused
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _POD_SUFFIX = re.compile(r"-(?:worker|master|launcher)-\d+$")
@@ -153,13 +153,15 @@ class PrometheusSource:
     interval reads true, analyzer.grid.holding; this only saves points). None asks the
     server's targets (`scrape_interval_hint`), else takes 15 s. `chunk_points` bounds the steps of
     one request, so that long windows over many GPUs come in pieces Prometheus
-    and this process both handle comfortably.
+    and this process both handle comfortably. `limits` bounds the series and points that
+    the answers of one read (`frames`, or any one query) may hold.
     """
 
     def __init__(self, url: str, *, timeout_s: float = 30.0, bearer_token: str | None = None,
                  basic_auth: tuple[str, str] | None = None, ca_file: str | None = None, insecure: bool = False,
                  matchers: Mapping[str, str] | None = None, min_step_s: float | None = 15.0,
-                 chunk_points: int = 1000, workers: int = 4, scope: Mapping[str, str] | None = None) -> None:
+                 chunk_points: int = 1000, workers: int = 4, scope: Mapping[str, str] | None = None,
+                 limits: Limits = Limits()) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.matchers = dict(matchers or {})
@@ -182,7 +184,7 @@ class PrometheusSource:
             if insecure:
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
-        self._http = PrometheusHTTP(self.url, self._headers, timeout_s, context)
+        self._http = PrometheusHTTP(self.url, self._headers, timeout_s, context, limits=limits)
         self.hosts: tuple[str, ...] | None = None
         self.unread_jobs: tuple[tuple[str, str], ...] = ()
 
@@ -204,10 +206,11 @@ class PrometheusSource:
     def _get(self, path: str, params: Mapping[str, str]) -> dict:
         return self._http.data(path, params, post=False)
 
-    def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict]:
-        """Each series as `{"metric": labels, "values": (n, 2) float array of times and values}`."""
+    def query_range(self, promql: str, start: float, end: float, step: float, tally: Tally | None = None) -> list[dict]:
+        """Each series as `{"metric": labels, "values": (n, 2) float array of times and values}`;
+        `tally` counts the answer with the rest of its read against the limits."""
         return self._http.matrix("/api/v1/query_range", {"query": promql, "start": _num(start), "end": _num(end),
-                                                         "step": _num(step)})
+                                                         "step": _num(step)}, tally)
 
     @cached_property
     def min_step_s(self) -> float:
@@ -260,11 +263,11 @@ class PrometheusSource:
         return f"({inner})" if len(ons) > 1 else inner
 
     def _answer(self, job: tuple["PrometheusSource", _Query, np.ndarray], step: float, total: int,
-                progress: Progress | None) -> list[dict]:
+                progress: Progress | None, tally: Tally) -> list[dict]:
         """One query's series, each one's points as a (time, value) float array in the catalog's
         unit: a tenth of the memory JSON's lists take, which is what a day of a thousand GPUs needs."""
         source, q, points = job
-        answer = source.query_range(source.promql(q, step), points[0], points[-1], step)
+        answer = source.query_range(source.promql(q, step), points[0], points[-1], step, tally)
         if q.scale != 1.0:
             for series in answer:
                 series["values"][:, 1] *= q.scale
@@ -304,9 +307,10 @@ class PrometheusSource:
         if not jobs:   # a drill-down with nothing to read: the store's prices still price the rest
             return hold(replace(_empty(window, step), gpu_hour_prices=self.opencost_prices(window)))
         self._answered = 0
+        tally = self._http.tally()      # one count for all of the read's range answers
         with collector_paused():
             with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-                answers = list(pool.map(lambda job: self._answer(job, step, len(jobs), progress), jobs))
+                answers = list(pool.map(lambda job: self._answer(job, step, len(jobs), progress, tally), jobs))
             results: dict[tuple[str, str], list[dict]] = {}
             for (_, q, _), answer in zip(jobs, answers):
                 results.setdefault((q.table, q.column), []).extend(answer)

@@ -3,9 +3,11 @@ server can turn against the analyzer:
 
 - no redirect is followed: urllib would send the credentials to wherever it points,
   and the user is told the URL to give instead;
-- the timeout is a deadline for the whole answer, not for each read, so a server that
-  drips a byte every few seconds cannot hold the analysis for ever;
-- an answer over `max_bytes` is refused before it is all in memory;
+- the timeout is a deadline on the wall clock for the whole exchange (connecting, the
+  status line, the headers, the body): when it comes, the socket is shut, so a server
+  that drips a byte a second cannot hold the analysis for ever;
+- an answer over `max_bytes` is refused before it is all in memory, and so is one whose
+  series or points pass the `Limits` of its read (counted as the bytes arrive, Tally);
 - an answer that is not Prometheus's (not JSON, nested past what the decoder takes,
   not `status: success` with a `data` mapping) is an error, never an empty report.
 
@@ -22,19 +24,72 @@ import gc
 import http.client
 import itertools
 import json
+import re
+import socket
 import ssl
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from typing import Literal, Mapping
 
 import msgspec
 import numpy as np
 
 MAX_ANSWER_BYTES = 256 << 20      # a 1,000-point chunk of a thousand GPUs is ~30 MB
+# Answers other than a range query's (instant queries, targets, rules) are decoded by Python's
+# json into an object per value: about twenty times their size at worst, so they get less room.
+MAX_DATA_BYTES = 32 << 20
 READ_BYTES = 1 << 16
+# What one read may hold (docs/sources.md): a series costs ~1 KB held, a point 16 bytes,
+# so a read at both limits stays near 2.6 GB, within the analyzer Deployment's 4 GiB.
+MAX_SERIES = 1_000_000
+MAX_POINTS = 100_000_000
+# While one answer is decoded its points are Python tuples, ~110 bytes each: no answer may hold
+# more than this (a real one of 256 MiB holds ~9 million), and one is decoded at a time.
+ANSWER_POINTS = 10_000_000
+_DECODING = threading.Lock()
+_METRIC_NAME = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The most series and points the answers of one read may hold."""
+    series: int = MAX_SERIES
+    points: int = MAX_POINTS
+
+
+class _Passed(Exception):
+    def __init__(self, what: str, limit: int) -> None:
+        super().__init__(what)
+        self.what, self.limit = what, limit
+
+
+class Tally:
+    """The series and points of a read's answers so far, counted as their bytes arrive and
+    shared by the answers it waits for at once, so that reading stops as soon as a limit is
+    passed, before the answer is decoded. JSON opens every series and its labels with `{`
+    and every point with `[`: counting those bytes gives at least the true numbers (a brace
+    in a label value counts too), and no spelling of the answer can hide one."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.braces = self.points = 0
+        self._lock = threading.Lock()
+
+    def take(self, part: bytes) -> None:
+        with self._lock:
+            self.braces += part.count(b"{")
+            self.points += part.count(b"[")
+            self.check()
+
+    def check(self) -> None:
+        if self.braces // 2 > self.limits.series:
+            raise _Passed("series", self.limits.series)
+        if self.points > self.limits.points:
+            raise _Passed("points", self.limits.points)
 
 
 class _Series(msgspec.Struct):
@@ -52,8 +107,8 @@ class _Success(msgspec.Struct):
     data: _Matrix
 
 
-# strict=False reads Prometheus' quoted sample values as floats; an answer with one it cannot
-# ("+Inf") or of another shape takes the generic way, which also names what went wrong.
+# strict=False reads Prometheus' quoted sample values as floats ("+Inf" once spelled "Inf");
+# an answer of another shape takes the generic way, which also names what went wrong.
 _MATRIX = msgspec.json.Decoder(_Success, strict=False)
 
 
@@ -94,30 +149,107 @@ class _Stale(Exception):
     """A kept connection the server had closed."""
 
 
-class _Kept:
-    """A connection kept open between exchanges, closed when its thread lets it go."""
+class _Deadline:
+    """The end of one exchange on the wall clock. A socket's timeout bounds each read, and a
+    server sending a byte a second never trips it: at the deadline a timer shuts the socket of
+    every connection the exchange `watch`es, which ends whatever read is waiting on it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+        self.passed = False
+        self._watched: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+
+    def __enter__(self) -> "_Deadline":
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+
+    def left(self) -> float:
+        return max(self.end - time.monotonic(), 1e-3)
+
+    def watch(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._watched.append(conn)
+            if self.passed:
+                _shut(conn)
+
+    def _cut(self) -> None:
+        with self._lock:
+            self.passed = True
+            for conn in self._watched:
+                _shut(conn)
+
+
+def _shut(conn: http.client.HTTPConnection) -> None:
+    if conn.sock is not None:
+        with contextlib.suppress(OSError):
+            conn.sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Watched:
+    """A connection that its exchange's deadline shuts; kept open between a thread's
+    exchanges, and closed when the thread lets it go."""
     reused = False
+    deadline: _Deadline
+
+    def connect(self) -> None:
+        # Watched before connecting: a deadline that comes during the TLS handshake shuts it.
+        self.timeout = self.deadline.left()
+        self.deadline.watch(self)
+        super().connect()
+        if self.deadline.passed:        # it came while the socket was being made
+            raise TimeoutError()
 
     def __del__(self) -> None:
         self.close()
 
 
-class _KeptHTTP(_Kept, http.client.HTTPConnection):
+class _WatchedHTTP(_Watched, http.client.HTTPConnection):
     pass
 
 
-class _KeptTLS(_Kept, http.client.HTTPSConnection):
+class _WatchedTLS(_Watched, http.client.HTTPSConnection):
     pass
+
+
+def _watched(kind: type, deadline: _Deadline):
+    """urllib's connection class for one exchange: `kind`, watched by its deadline."""
+    def connection(*args, **kwargs) -> http.client.HTTPConnection:
+        conn = kind(*args, **kwargs)
+        conn.deadline = deadline
+        return conn
+    return connection
+
+
+class _WatchedHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(_watched(_WatchedHTTP, self.deadline), req)
+
+
+class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline, context: ssl.SSLContext | None) -> None:
+        super().__init__(context=context)
+        self.deadline = deadline
+
+    def https_open(self, req):
+        return self.do_open(_watched(_WatchedTLS, self.deadline), req, context=self._context)
 
 
 class PrometheusHTTP:
     def __init__(self, url: str, headers: Mapping[str, str], timeout_s: float,
-                 context: ssl.SSLContext | None = None, max_bytes: int = MAX_ANSWER_BYTES) -> None:
+                 context: ssl.SSLContext | None = None, max_bytes: int = MAX_ANSWER_BYTES,
+                 limits: Limits = Limits()) -> None:
         self.url, self.headers, self.timeout_s, self.max_bytes = url, dict(headers), timeout_s, max_bytes
-        handlers: list = [_NoRedirect()]
-        if context is not None:
-            handlers.append(urllib.request.HTTPSHandler(context=context))
-        self._opener = urllib.request.build_opener(*handlers)
+        self.limits = limits
         self._context = context
         # A fleet's drill-down is hundreds of range queries: each thread keeps its connection
         # open (urllib opens one per request, about 2 ms of CPU each). Where the environment's
@@ -128,21 +260,30 @@ class PrometheusHTTP:
             parts.scheme in proxies and not urllib.request.proxy_bypass(parts.hostname or ""))
         self._kept = threading.local()
 
+    def tally(self) -> Tally:
+        """A count against this store's limits, for the answers of one read."""
+        return Tally(self.limits)
+
     def data(self, path: str, params: Mapping[str, str], post: bool = True) -> dict:
         """`data` of a successful answer to GET or POST `path`; PrometheusError otherwise."""
-        return self._decode(self._exchange(path, params, post))
+        return self._decode(self._exchange(path, params, post, self.tally(), min(self.max_bytes, MAX_DATA_BYTES)))
 
-    def matrix(self, path: str, params: Mapping[str, str]) -> list[dict]:
+    def matrix(self, path: str, params: Mapping[str, str], tally: Tally | None = None) -> list[dict]:
         """The series of a range query's answer (POST), each `{"metric": labels, "values":
-        (n, 2) float array of times and values}`; PrometheusError otherwise."""
-        raw = self._exchange(path, params, post=True)
+        (n, 2) float array of times and values}`; PrometheusError otherwise. `tally` counts
+        this answer with the others of its read (by default, on its own)."""
+        raw = self._exchange(path, params, True, tally or self.tally(), self.max_bytes)
         try:
-            # fromiter over the flattened pairs: twice as quick as np.array's look at each pair.
-            return [{"metric": s.metric, "values": np.fromiter(itertools.chain.from_iterable(s.values), np.float64,
-                                                               2 * len(s.values)).reshape(-1, 2)}
-                    for s in _MATRIX.decode(raw).data.result]
+            with _DECODING:     # the GIL runs one decoding at a time anyway: this frees each one's tuples first
+                # fromiter over the flattened pairs: twice as quick as np.array's look at each pair.
+                return [{"metric": s.metric, "values": np.fromiter(itertools.chain.from_iterable(s.values),
+                                                                   np.float64, 2 * len(s.values)).reshape(-1, 2)}
+                        for s in _MATRIX.decode(raw.replace(b'"+Inf"', b'"Inf"') if b'"+Inf"' in raw else raw)
+                        .data.result]
         except (msgspec.ValidationError, msgspec.DecodeError):
             pass
+        if len(raw) > MAX_DATA_BYTES:   # too large for Python's json, only to say what is wrong with it
+            raise PrometheusError(f"Prometheus at {self.url} answered a matrix that is not Prometheus's")
         data = self._decode(raw)
         if data.get("resultType") != "matrix":
             raise PrometheusError(f"Prometheus at {self.url} answered a {data.get('resultType')}, not a matrix")
@@ -171,28 +312,47 @@ class PrometheusHTTP:
             raise PrometheusError(f"{where} answered success without data: not a Prometheus API")
         return answer["data"]
 
-    def _exchange(self, path: str, params: Mapping[str, str], post: bool) -> bytes:
-        if not self._direct:
-            return self._answer(self._request(path, params, post))
-        late = self._late()
-        deadline = time.monotonic() + self.timeout_s
+    def _exchange(self, path: str, params: Mapping[str, str], post: bool, tally: Tally, max_bytes: int) -> bytes:
         request = self._request(path, params, post)
-        conn = self._connection(fresh=False)
+        with _Deadline(self.timeout_s) as deadline:
+            try:
+                tally.check()   # another answer of the read passed a limit: ask nothing more
+                raw = (self._kept_exchange if self._direct else self._urllib_exchange)(request, deadline, tally,
+                                                                                       max_bytes)
+            except _Passed as passed:
+                raise self._too_many(passed, params) from None
+            except (OSError, http.client.HTTPException) as exc:
+                if deadline.passed or isinstance(exc, TimeoutError):
+                    raise self._late() from None
+                if isinstance(exc, OSError):
+                    raise self._unreachable(exc) from None
+                raise PrometheusError(f"Prometheus at {self.url} answered something that is not HTTP "
+                                      f"({type(exc).__name__})") from None
+            except PrometheusError:
+                if deadline.passed:
+                    raise self._late() from None
+                raise
+            if deadline.passed:     # shut at the deadline, the answer can look whole and be cut short
+                raise self._late()
+            return raw
+
+    def _kept_exchange(self, request: urllib.request.Request, deadline: _Deadline, tally: Tally,
+                       max_bytes: int) -> bytes:
+        conn = self._connection(deadline, fresh=False)
         try:
-            resp = self._send(conn, request, late)
+            resp = self._send(conn, request)
         except _Stale:      # the server closed a kept connection while it was idle: once more, anew
-            conn = self._connection(fresh=True)
-            resp = self._send(conn, request, late)
+            conn = self._connection(deadline, fresh=True)
+            resp = self._send(conn, request)
         try:
-            return self._body(resp, request.full_url, deadline, late)
+            return self._body(resp, request.full_url, deadline, tally, max_bytes)
         finally:
             if resp.will_close or not (resp.isclosed() or resp.length == 0):   # or an answer not read to its end
                 conn.close()
             else:
                 resp.close()    # read to its end: the connection takes the next request
 
-    def _send(self, conn: http.client.HTTPConnection, request: urllib.request.Request,
-              late: PrometheusError) -> http.client.HTTPResponse:
+    def _send(self, conn: http.client.HTTPConnection, request: urllib.request.Request) -> http.client.HTTPResponse:
         target = urllib.parse.urlsplit(request.full_url)
         try:
             conn.request(request.get_method(), target.path + (f"?{target.query}" if target.query else ""),
@@ -200,30 +360,31 @@ class PrometheusHTTP:
             return conn.getresponse()
         except OSError as exc:
             conn.close()
-            if conn.reused and isinstance(exc, (ConnectionResetError, BrokenPipeError)):   # RemoteDisconnected too
+            if (conn.reused and not conn.deadline.passed
+                    and isinstance(exc, (ConnectionResetError, BrokenPipeError))):   # RemoteDisconnected too
                 raise _Stale() from None
-            raise late if isinstance(exc, TimeoutError) else self._unreachable(exc) from None
+            raise
 
-    def _connection(self, fresh: bool) -> http.client.HTTPConnection:
+    def _connection(self, deadline: _Deadline, fresh: bool) -> http.client.HTTPConnection:
         conn = getattr(self._kept, "conn", None)
         if conn is None or fresh:
             parts = urllib.parse.urlsplit(self.url)
-            conn = (_KeptTLS(parts.hostname, parts.port, timeout=self.timeout_s, context=self._context)
-                    if parts.scheme == "https" else _KeptHTTP(parts.hostname, parts.port, timeout=self.timeout_s))
+            conn = (_WatchedTLS(parts.hostname, parts.port, timeout=self.timeout_s, context=self._context)
+                    if parts.scheme == "https" else _WatchedHTTP(parts.hostname, parts.port, timeout=self.timeout_s))
             self._kept.conn = conn
         else:
             conn.reused = True
+        conn.deadline = deadline
+        deadline.watch(conn)
         return conn
 
-    def _body(self, resp: http.client.HTTPResponse, url: str, deadline: float, late: PrometheusError) -> bytes:
-        try:
-            if resp.status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
-                raise _redirected(url, resp.status, resp.getheader("Location"))
-            if not 200 <= resp.status < 300:
-                raise self._refused(resp.status, resp.read(READ_BYTES), resp.reason)
-            return self._read(resp, deadline, late)
-        except OSError as exc:
-            raise late if isinstance(exc, TimeoutError) else self._unreachable(exc) from None
+    def _body(self, resp: http.client.HTTPResponse, url: str, deadline: _Deadline, tally: Tally,
+              max_bytes: int) -> bytes:
+        if resp.status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
+            raise _redirected(url, resp.status, resp.getheader("Location"))
+        if not 200 <= resp.status < 300:
+            raise self._refused(resp.status, resp.read(READ_BYTES), resp.reason)
+        return self._read(resp, deadline, tally, max_bytes)
 
     def _late(self) -> PrometheusError:
         return PrometheusError(f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s")
@@ -239,41 +400,51 @@ class PrometheusHTTP:
         hint = " (name the CA that signed it with --ca-file)" if isinstance(exc, ssl.SSLCertVerificationError) else ""
         return PrometheusError(f"cannot reach Prometheus at {self.url}: {exc.strerror or exc}{hint}")
 
-    def _answer(self, request: urllib.request.Request) -> bytes:
-        late = self._late()
-        deadline = time.monotonic() + self.timeout_s
+    def _urllib_exchange(self, request: urllib.request.Request, deadline: _Deadline, tally: Tally,
+                         max_bytes: int) -> bytes:
+        """The exchange urllib makes, where the environment's proxy settings send the URL."""
+        opener = urllib.request.build_opener(_NoRedirect(), _WatchedHTTPHandler(deadline),
+                                             _WatchedHTTPSHandler(deadline, self._context))
         try:
-            with self._opener.open(request, timeout=self.timeout_s) as resp:
-                return self._read(resp, deadline, late)
+            with opener.open(request, timeout=self.timeout_s) as resp:
+                return self._read(resp, deadline, tally, max_bytes)
         except urllib.error.HTTPError as exc:
             raise self._refused(exc.code, exc.read(READ_BYTES), exc.reason) from None
         except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, TimeoutError):
-                raise late from None
-            raise PrometheusError(f"cannot reach Prometheus at {self.url}: "
-                                  f"{getattr(reason, 'strerror', None) or reason}") from None
-        except OSError as exc:
-            raise late if isinstance(exc, TimeoutError) else self._unreachable(exc) from None
+            if isinstance(exc.reason, OSError):
+                raise exc.reason from None
+            raise PrometheusError(f"cannot reach Prometheus at {self.url}: {exc.reason}") from None
 
-    def _read(self, resp, deadline: float, late: PrometheusError) -> bytes:
+    def _read(self, resp, deadline: _Deadline, tally: Tally, max_bytes: int) -> bytes:
         declared = resp.headers.get("Content-Length")
-        if declared and declared.isdigit() and int(declared) > self.max_bytes:
-            raise self._too_big()
-        parts, size = [], 0
+        if declared and declared.isdigit() and int(declared) > max_bytes:
+            raise self._too_big(max_bytes)
+        parts, size, points = [], 0, 0
         while True:
-            if time.monotonic() > deadline:
-                raise late
+            if deadline.passed:
+                raise self._late()
             part = resp.read1(READ_BYTES)
             if not part:
                 return b"".join(parts)
             size += len(part)
-            if size > self.max_bytes:
-                raise self._too_big()
+            if size > max_bytes:
+                raise self._too_big(max_bytes)
+            tally.take(part)
+            points += part.count(b"[")
+            if points > ANSWER_POINTS:
+                raise PrometheusError(f"Prometheus at {self.url} answered more than {ANSWER_POINTS:,} points in one "
+                                      "answer; a shorter window or a narrower selection asks for less")
             parts.append(part)
 
-    def _too_big(self) -> PrometheusError:
-        return PrometheusError(f"Prometheus at {self.url} answered more than {self.max_bytes >> 20} MiB; "
+    def _too_many(self, passed: _Passed, params: Mapping[str, str]) -> PrometheusError:
+        asked = sorted(set(_METRIC_NAME.findall(params.get("query", ""))))
+        what = f" reading {', '.join(asked)}" if asked else ""
+        return PrometheusError(f"Prometheus at {self.url} answered more than {passed.limit:,} {passed.what} "
+                               f"(--max-{passed.what}){what}: stopped there; a shorter window, one --cluster or "
+                               "--fleet asks for less")
+
+    def _too_big(self, max_bytes: int) -> PrometheusError:
+        return PrometheusError(f"Prometheus at {self.url} answered more than {max_bytes >> 20} MiB; "
                                "a shorter window or a narrower selection asks for less")
 
 
