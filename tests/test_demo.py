@@ -70,10 +70,17 @@ def test_demo_names_the_injected_faults_at_its_shortest_duration(demo):
     work, stdout = demo
     findings = table(stdout, "FINDINGS")
     live = [f for f in findings if f["JOB"].startswith(f"{NAMESPACE}/")]
-    assert {(f["KIND"], f["JOB"]) for f in live if f["KIND"] in INJECTED} == set(INJECTED.items()), stdout
-    straggler = next(f for f in live if f["KIND"] == "straggler")
+    injected = [f for f in live if INJECTED.get(f["KIND"]) == f["JOB"]]
+    assert {(f["KIND"], f["JOB"]) for f in injected} == set(INJECTED.items()), stdout
+    assert all(f["SEVERITY"] == "critical" for f in injected), stdout
+    # The CPU ranks share two cores with everything else the demo (and a loaded machine)
+    # runs: a rank 15% slower for a few seconds is real and named as a warning, while every
+    # injected fault is critical and no other live finding is.
+    others = [f for f in live if f["KIND"] in INJECTED and f not in injected]
+    assert all(f["SEVERITY"] == "warning" for f in others), stdout
+    straggler = next(f for f in injected if f["KIND"] == "straggler")
     assert straggler["WHERE"] == "demo-node:gpu1 rank 1", stdout
-    diverging = next(f for f in live if f["KIND"] == "diverging")
+    diverging = next(f for f in injected if f["KIND"] == "diverging")
     assert diverging["SEVERITY"] == "critical" and "non_finite" in diverging["EVIDENCE"], stdout
     # The simulated fleet is in the same analysis, judged with the same thresholds.
     assert any(not f["JOB"].startswith(f"{NAMESPACE}/") for f in findings), stdout
