@@ -98,14 +98,18 @@ def analyze_measured(url: str, *flags: str) -> tuple[int, list[str], int]:
 @pytest.mark.slow
 def test_a_million_series_an_answer_stop_at_the_series_limit_in_bounded_memory():
     """Each answer of 10**6 series (133 MB) took the analyzer to 4.4 GB and a MemoryError
-    traceback. The default limit stops the read at a million series in all."""
+    traceback. The default limit stops the read at a million series in all, within the
+    Deployment's 4 GiB: where one answer of exactly a million series completes before the
+    next passes the limit (the answers stream side by side, so it depends on the machine's
+    timing), its million series are decoded first, which takes about 2.2 GB; where two
+    answers pass it together, the read stops at about 250 MB."""
     with flooding(10**6) as url:
         rc, errors, rss_mib = analyze_measured(url)
     assert rc == 2
     assert len(errors) == 1, errors
     assert errors[0].startswith(f"burnrate analyze: error: Prometheus at {url} answered more than 1,000,000 series "
                                 "(--max-series) reading ")
-    assert rss_mib < 1024, rss_mib
+    assert rss_mib < 3 * 1024, rss_mib
 
 
 def test_the_limits_are_settable_and_name_the_query():
