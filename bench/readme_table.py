@@ -104,6 +104,8 @@ ROWS = (
     Row("agent scrape p99, 64 ranks sending 10 messages/s, scraped every second", "Agent",
         cell("scrape p99 (ms)", "64 ranks x 10/s"), "ms", 5),
     Row("agent memory (RSS), same load", "Agent", cell("RSS (MB)", "64 ranks x 10/s"), "MB", 80),
+    Row("agent memory growth after warm-up, job names changing every 20 s", "Agent soak",
+        cell("RSS spread after warm-up (MiB)", "value"), "MiB", 2),
     Row("agent CPU, same load, scraped every 15 s as deployed", "Agent",
         cell("CPU (% of one core)", "64 ranks x 10/s, deployed scrape"), "% of a core", 1),
     Row("agent CPU, same load, scraped every second (upper bound)", "Agent",

@@ -13,7 +13,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry
 
-from .exposition import encode
+from .exposition import LabelTexts, encode
 
 _NEVER = object()
 
@@ -30,6 +30,7 @@ class Exposition:
         self._rendered: object = _NEVER
         self._plain = b""
         self._packed: bytes | None = None
+        self._texts = LabelTexts()
 
     def plain(self) -> bytes:
         with self._lock:
@@ -47,6 +48,6 @@ class Exposition:
         # next scrape sees a version it has not rendered and renders again.
         version = self._version()
         if version is not self._rendered:
-            self._plain, self._packed = encode(self._registry.collect()), None
+            self._plain, self._packed = encode(self._registry.collect(), self._texts), None
             self._rendered = version
         return self._plain
