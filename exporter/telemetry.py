@@ -82,7 +82,7 @@ def encode(record: Mapping[str, Any]) -> bytes:
 
 class TelemetrySink:
     """Sends records to the agent's datagram socket and, optionally, appends them as JSON
-    lines to a file (the same bytes, one record per line).
+    lines to a file (one record per line, each its own interval's).
 
     Sending never blocks and never raises: with no agent listening, a full socket buffer or
     a missing socket file, the record is dropped and counted. Training must not slow down
@@ -99,11 +99,13 @@ class TelemetrySink:
         # whole when they share a file.
         self._jsonl = os.open(jsonl_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if jsonl_path else None
 
-    def send(self, record: Mapping[str, Any]) -> bool:
+    def send(self, record: Mapping[str, Any], datagram: Mapping[str, Any] | None = None) -> bool:
+        """`record` to the file, `datagram` (the record plus what earlier datagrams could not
+        deliver, where the caller keeps that) to the agent."""
         data = encode(record)
         if self._jsonl is not None:
             os.write(self._jsonl, data + b"\n")
-        return self.send_bytes(data)
+        return self.send_bytes(data if datagram is None else encode(datagram))
 
     def send_bytes(self, payload: bytes) -> bool:
         """One datagram as it is. False when it could not be delivered: no agent listening,

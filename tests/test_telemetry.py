@@ -593,3 +593,34 @@ def test_memory_stays_bounded_under_a_flood_of_names(sock_dir: Path, clock: Cloc
         assert box.rejected[CARDINALITY] == 50_000 + 200 - 4096
         assert after - before < 20 * 1024 * 1024
         sender.close()
+
+
+def test_a_report_the_agent_had_no_room_for_goes_with_the_next(tmp_path) -> None:
+    """The agent's queue holds a few datagrams (net.unix.max_dgram_qlen, 10 by default), and
+    the ranks of a job report at the same moment: a rank whose report finds it full must not
+    lose its steps and seconds, only send them later. A real socket, its queue filled."""
+    path = str(tmp_path / "agent.sock")
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(path)
+    try:
+        filler = TelemetrySink(path)
+        while filler.send_bytes(b"{}"):
+            pass                                            # the queue is full now
+        sent: list[dict] = []
+        mon = Monitor(seq_len=8, every_steps=1, socket_path=path, on_report=sent.append)
+        for _ in range(3):
+            mon.step(samples=2)
+        assert mon.sink.dropped == 3 and [r["steps"] for r in sent] == [1, 1, 1]   # each its interval's
+        agent.setblocking(False)
+        while True:
+            try:
+                agent.recv(65536)
+            except BlockingIOError:
+                break                                       # the agent caught up
+        mon.step(samples=2)
+        mon.close()
+        delivered = json.loads(agent.recv(65536))
+        assert (delivered["steps"], delivered["samples"], delivered["tokens"]) == (4, 8, 64)
+        assert mon.sink.dropped == 3
+    finally:
+        agent.close()

@@ -69,6 +69,10 @@ class _Interval:
     eval_s: float = 0.0
 
 
+# The record's deltas: a datagram the agent could not take hands them on to the next one.
+OWED = ("steps", "step_s", "data_wait_s", "compute_s", "samples", "tokens", "flops", "checkpoint_s", "eval_s")
+
+
 @dataclass
 class _Phase:
     """One compute phase whose duration may not be known yet (GPU events in flight)."""
@@ -171,6 +175,7 @@ class Monitor:
         self._clock = _CudaClock() if device_type(device) == "cuda" else _CpuClock()
         self._interval = _Interval()
         self._pending: deque[_Phase] = deque()
+        self._owed: dict[str, float] | None = None     # deltas no datagram has delivered yet
         self._phase: _Phase | None = None
         self._loss: Any = None
         self._grad_norm: Any = None
@@ -313,7 +318,7 @@ class Monitor:
         self._closed = True
         atexit.unregister(self.close)
         iv = self._interval
-        if iv.steps or iv.checkpoint_s or iv.eval_s:
+        if iv.steps or iv.checkpoint_s or iv.eval_s or self._owed:
             self.report()
         self.sink.close()
 
@@ -392,7 +397,12 @@ class Monitor:
             "start_time": self.start_time,
             "resumed_from": self.resumed_from,
         }
-        if not self.sink.send(record) and not self._warned:
+        # What earlier datagrams could not deliver (the agent's queue full as every rank of a
+        # job reports at once, or no agent yet) goes with this one: delayed, never lost.
+        datagram = record if self._owed is None else {**record, **{k: record[k] + self._owed[k] for k in OWED}}
+        delivered = self.sink.send(record, datagram)
+        self._owed = None if delivered else {k: datagram[k] for k in OWED}
+        if not delivered and not self._warned:
             self._warned = True
             self._warn_undelivered()
         if self.on_report is not None:
