@@ -24,7 +24,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m burnrate demo --duration $(DEMO_SECONDS)
 
+# The Debian tools the tests drive for real (tests/tools.py): named, with the line that installs
+# them, before anything runs; .ci/run installs them.
 test: $(STAMP)
+	$(PY) tests/tools.py --check
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

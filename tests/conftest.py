@@ -9,6 +9,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from tests.tools import TOOLS, install_line  # noqa: E402  (after ROOT is on the path)
 PYTHON = sys.executable
 # Hypothesis keeps caches in a storage directory: one of this run's own, removed when the
 # process that made it exits (after every pytest hook, some of which write there), so that
@@ -35,12 +36,11 @@ def free_port() -> int:
 
 
 def require(tool: str) -> str:
-    """The path of a Debian tool the test needs; .ci/run installs them, so in CI this never skips."""
+    """The path of a Debian tool the test needs (tests/tools.py): missing, the test fails
+    naming the package, since a skipped test proves nothing (`make test` checks them all first)."""
     path = shutil.which(tool)
     if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{tool} is not installed (.ci/run installs it)")
-        pytest.skip(f"{tool} is not installed (.ci/run names its Debian package)")
+        pytest.fail(f"{tool} is not installed: {install_line([TOOLS[tool]])}")
     return path
 
 

@@ -11,6 +11,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+from tests.conftest import require
 from tests.test_dashboard import make_recording
 
 pytestmark = pytest.mark.slow
@@ -21,7 +22,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from burnrate.dashboard.testing import HEIGHT, WIDTH, chromium, chromium_installed, serve, wait_drawn  # noqa: E402
+from burnrate.dashboard.testing import HEIGHT, WIDTH, chromium, serve, wait_drawn  # noqa: E402
 
 # The recording's directory name is what the status line shows (and the screenshots).
 RECORDING_NAME = "example-fleet"
@@ -40,10 +41,7 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    if not chromium_installed():
-        if os.environ.get("CI"):
-            pytest.fail("chromium and chromium-driver are not installed (.ci/run installs them)")
-        pytest.skip("chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
+    require("chromium"), require("chromedriver")
     with chromium(str(tmp_path_factory.mktemp("chromium"))) as driver:
         yield driver
 
