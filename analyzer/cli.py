@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from burnrate.exporter.webconfig import WebConfig
 
 FORMATS = ("table", "json", "csv")
+NOTHING_FOUND = 3     # the exit code where the window holds no GPU sample at all (docs/cli.md)
+
+
+class NothingFound(UserError):
+    """No GPU had a sample in the window: an empty report would read as a clean fleet."""
+    exit_code = NOTHING_FOUND
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,12 +120,36 @@ def report_of(args: argparse.Namespace, options: SourceOptions, source, catalog:
     from .sources import PrometheusError
 
     if not args.fleet:
-        return analyze(load_frames(args, options, source), catalog, config, advice, overrides)
+        frames = load_frames(args, options, source)
+        if frames.gpu.empty and not args.serve:
+            raise NothingFound(nothing_found(options, source, window_of(args, options)))
+        return analyze(frames, catalog, config, advice, overrides)
     from .fleet.mode import analyze_fleet
     try:
         return analyze_fleet(source, window_of(args, options), catalog, config, advice, overrides, args.rollup_interval)
     except (PrometheusError, OSError, ValueError) as exc:
         raise UserError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+
+def nothing_found(options: SourceOptions, source, window: Window | None) -> str:
+    """What was looked for and not found, and where the store's data is."""
+    from .sources import PrometheusError
+    from .sources.prometheus import GPU_SERIES
+    from .sources.recording import time_range
+    from .sources.timeparse import format_time
+
+    where = "" if window is None else f" from {format_time(window.start)} to {format_time(window.end)}"
+    if options.recording is not None:
+        held = time_range(options.recording)
+        return (f"no GPU samples{where}: the recording {options.recording} holds "
+                + (f"{format_time(held.start)} to {format_time(held.end)}" if held.end > 0 else "none"))
+    looked = f"no GPU samples ({', '.join(GPU_SERIES)}){where}"
+    try:
+        held = source.query('count({__name__=~"burnrate_.+|DCGM_FI_.+"})', time.time())
+    except PrometheusError:
+        return looked
+    count = int(float(held[0]["value"][1])) if held else 0
+    return f"{looked}: Prometheus at {options.prometheus} holds {count} burnrate or DCGM series now"
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:

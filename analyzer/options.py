@@ -195,6 +195,11 @@ def _check_url(url: str) -> None:
         parts.port      # a port that is not a number is a ValueError here, not mid-query
     except ValueError as exc:
         raise UserError(f"--prometheus {url!r}: {exc}") from None
+    if "://" not in url:
+        raise UserError(f"--prometheus {url!r} has no scheme: give the URL with it, e.g. http://{url}")
+    if "/api/v1" in parts.path:
+        base = f"{parts.scheme}://{parts.netloc}{parts.path[:parts.path.index('/api/v1')]}"
+        raise UserError(f"--prometheus wants the server's base URL, without /api/v1: {base}")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UserError(f"--prometheus wants an http:// or https:// URL such as http://prometheus:9090, "
                         f"got {url!r}")

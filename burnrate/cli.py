@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
+import re
 import sys
 
 from burnrate.exporter.errors import UserError, printable
@@ -23,6 +25,61 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "rules": ("burnrate.analyzer.output.thresholds", "analyzer",
               "render the alert rules and Grafana thresholds from the detectors' thresholds"),
 }
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser that takes no abbreviation (`--sinc 2h` would silently be
+    `--since 2h`), and whose every error is one line saying what to give instead: an
+    unknown flag is named, with the real flag it is closest to, before any other error
+    it would cause."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+        self._given: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)
+        parsed, extra = super().parse_known_args(args, namespace)
+        if self._unknown_flag():
+            self.error("")
+        return parsed, extra
+
+    def error(self, message: str):
+        unknown = self._unknown_flag()
+        if unknown:
+            near = difflib.get_close_matches(unknown, list(self._option_string_actions), n=1)
+            message = f"unrecognized argument {unknown}" + (f" (did you mean {near[0]}?)" if near else "")
+        else:
+            message = self._no_value(message) or message
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _unknown_flag(self) -> str | None:
+        """The first flag given that this parser does not take (the command's own flags are
+        its subparser's to judge)."""
+        after_value = False
+        for arg in self._given:
+            if arg == "--" or (self._subparsers is not None and not arg.startswith("-")):
+                return None
+            name = arg.split("=", 1)[0]
+            if arg.startswith("-") and not after_value and not self._negative_number_matcher.match(arg) \
+                    and name not in self._option_string_actions:
+                return name
+            action = self._option_string_actions.get(name)
+            after_value = action is not None and action.nargs is None and "=" not in arg
+        return None
+
+    def _no_value(self, message: str) -> str | None:
+        """A flag's value that looks like a flag: most often a negative duration."""
+        missing = re.fullmatch(r"argument (\S+?)(?:/\S+)?: expected one argument", message)
+        if not missing or missing.group(1) not in self._given:
+            return None
+        flag = missing.group(1)
+        at = self._given.index(flag) + 1
+        if at == len(self._given):
+            return None
+        if self._option_string_actions[flag].metavar == "DURATION":
+            return f"{flag} wants a duration like 2h; {self._given[at]} is not one (durations are positive)"
+        return f"{flag} wants a value; {self._given[at]} is not one"
 
 
 class MissingExtra(Exception):
@@ -52,7 +109,7 @@ def _version() -> str:
 
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="burnrate", description="GPU cost and waste, per training job.")
+    parser = _Parser(prog="burnrate", description="GPU cost and waste, per training job.")
     parser.add_argument("--version", action="version", version=f"burnrate {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, _, help_) in COMMANDS.items():
@@ -72,6 +129,6 @@ def main(argv: list[str] | None = None) -> int:
             return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
     except (MissingExtra, UserError) as exc:
         print(f"burnrate {command}: error: {printable(str(exc))}", file=sys.stderr)
-        return 2
+        return getattr(exc, "exit_code", 2)
     except KeyboardInterrupt:
         return 130

@@ -22,10 +22,12 @@ import pytest
 from burnrate.analyzer import cli
 from burnrate.analyzer.costing.pricing import load_catalog
 from burnrate.analyzer.output.report import analyze, render_json
+from burnrate.cli import main as burnrate
 from burnrate.exporter.errors import UserError
 from burnrate.simulator.simulate import Spec, simulate
 from test_detectors import Fleet, healthy_job
 from tests.conftest import free_port
+from tests.processes import prometheus
 from tests.tls import basic, self_signed, trusting, web_config
 
 END = 1_800_000_000.0
@@ -88,15 +90,10 @@ def test_table_is_the_default_and_csv_parses(capsys, recording):
     assert all(json.loads(r["evidence"]) for r in rows if r["record"] == "finding")
 
 
-def test_window_selection_and_empty_window(capsys, recording):
+def test_window_selection(capsys, recording):
     doc = json.loads(run(capsys, "--recording", recording, "--format", "json",
                          "--start", str(END - 3600), "--end", str(END)))
     assert doc["window"]["start"] == "2027-01-15T07:00:00Z"
-    empty = json.loads(run(capsys, "--recording", recording, "--format", "json",
-                           "--start", "2020-01-01T00:00:00Z", "--end", "2020-01-01T01:00:00Z"))
-    assert empty["findings"] == [] and empty["jobs"] == []
-    assert "none" in run(capsys, "--recording", recording, "--start", "2020-01-01T00:00:00Z",
-                         "--end", "2020-01-01T01:00:00Z")
 
 
 def test_nan_losses_survive_into_strict_json():
@@ -260,3 +257,58 @@ def test_a_terminal_sees_a_progress_bar_while_metrics_are_read(recording):
     piped = subprocess.run([sys.executable, "-m", "burnrate", "analyze", "--recording", recording],
                            capture_output=True, timeout=120, check=True)
     assert b"reading metrics" not in piped.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--recording", "{rec}", "--sinc", "2h"], "unrecognized argument --sinc (did you mean --since?)"),
+    (["--recordng", "{rec}"], "unrecognized argument --recordng (did you mean --recording?)"),
+    (["--recording", "{rec}", "--since", "-2h"], "--since wants a duration like 2h; -2h is not one "
+                                                 "(durations are positive)"),
+    (["--recording", "{rec}", "--format", "--since", "2h"], "--format wants a value; --since is not one"),
+])
+def test_a_mistyped_flag_is_named_with_what_to_give(capsys, recording, argv, message):
+    with pytest.raises(SystemExit) as exited:
+        burnrate(["analyze", *[a.replace("{rec}", recording) for a in argv]])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"burnrate analyze: error: {message}\n"
+
+
+@pytest.mark.parametrize("url, message", [
+    ("127.0.0.1:9999", "--prometheus '127.0.0.1:9999' has no scheme: give the URL with it, e.g. http://127.0.0.1:9999"),
+    ("http://127.0.0.1:9999/api/v1", "--prometheus wants the server's base URL, without /api/v1: "
+                                     "http://127.0.0.1:9999"),
+])
+def test_a_prometheus_url_mistake_says_which_url_to_give(capsys, url, message):
+    assert burnrate(["analyze", "--prometheus", url]) == 2
+    assert capsys.readouterr().err == f"burnrate analyze: error: {message}\n"
+
+
+def test_a_window_outside_the_recording_says_where_its_data_is(capsys, recording):
+    assert burnrate(["analyze", "--recording", recording, "--start", "2020-01-01T00:00:00Z",
+                     "--end", "2020-01-01T01:00:00Z"]) == cli.NOTHING_FOUND == 3
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("burnrate analyze: error: no GPU samples from 2020-01-01T00:00:00Z to "
+                                 f"2020-01-01T01:00:00Z: the recording {recording} holds 2027-01-15T06:00:15Z "
+                                 "to 2027-01-15T08:00:00Z\n")
+
+
+@pytest.mark.slow
+def test_an_empty_or_misaddressed_prometheus_says_what_it_found(capsys, tmp_path):
+    """Real Prometheus, scraping nothing: an empty store, its URL under a path it does
+    not serve, and https:// to its plain HTTP."""
+    with prometheus(tmp_path) as prom:
+        base = prom.url
+        assert burnrate(["analyze", "--prometheus", base, "--start", "2026-01-01T00:00:00Z",
+                         "--end", "2026-01-01T01:00:00Z"]) == 3
+        assert capsys.readouterr().err == (
+            "burnrate analyze: error: no GPU samples (DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_GPU_UTIL_RATIO, "
+            "burnrate_gpu_up) from 2026-01-01T00:00:00Z to 2026-01-01T01:00:00Z: "
+            f"Prometheus at {base} holds 0 burnrate or DCGM series now\n")
+        assert burnrate(["analyze", "--prometheus", f"{base}/prom", "--since", "1h"]) == 2
+        assert capsys.readouterr().err == (
+            f"burnrate analyze: error: Prometheus at {base}/prom answered HTTP 404: 404 page not found "
+            "(a Prometheus API answers under URL/api/v1/: give the server's base URL)\n")
+        tls = base.replace("http:", "https:")
+        assert burnrate(["analyze", "--prometheus", tls, "--since", "1h"]) == 2
+        assert capsys.readouterr().err == (f"burnrate analyze: error: Prometheus at {tls} speaks plain HTTP, "
+                                           f"not TLS: use {base}\n")

@@ -53,3 +53,17 @@ def test_the_recording_reduces_each_column_as_its_promql_query_does():
     for q in QUERIES:
         if q.column != "_info":          # node info carries labels, not a value
             assert reduction(q.table, q.column) == q.over_time, (q.table, q.column)
+
+
+def test_a_missing_sample_among_a_steps_samples_is_passed_over_quietly(recwarn):
+    """As PromQL's max_over_time and min_over_time: a NaN sample (a reading the agent had
+    none of) is passed over, and a step is NaN only where all its samples are."""
+    nan = np.nan
+    throttle = np.array([nan, 4.0, 2.0, nan, nan, nan], np.float32)
+    up = np.array([1.0, nan, nan, 0.0, nan, nan], np.float32)
+    times, rows, out = reduce_rows(np.repeat([30.0, 60.0, 120.0], 2), np.tile([0, 1], 3), 2,
+                                   {"throttle_reasons": throttle, "up": up}, "gpu", first=60.0, step=60.0)
+    assert times.tolist() == [60.0, 60.0, 120.0, 120.0]
+    assert out["throttle_reasons"].tolist()[:2] == [2.0, 4.0] and np.isnan(out["throttle_reasons"][2:]).all()
+    assert out["up"].tolist()[:2] == [1.0, 0.0] and np.isnan(out["up"][2:]).all()
+    assert not recwarn.list

@@ -80,8 +80,8 @@ def test_the_dashboards_own_password_is_not_the_stores(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--prometheus", "prometheus:9090"], "wants an http:// or https:// URL such as http://prometheus:9090, "
-                                          "got 'prometheus:9090'"),
+    (["--prometheus", "prometheus:9090"], "'prometheus:9090' has no scheme: give the URL with it, "
+                                          "e.g. http://prometheus:9090"),
     (["--prometheus", "http://"], "wants an http:// or https:// URL"),
     (["--prometheus", "http://prometheus:port"], "--prometheus 'http://prometheus:port': Port could not be cast"),
     (["--prometheus", "http://p:9090", "--bearer-token-file", "/nonexistent"],

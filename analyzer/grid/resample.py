@@ -75,8 +75,10 @@ def reduce_rows(t: np.ndarray, series: np.ndarray, n_series: int, values: dict[s
             total = np.bincount(group, weights=v, minlength=size)
             out[name] = (total[held] / count[held]).astype(v.dtype)
         else:
-            extreme = np.full(size, -np.inf if how == "max" else np.inf, v.dtype)
-            (np.maximum if how == "max" else np.minimum).at(extreme, group, v)
+            # fmax and fmin pass over a NaN sample (a reading the agent had none of) as PromQL's
+            # max_over_time and min_over_time do: a step is NaN only where all its samples are.
+            extreme = np.full(size, np.nan, v.dtype)
+            (np.fmax if how == "max" else np.fmin).at(extreme, group, v)
             out[name] = extreme[held]
     # How many samples each point holds: how much of its step a series covered (analyzer.grid.holding).
     out["sample_count"] = count[held].astype(np.float32)

@@ -394,9 +394,14 @@ class PrometheusHTTP:
         if code == 401:
             why += (" (the credentials given were refused)" if "Authorization" in self.headers else
                     " (it asks for credentials: a bearer token or basic auth, docs/sources.md)")
+        if code == 404:
+            why += " (a Prometheus API answers under URL/api/v1/: give the server's base URL)"
         return PrometheusError(f"Prometheus at {self.url} answered HTTP {code}: {why}")
 
     def _unreachable(self, exc: OSError) -> PrometheusError:
+        if isinstance(exc, ssl.SSLError) and exc.reason == "WRONG_VERSION_NUMBER":    # a plain HTTP answer to TLS
+            plain = "http:" + self.url.split(":", 1)[1]
+            return PrometheusError(f"Prometheus at {self.url} speaks plain HTTP, not TLS: use {plain}")
         hint = " (name the CA that signed it with --ca-file)" if isinstance(exc, ssl.SSLCertVerificationError) else ""
         return PrometheusError(f"cannot reach Prometheus at {self.url}: {exc.strerror or exc}{hint}")
 
