@@ -4,6 +4,7 @@ at most `MAX_BUCKETS` buckets, so a day of a thousand GPUs is a 1,024 × 300 hea
 """
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -161,19 +162,56 @@ def finding_rows(findings: list[Finding]) -> list[dict[str, object]]:
             "wasted_gpu_hours": None if f.wasted_gpu_hours is None else round(f.wasted_gpu_hours, 2),
             "wasted_dollars": None if f.wasted_dollars is None else round(f.wasted_dollars, 2),
             "headline": headline(f),
-            "evidence": "; ".join(f"{k}={_short(v)}" for k, v in evidence.items()),
+            "evidence": "; ".join(f"{evidence_label(k)}: {evidence_value(k, v)}" for k, v in evidence.items()),
             "recommendation": f.recommendation,
         })
     return out
 
 
-def _short(value: object) -> str:
+# An evidence key's ending says its unit; shares and ratios read as percentages.
+_UNITS = (("gpu_hours", " GPU-h"), ("hours", " h"), ("minutes", " min"), ("seconds", " s"),
+          ("seconds_per_step", " s"), ("_pct", "%"), ("_mhz", " MHz"), ("_mbps", " MB/s"), ("_mib", " MiB"),
+          ("_w", " W"))
+_SHARES = ("share", "mfu", "floor", "clock_ratio")
+# Unit abbreviations the value's unit says again: "sm clock: 1,380 MHz", not "sm clock mhz: 1,380 MHz".
+_UNIT_SUFFIX = re.compile(r"_(pct|mhz|mbps|mib|w)$")
+
+
+def evidence_label(key: str) -> str:
+    return _UNIT_SUFFIX.sub("", key).replace("_", " ")
+
+
+def evidence_value(key: str, value: object) -> str:
+    """An evidence value as a person reads it: `data_wait_seconds` 66460.2 is "66,460 s",
+    `data_wait_share` 0.7693 is "76.9%", `slowdown` 1.361 is "1.36×"."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return _plain_value(value)
+    if key.endswith(_SHARES):
+        return number(value * 100) + "%"
+    if key == "slowdown":
+        return number(value) + "×"
+    unit = next((u for suffix, u in _UNITS if key.endswith(suffix)), "")
+    return number(value) + unit
+
+
+def number(value: float) -> str:
+    """Three significant digits, thousands separated, never in exponent notation."""
+    if not math.isfinite(value):
+        return str(value)
+    if value == int(value):
+        return f"{int(value):,}"
+    digits = min(6, max(0, 2 - math.floor(math.log10(abs(value)))))
+    text = f"{value:,.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _plain_value(value: object) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return number(value)
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_short(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k}: {_plain_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
-        return "[" + ", ".join(_short(v) for v in value) + "]"
+        return ", ".join(_plain_value(v) for v in value)
     return str(value)
 
 
@@ -242,7 +280,11 @@ def job_detail(views: Views, report: Report, namespace: str, training_job: str,
         return bucket_mean(rank.values[name][rows], k).mean(axis=0) if len(rows) else nothing
 
     def rate(name: str) -> np.ndarray:
-        return bucket_sum(rank.values[name][rows], k).sum(axis=0) / (k * views.step)
+        # NaN, not 0, where no rank counted: outside the job's life (and at its first sample,
+        # which has no increment yet) there is no rate to draw.
+        values = rank.values[name][rows]
+        counted = bucket_sum(np.isfinite(values), k).sum(axis=0) > 0
+        return np.where(counted, bucket_sum(values, k).sum(axis=0) / (k * views.step), np.nan)
 
     unit, throughput = "tokens/s", nothing
     if len(rows) and "tokens" in rank.values and np.nansum(rank.values["tokens"][rows]) > 0:

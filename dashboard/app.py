@@ -42,7 +42,7 @@ def create_app(source: Source | dict[str, Source], catalog: Catalog | None = Non
         auth.require_basic_auth(app.server, *basic_auth)
     options = [{"label": "whole recording", "value": ALL}] if service.default_range == ALL else []
     options += [{"label": f"last {p}", "value": p} for p in PRESETS]
-    options.append({"label": "custom (from URL)", "value": CUSTOM, "disabled": True})
+    options.append({"label": "custom range", "value": CUSTOM, "disabled": True})
     app.layout = html.Div([
         dcc.Location(id="app-url", refresh="callback-nav"),
         dcc.Interval(id="app-refresh", interval=int(refresh_s * 1000)),

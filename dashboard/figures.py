@@ -120,7 +120,7 @@ def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
     panels = [(t, key) for t, key in panels if key in detail.gpu_series]
     titles = [t for t, _ in panels] + ["MFU and " + detail.throughput_unit, "loss and grad norm", "findings"]
     rows = len(titles)
-    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.035, subplot_titles=titles,
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.045, subplot_titles=titles,
                         specs=[[{"secondary_y": True}]] * rows)
     palette = ["#0984e3", "#00b894", "#6c5ce7", "#e17055", "#fdcb6e", "#e84393", "#00cec9", "#2d3436"]
     for row, (_, key) in enumerate(panels, start=1):
@@ -128,6 +128,10 @@ def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
             fig.add_trace(go.Scatter(x=detail.times, y=np.round(detail.gpu_series[key][i], 2), name=_plain([label])[0],
                                      legendgroup=label, showlegend=row == 1, mode="lines",
                                      line={"width": 1.2, "color": palette[i % len(palette)]}), row=row, col=1)
+    # From zero: a GPU's memory, power and traffic are amounts, and a constant one then reads
+    # "48.6k" on a plain axis instead of "48.5965k" on an axis around a single value.
+    for row in range(1, len(panels) + 1):
+        fig.update_yaxes(rangemode="tozero", tickformat="~s", row=row, col=1, secondary_y=False)
     row = len(panels) + 1
     fig.add_trace(go.Scatter(x=detail.times, y=np.round(detail.mfu, 4), name="MFU", line={"color": "#2d3436"}),
                   row=row, col=1)
@@ -161,7 +165,10 @@ def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
     _mark_restarts(fig, detail)
     # A date axis over the job's own time on every row: a row without traces (no findings)
     # would otherwise make the shared axis linear and squeeze every panel into the edge.
-    fig.update_xaxes(type="date", range=_job_extent(detail))
+    # Every panel shows its time ticks: shared axes would keep them for the bottom one only,
+    # a screen's height below the top panels.
+    fig.update_xaxes(type="date", range=_job_extent(detail), showticklabels=True, tickformat="%H:%M")
+    fig.update_xaxes(tickformat=None, row=rows, col=1)
     fig = _layout(fig, _plain([f"{detail.namespace}/{detail.training_job} over time"])[0], simulated, height=190 * rows)
     fig.update_layout(legend={"orientation": "h", "y": -0.04}, hovermode="x")
     return fig

@@ -4,11 +4,13 @@ into an analysis."""
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 from urllib.parse import quote
 
 import flask
 from dash import dcc, html
+from dash.dash_table import FormatTemplate
+from dash.dash_table.Format import Format, Scheme
 from plotly.graph_objects import Figure
 
 from .data import Analysis, DataService, Services, Unavailable, describe_window
@@ -42,6 +44,19 @@ def graph(id_: str, figure: Figure) -> dcc.Graph:
 
 def money(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"${value:,.{digits}f}"
+
+
+# Numbers stay numbers in a table, so that sorting a column orders them by value; the format only shows them.
+_MONEY = {"type": "numeric", "format": FormatTemplate.money(2)}
+_TWO_DECIMALS = {"type": "numeric", "format": Format(precision=2, scheme=Scheme.fixed)}
+_COLUMN_KINDS = {"training_job": {"presentation": "markdown"}, "wasted_dollars": _MONEY,
+                 "hours": _TWO_DECIMALS, "wasted_gpu_hours": _TWO_DECIMALS}
+
+
+def finding_columns(columns: Iterable[tuple[str, str]]) -> list[dict]:
+    """A findings table's columns, (header, row key) each: dollars as "$1,234.50", hours to two
+    decimals, the job as a link."""
+    return [{"name": name, "id": id_, **_COLUMN_KINDS.get(id_, {})} for name, id_ in columns]
 
 
 def range_search(search: str | None) -> str:

@@ -586,3 +586,66 @@ def test_the_fleets_badput_over_time_adds_up_to_the_jobs_badput(analysis):
         assert sum(drawn.values()) == pytest.approx(sum(expected.values()), rel=1e-4)
         title = fig.layout.yaxis.title.text
         assert title.startswith("badput $ per hour") if priced else title.startswith("badput GPU-hours per hour")
+
+
+# --- what a person reads first ------------------------------------------------------------
+def test_findings_are_listed_costliest_first_with_evidence_in_units(app, pages):
+    """A $57 warning is above a $0.07 critical; evidence reads "data wait share: 76.9%", not
+    "data_wait_share=0.7693" or "2.149e+04"."""
+    with app.server.test_request_context():
+        children, _ = pages["findings"].update("", 1)
+    table = _find(html.Div(children), "findings-table")
+    dollars = [r["wasted_dollars"] or 0.0 for r in table.data]
+    assert dollars == sorted(dollars, reverse=True) and dollars[0] > 0
+    assert {r["severity"] for r in table.data} >= {"critical", "warning"}
+    for row in table.data:
+        assert not re.search(r"\de[+-]\d|\w=", row["evidence"]), row["evidence"]
+    starving = next(r["evidence"] for r in table.data if r["kind"] == "dataloader_starvation")
+    assert re.match(r"data wait share: \d{1,2}(\.\d)?%; data wait seconds: [\d,]+ s;", starving)
+    money = next(c for c in table.columns if c["id"] == "wasted_dollars")
+    assert (money["type"], money["format"].to_plotly_json()["specifier"]) == ("numeric", "$,.2f")
+
+
+def test_evidence_values_read_with_their_units():
+    value = aggregate.evidence_value
+    assert value("data_wait_seconds", 21490.4) == "21,490 s"
+    assert value("data_wait_share", 0.7693) == "76.9%" and value("mfu", 0.06381) == "6.38%"
+    assert value("mean_util_pct", 0.06528) == "0.0653%" and value("sm_clock_mhz", 1380.0) == "1,380 MHz"
+    assert value("slowdown", 1.3612) == "1.36×" and value("stalled_minutes", 233.8) == "234 min"
+    assert value("gross_wasted_gpu_hours", 9.291) == "9.29 GPU-h" and value("hours", 5.996) == "6 h"
+    assert value("loss_after", float("nan")) == "nan" and value("ranks", 4) == "4"
+    assert value("xid_events", {"79": 1}) == "{79: 1}" and value("signals", ["loss_spike", "non_finite"]) == \
+        "loss_spike, non_finite"
+    assert aggregate.evidence_label("peer_median_sm_clock_mhz") == "peer median sm clock"
+
+
+def test_a_jobs_rate_is_not_drawn_where_it_counted_nothing(analysis):
+    """Before a job's first counted step and after its last there is no tokens/s: NaN, a gap
+    in the line, not a drop to 0."""
+    report, views = analysis.report, analysis.views
+    detail = aggregate.job_detail(views, report, "ml-research", "dlrm-1")
+    rank = views.rank
+    rows = views.job_rows(rank)[("ml-research", "dlrm-1")]
+    k = aggregate.bins_per_bucket(views.n)
+    counted = aggregate.bucket_sum(np.isfinite(rank.values["tokens"][rows]), k).sum(axis=0) > 0
+    assert not counted.all()
+    assert np.isnan(detail.throughput[~counted]).all() and (detail.throughput[counted] > 0).all()
+    drawn = next(t for t in figures.job_timeline(detail, False).data if t.name == "tokens/s")
+    assert np.isnan(np.asarray(drawn.y, float)[~counted]).all()
+
+
+def test_every_panel_of_a_job_shows_its_time_and_amounts_from_zero(analysis):
+    detail = aggregate.job_detail(analysis.views, analysis.report, "ml-research", "dlrm-1")
+    fig = figures.job_timeline(detail, False)
+    xaxes = [fig.layout[name] for name in fig.layout if name.startswith("xaxis")]
+    assert len(xaxes) == 7 and all(axis.showticklabels for axis in xaxes)
+    titles = [a.text for a in fig.layout.annotations][:4]
+    assert titles == ["GPU util %", "memory used MiB", "power W", "NVLink MB/s"]
+    for row in range(1, 5):   # the GPU panels: their left axes
+        axis = fig.layout["yaxis" if row == 1 else f"yaxis{2 * row - 1}"]
+        assert (axis.rangemode, axis.tickformat) == ("tozero", "~s")
+
+
+def test_the_range_picker_says_custom_range_briefly(app):
+    picker = _find(app.layout, "app-range")
+    assert [o["label"] for o in picker.options if o["value"] == "custom"] == ["custom range"]

@@ -7,6 +7,7 @@ navigate inside the app. Screenshots go to $BURNRATE_SCREENSHOTS when set
 from __future__ import annotations
 
 import os
+import re
 from urllib.parse import unquote, urlsplit
 
 import pytest
@@ -380,3 +381,27 @@ def test_a_training_jobs_page_opens_with_where_its_money_went(served, browser):
     assert sum(shown[:-1]) == pytest.approx(shown[-1], abs=0.01 * len(shown))      # each rounded to a cent
     assert f"goodput {job.goodput:.0%}" in seen["title"]
     assert _errors(browser) == []
+
+
+def test_wasted_dollars_read_with_two_decimals(served, browser):
+    base, _, _ = served
+    for path, table in (("/", "fleet-findings"), ("/findings", "findings-table")):
+        _load(browser, base + path, f"#{table} td")
+        shown = [cell for cell in _column(browser, table, "wasted_dollars") if cell]
+        assert shown and all(re.fullmatch(r"\$\d{1,3}(,\d{3})*\.\d\d", cell) for cell in shown), shown
+
+
+def test_the_cards_stay_in_one_row_at_1400_px_whatever_their_notes_say(served, browser):
+    """A long note (GPUs that stopped reporting, with when) wraps inside its card; the six
+    cards keep one row across the page."""
+    base, _, _ = served
+    _load(browser, base + "/", "#fleet-heatmap")
+    assert browser.execute_script("return window.innerWidth") <= WIDTH
+    browser.execute_script("document.querySelector('.br-stat-sub').innerText = "
+                           "'of 64 GPUs reporting; 8 more stopped reporting at 2026-11-18T10:41:45Z'")
+    tops, right, width = browser.execute_script(
+        "const cards = Array.from(document.querySelectorAll('.br-stats .br-stat'));"
+        "const row = document.querySelector('.br-stats').getBoundingClientRect();"
+        "return [cards.map(c => c.getBoundingClientRect().top), "
+        "Math.max(...cards.map(c => c.getBoundingClientRect().right)), row.right];")
+    assert len(tops) == 6 and len(set(tops)) == 1 and right <= width + 0.5

@@ -10,7 +10,7 @@ from burnrate.analyzer.output.report import SEVERITY_ORDER
 from ..aggregate import finding_rows
 from ..data import Analysis
 from ..filters import FindingFilters
-from ..ui import job_link, money, render
+from ..ui import finding_columns, job_link, money, render
 
 dash.register_page(__name__, path="/findings", name="Findings", title="burnrate · findings", order=2)
 
@@ -62,9 +62,11 @@ def update(search: str | None, _n: int | None):
 
 
 def select(findings: list, filters: FindingFilters) -> list:
-    """The findings the filters keep, worst and costliest first."""
+    """The findings the filters keep, costliest first, the worse first where they cost the same:
+    the page answers where the money goes, so a $57 warning is above a $0.07 critical; the
+    severity filter shows the critical ones alone."""
     kept = [f for f in findings if filters.keeps(f)]
-    return sorted(kept, key=lambda f: (SEVERITY_ORDER[f.severity], -(f.wasted_dollars or 0.0)))
+    return sorted(kept, key=lambda f: (-(f.wasted_dollars or 0.0), SEVERITY_ORDER[f.severity]))
 
 
 def content(a: Analysis, search: str, filters: FindingFilters) -> list:
@@ -84,8 +86,7 @@ def content(a: Analysis, search: str, filters: FindingFilters) -> list:
         dash_table.DataTable(
             id="findings-table", data=rows, page_size=50, sort_action="native",
             markdown_options={"link_target": "_self"},
-            columns=[{"name": n, "id": c, "presentation": "markdown"} if c == "training_job" else {"name": n, "id": c}
-                     for n, c in COLUMNS],
+            columns=finding_columns(COLUMNS),
             style_cell={"textAlign": "left", "fontSize": 13, "whiteSpace": "normal", "height": "auto",
                         "maxWidth": 420},
             style_data_conditional=[{"if": {"filter_query": f'{{severity}} = "{s}"', "column_id": "severity"},

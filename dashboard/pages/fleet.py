@@ -10,7 +10,7 @@ from burnrate.analyzer.sources.timeparse import format_time
 from ..aggregate import finding_rows
 from ..data import Analysis
 from ..figures import burn_rate, fleet_state, utilization_heatmap
-from ..ui import graph, job_link, money, render, stat
+from ..ui import finding_columns, graph, job_link, money, render, stat
 
 dash.register_page(__name__, path="/", name="Fleet", title="burnrate · fleet", order=0)
 
@@ -53,10 +53,9 @@ def content(a: Analysis, search: str) -> list:
             row["training_job"] = job_link(row["namespace"], row["training_job"], search)
     table = dash_table.DataTable(
         id="fleet-findings", data=rows, markdown_options={"link_target": "_self"},
-        columns=[{"name": n, "id": c, "presentation": "markdown"} if c == "training_job" else {"name": n, "id": c}
-                 for n, c in (("severity", "severity"), ("kind", "kind"), ("namespace", "namespace"),
-                              ("job", "training_job"), ("where", "where"), ("wasted $", "wasted_dollars"),
-                              ("evidence", "headline"))],
+        columns=finding_columns((("severity", "severity"), ("kind", "kind"), ("namespace", "namespace"),
+                                 ("job", "training_job"), ("where", "where"), ("wasted $", "wasted_dollars"),
+                                 ("evidence", "headline"))),
         style_cell={"textAlign": "left", "fontSize": 13}, style_as_list_view=True)
     return [
         stats,
