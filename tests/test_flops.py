@@ -1,10 +1,12 @@
 """Model FLOPs per token against torch's own count (FlopCounterMode) of a real forward and
-backward pass, on three shapes: tied and untied output projections, and grouped-query
-attention with Llama-style config names. Attention runs on SDPA's math kernel, whose
-matmuls FlopCounterMode sees (the CPU flash kernel has no FLOP formula in torch).
+backward pass: tied and untied output projections, grouped-query attention with
+Llama-style config names, Hugging Face's GPT-2 (biases and LayerNorm biases included) and
+a model held inside another module without a config of its own, as a LightningModule holds
+it. Attention runs on SDPA's math kernel, whose matmuls FlopCounterMode sees (the CPU
+flash kernel has no FLOP formula in torch).
 
-FlopCounterMode counts matmuls only; layer norms, softmax and the embedding lookup are
-left out of both counts, as the PaLM convention leaves them out.
+FlopCounterMode counts matmuls only; norms, biases, softmax and the embedding lookup are
+left out of both counts, as the PaLM convention leaves them out, so the two agree exactly.
 """
 from __future__ import annotations
 
@@ -94,36 +96,53 @@ def gpt(tied: bool) -> GPT:
     return model
 
 
-def counted_flops_per_token(model: nn.Module, vocab: int) -> float:
-    idx = torch.randint(0, vocab, (BATCH, SEQ))
+class Held(nn.Module):
+    """Hugging Face's GPT-2 inside a module with no `config` of its own, as a
+    LightningModule holds a model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        config = transformers.GPT2Config(vocab_size=320, n_positions=SEQ, n_embd=128, n_layer=2, n_head=4)
+        self.model = transformers.GPT2LMHeadModel(config)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=idx, labels=targets).loss
+
+
+def counted_flops_per_token(model: nn.Module, vocab: int, seq: int = SEQ) -> float:
+    """torch's count of the matmul FLOPs in one forward and backward pass, per token."""
+    idx = torch.randint(0, vocab, (BATCH, seq))
     counter = FlopCounterMode(display=False)
     with sdpa_kernel(SDPBackend.MATH), counter:
         out = model(idx, idx)
         loss = out[1] if isinstance(out, tuple) else out
         loss.backward()
-    return counter.get_total_flops() / (BATCH * SEQ)
+    return counter.get_total_flops() / (BATCH * seq)
 
 
-@pytest.mark.parametrize("shape", ["tied", "untied", "gqa"])
-def test_flops_per_token_match_what_torch_counts(shape):
+@pytest.mark.parametrize("shape", ["tied", "untied", "gqa", "held-hf-gpt2"])
+def test_flops_per_token_are_the_matmuls_torch_counts(shape):
     torch.manual_seed(0)
-    model = Llama(LlamaConfig()) if shape == "gqa" else gpt(tied=shape == "tied")
+    model = {"gqa": Llama(LlamaConfig()), "held-hf-gpt2": Held()}.get(shape) or gpt(tied=shape == "tied")
     counted = counted_flops_per_token(model, 320)
     ours = model_flops_per_token(model, SEQ)
-    assert ours == pytest.approx(counted, rel=0.03)
+    assert ours == pytest.approx(counted, rel=1e-9)
 
 
-def test_the_formula_differs_from_torchs_count_by_the_norm_gains_alone():
-    """Exactly: the formula charges the norm gains (part of N) 6 FLOPs each per token, but
-    they are elementwise and FlopCounterMode counts no elementwise work. Everything else,
-    the tied output layer and attention (12·L·H·Q·T: QKᵀ and AV, forward and backward, no
-    discount for the causal mask), is counted alike on both sides."""
-    model = gpt(tied=True)
-    norm_gains = sum(p.numel() for name, p in model.named_parameters() if "ln" in name)
-    assert counted_flops_per_token(model, 320) == model_flops_per_token(model, SEQ) - 6 * norm_gains
-    cfg = model.config
-    n = model.num_params() + cfg.vocab_size * cfg.n_embd     # the output layer is a matmul, tied or not
-    assert model_flops_per_token(model, SEQ) == palm_flops_per_token(n, cfg.n_layer, cfg.n_head, cfg.head_dim, SEQ)
+def test_n_is_the_matmul_weights_alone():
+    """N holds every weight a matmul uses, the tied output layer included, and no norm gain
+    or bias: they are elementwise, and FlopCounterMode counts no elementwise work."""
+    model = Held()
+    inner = model.model
+    cfg = inner.config
+    vectors = sum(p.numel() for p in inner.parameters() if p.dim() == 1)
+    assert vectors > 0     # LayerNorm gains and biases, and the linear layers' biases
+    tables = inner.transformer.wte.weight.numel() + inner.transformer.wpe.weight.numel()
+    n = sum(p.numel() for p in inner.parameters()) - vectors - tables + cfg.vocab_size * cfg.n_embd
+    head_dim = cfg.n_embd // cfg.n_head
+    assert model_flops_per_token(model, SEQ) == palm_flops_per_token(n, cfg.n_layer, cfg.n_head, head_dim, SEQ)
+    assert model_flops_per_token(model, SEQ) == model_flops_per_token(inner, SEQ)
 
 
 def test_the_output_projection_counts_whether_tied_or_not():
@@ -132,14 +151,15 @@ def test_the_output_projection_counts_whether_tied_or_not():
 
 
 def test_gpt2_124m_counts_as_nanogpt_does():
-    """nanoGPT's and torchtitan's figure for GPT-2 124M at T=1024: 6·N + 12·L·H·Q·T with N
-    every parameter but the position table, ~855 MFLOP per token (with a vocabulary of
-    50304)."""
+    """nanoGPT's and torchtitan's figure for GPT-2 124M at T=1024, ~855 MFLOP per token
+    (with a vocabulary of 50304): 6·N + 12·L·H·Q·T with N every parameter but the position
+    table; they also count the 19,200 LayerNorm gains in N, 0.01 % of the figure."""
     from burnrate.trainer.model import MODELS
 
     model = GPT(MODELS["gpt2-124m"])
+    gains = sum(p.numel() for p in model.parameters() if p.dim() == 1)
     n = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
-    assert model_flops_per_token(model, 1024) == 6 * n + 12 * 12 * 12 * 64 * 1024
+    assert model_flops_per_token(model, 1024) == 6 * (n - gains) + 12 * 12 * 12 * 64 * 1024
     assert model_flops_per_token(model, 1024) == pytest.approx(855e6, rel=0.001)
 
 

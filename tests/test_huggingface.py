@@ -1,7 +1,10 @@
 """The monitor in Hugging Face's own `Trainer`, with no change to its loop: a tiny GPT-2 from
 a config (no download) trains on CPU with 2-way gradient accumulation, an evaluation and a
-checkpoint save in the middle; the agent's inbox receives exact counts on a real socket."""
+checkpoint save in the middle; the agent's inbox receives exact counts on a real socket,
+and each loss and gradient norm the Trainer logs arrives with the step it was logged at."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -14,7 +17,7 @@ from tests.framework_runs import assert_exact_counts, assert_ledger_facts  # noq
 
 pytestmark = pytest.mark.slow
 
-SEQ, BATCH, ACCUM, STEPS = 16, 2, 2, 6
+SEQ, BATCH, ACCUM, STEPS, LOG_EVERY = 16, 2, 2, 6, 2
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -31,14 +34,28 @@ def test_a_hugging_face_trainer_reports_exact_counts(tmp_path):
     model = transformers.GPT2LMHeadModel(config)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=BATCH,
-        gradient_accumulation_steps=ACCUM, logging_steps=1, eval_strategy="steps", eval_steps=3,
+        gradient_accumulation_steps=ACCUM, logging_steps=LOG_EVERY, eval_strategy="steps", eval_steps=3,
         save_strategy="steps", save_steps=3, report_to=[], use_cpu=True, dataloader_num_workers=0,
         disable_tqdm=True)
+    records = tmp_path / "records.jsonl"
     with TelemetryInbox(tmp_path / "agent.sock") as inbox:
-        callback = BurnrateCallback(seq_len=SEQ, socket_path=str(inbox.path), job="hf", every_steps=1)
-        transformers.Trainer(model=model, args=args, train_dataset=Tokens(), eval_dataset=Tokens(),
-                             callbacks=[callback]).train()
+        callback = BurnrateCallback(seq_len=SEQ, socket_path=str(inbox.path), jsonl_path=str(records),
+                                    job="hf", every_steps=1)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(), eval_dataset=Tokens(),
+                                       callbacks=[callback])
+        trainer.train()
         assert_exact_counts(inbox, "hf", STEPS, STEPS * ACCUM * BATCH, SEQ, model)
         (rank,) = inbox.ranks()
     assert rank.values.get("last_checkpoint_time", 0) > 0     # the save at step 3, kept out of the step times
     assert_ledger_facts(rank, STEPS)
+
+    logged = {e["step"]: (e["loss"], e["grad_norm"]) for e in trainer.state.log_history if "loss" in e}
+    assert sorted(logged) == list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
+    sent = {r["step"]: (r["loss"], r["grad_norm"]) for r in map(json.loads, records.read_text().splitlines())}
+    assert sorted(sent) == list(range(1, STEPS + 1))
+    # A logging step's record has its own values; the steps after it, the newest logged.
+    for step, values in sent.items():
+        newest = max((s for s in logged if s <= step), default=None)
+        assert values == (pytest.approx(logged[newest]) if newest else (None, None))
+    # The last step's values, logged after its on_step_end, reach the agent.
+    assert (rank.values["loss"], rank.values["grad_norm"]) == pytest.approx(logged[STEPS])

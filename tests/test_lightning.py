@@ -1,7 +1,10 @@
 """The monitor in PyTorch Lightning's own loop, with no change to the module: a tiny GPT
-trains on CPU with 2-way gradient accumulation and a validation pass in the middle; the
-agent's inbox receives exact counts on a real socket."""
+trains on CPU with gradient accumulation and a validation pass in the middle; the agent's
+inbox receives exact counts on a real socket, and every step's record its loss as the
+module computed it, whatever the accumulation."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -12,21 +15,26 @@ from burnrate.agent.telemetry.inbox import TelemetryInbox  # noqa: E402
 from burnrate.trainer.lightning import BurnrateCallback  # noqa: E402
 from burnrate.trainer.model import GPT, GPTConfig  # noqa: E402
 from tests.framework_runs import assert_exact_counts, assert_ledger_facts  # noqa: E402
+from tests.test_flops import counted_flops_per_token  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-SEQ, BATCH, ACCUM, STEPS = 16, 2, 2, 5
+SEQ, BATCH, STEPS, VOCAB = 16, 2, 5, 128
 
 
 class Module(pl.LightningModule):
+    """A module as users write them: the model inside, no `config` of its own."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.gpt = GPT(GPTConfig(vocab_size=128, block_size=SEQ, n_layer=2, n_head=2, n_embd=32))
-        self.config = self.gpt.config
+        self.gpt = GPT(GPTConfig(vocab_size=VOCAB, block_size=SEQ, n_layer=2, n_head=2, n_embd=32))
+        self.losses: list[float] = []
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        return self.gpt(x, y)
+        loss = self.gpt(x, y)
+        self.losses.append(loss.item())
+        return loss
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
@@ -37,18 +45,34 @@ class Module(pl.LightningModule):
 
 
 def loader() -> torch.utils.data.DataLoader:
-    x = torch.randint(0, 128, (64, SEQ), generator=torch.Generator().manual_seed(0))
+    x = torch.randint(0, VOCAB, (64, SEQ), generator=torch.Generator().manual_seed(0))
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x), batch_size=BATCH)
 
 
-def test_a_lightning_trainer_reports_exact_counts(tmp_path):
+@pytest.mark.parametrize("accum", [1, 2, 4])
+def test_a_lightning_trainer_reports_exact_counts_and_the_modules_loss(tmp_path, accum):
+    torch.manual_seed(0)
     module = Module()
+    records = tmp_path / "records.jsonl"
     with TelemetryInbox(tmp_path / "agent.sock") as inbox:
-        callback = BurnrateCallback(seq_len=SEQ, socket_path=str(inbox.path), job="lightning", every_steps=1)
-        trainer = pl.Trainer(max_steps=STEPS, accumulate_grad_batches=ACCUM, accelerator="cpu", devices=1,
+        callback = BurnrateCallback(seq_len=SEQ, socket_path=str(inbox.path), jsonl_path=str(records),
+                                    job="lightning", every_steps=1)
+        trainer = pl.Trainer(max_steps=STEPS, accumulate_grad_batches=accum, accelerator="cpu", devices=1,
                              val_check_interval=4, limit_val_batches=2, num_sanity_val_steps=0,
                              callbacks=[callback], logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
         trainer.fit(module, loader(), loader())
-        assert_exact_counts(inbox, "lightning", STEPS, STEPS * ACCUM * BATCH, SEQ, module.gpt)
-        assert_ledger_facts(inbox.ranks()[0], STEPS)
+        assert_exact_counts(inbox, "lightning", STEPS, STEPS * accum * BATCH, SEQ, module.gpt)
+        (rank,) = inbox.ranks()
+        assert_ledger_facts(rank, STEPS)
+    # The attention term counts although the LightningModule has no config: the FLOPs are
+    # the matmuls torch counts in the model's forward and backward.
+    tokens = STEPS * accum * BATCH * SEQ
+    assert rank.values["flops"] == pytest.approx(tokens * counted_flops_per_token(module.gpt, VOCAB, SEQ), rel=1e-9)
+    # Each step's loss is the mean of its micro-batches' own, not divided by the accumulation.
+    per_step = {r["step"]: r["loss"] for r in map(json.loads, records.read_text().splitlines())}
+    assert sorted(per_step) == list(range(1, STEPS + 1))
+    for step, loss in per_step.items():
+        own = module.losses[(step - 1) * accum:step * accum]
+        assert loss == pytest.approx(sum(own) / accum, rel=1e-5)
+    assert 4 < per_step[1] < 6      # about ln(128) at initialization, at any accumulation

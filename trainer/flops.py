@@ -1,7 +1,7 @@
 """Model FLOPs per token (the MFU numerator) and peak FLOP/s by device (the denominator).
 
 Model FLOPs follow PaLM (Chowdhery et al. 2022, appendix B): per token, 6·N for the
-forward and backward matmuls over the N parameters they use (the output projection
+forward and backward matmuls over the N weights they use (the output projection
 included, tied to the token embedding or not), plus 12·L·H·Q·T for
 attention scores and values (L layers, H heads, Q head size, T sequence length).
 Recomputation is not counted: MFU, unlike hardware FLOPs utilization, credits only the
@@ -50,31 +50,34 @@ CPU_PEAK_FLOPS_PER_THREAD = 100e9
 
 
 def palm_flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6·N + 12·L·H·Q·T, N the parameters matmuls use."""
+    """Training FLOPs per token: 6·N + 12·L·H·Q·T, N the weights matmuls use."""
     return 6.0 * n_params + 12.0 * n_layer * n_head * head_dim * seq_len
 
 
 def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
-    """PaLM FLOPs per token for any module, as nanoGPT and torchtitan count them.
+    """PaLM FLOPs per token for any module: the matmuls torch's FlopCounterMode counts in a
+    forward and backward pass (nanoGPT and torchtitan count the same, plus the norm gains).
 
-    N is every parameter a matmul uses: all but the `nn.Embedding` tables, which are
-    looked up rather than multiplied, plus the output projection when it shares the
-    token embedding's weight (tied, it is still a matmul over the vocabulary). The
-    attention term needs the sizes, read from `model.config` with nanoGPT / GPT-2 names
-    (n_layer, n_head, n_embd) or Llama-style ones (num_hidden_layers,
-    num_attention_heads, hidden_size, head_dim); it counts query heads, so grouped-query
-    attention is counted as it computes. Without a config only 6·N is counted.
-    DDP, FSDP and torch.compile wrappers are looked through.
+    N is every weight a matmul uses: the parameters of two or more dimensions but the
+    `nn.Embedding` tables, which are looked up rather than multiplied, plus the output
+    projection when it shares the token embedding's weight (tied, it is still a matmul
+    over the vocabulary). Norm gains and biases are vectors, applied elementwise, so they
+    are not in N. The attention term needs the sizes, read from the model's config (its
+    own `config`, or the first submodule's that has one, as a LightningModule holding a
+    Hugging Face model does) with nanoGPT / GPT-2 names (n_layer, n_head, n_embd) or
+    Llama-style ones (num_hidden_layers, num_attention_heads, hidden_size, head_dim); it
+    counts query heads, so grouped-query attention is counted as it computes. Without a
+    config only 6·N is counted. DDP, FSDP and torch.compile wrappers are looked through.
     """
     import torch.nn as nn
 
     model = unwrap(model)
     embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
-    n = sum(p.numel() for p in model.parameters() if id(p) not in embedding)
+    n = sum(p.numel() for p in model.parameters() if p.dim() >= 2 and id(p) not in embedding)
     # A tied output projection: parameters() yields the shared tensor once, as an embedding.
     n += sum(m.weight.numel() for m in model.modules()
              if not isinstance(m, nn.Embedding) and id(getattr(m, "weight", None)) in embedding)
-    sizes = attention_sizes(getattr(model, "config", None))
+    sizes = next(filter(None, (attention_sizes(getattr(m, "config", None)) for m in model.modules())), None)
     if sizes is None:
         return 6.0 * n
     return palm_flops_per_token(n, *sizes, seq_len)

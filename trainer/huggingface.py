@@ -8,7 +8,10 @@ from the previous step's end to this one's begin is data wait, unless an evaluat
 checkpoint save ended in between: that time is theirs, kept out of the step times.
 Samples are the micro-batches' per-device batch size; tokens are the Trainer's own count
 (`include_num_input_tokens_seen`, per rank) where it keeps one, else samples × `seq_len`.
-Loss and gradient norm are the Trainer's logged ones (every `logging_steps`).
+Loss and gradient norm are the Trainer's logged ones (every `logging_steps`), sent with
+the step they were logged at: the Trainer logs after `on_step_end`, so a logging step
+closes when its log arrives. Later steps carry the last logged values, so a report sent
+every few seconds has the newest the Trainer logged.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
         super().__init__(seq_len, **monitor_args)
         self._micro = 0
         self._tokens_seen = 0
+        self._ended_step: dict[str, Any] | None = None    # its counts, until its log (if any) arrives
         self._loss: float | None = None
         self._grad_norm: float | None = None
 
@@ -33,6 +37,7 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
         self._tokens_seen = state.num_input_tokens_seen
 
     def on_step_begin(self, args, state, control, **kwargs):
+        self._close_step()
         now = time.perf_counter()
         self.monitor.add_data_wait(now - self._mark)
         self.monitor.begin_compute()
@@ -47,13 +52,16 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
         seen, self._tokens_seen = state.num_input_tokens_seen - self._tokens_seen, state.num_input_tokens_seen
         # The Trainer gathers its token count over every rank.
         tokens = seen // max(args.world_size, 1) if seen > 0 else None
-        self.monitor.step(samples=samples, tokens=tokens, loss=self._loss, grad_norm=self._grad_norm)
-        self._mark = time.perf_counter()
+        # The Trainer's own flow callback, called before this one, has decided on the log.
+        self._ended_step = {"samples": samples, "tokens": tokens}
+        if not control.should_log:
+            self._close_step()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
         self._loss = logs.get("loss", self._loss)
         self._grad_norm = logs.get("grad_norm", self._grad_norm)
+        self._close_step()
 
     def on_evaluate(self, args, state, control, **kwargs):
         self._set_apart(self.monitor.add_eval)
@@ -62,4 +70,12 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
         self._set_apart(self.monitor.add_checkpoint)
 
     def on_train_end(self, args, state, control, **kwargs):
+        self._close_step()
         self._close()
+
+    def _close_step(self) -> None:
+        """Count the step that ended, if it is still open, with the last logged values."""
+        if self._ended_step is not None:
+            self.monitor.step(**self._ended_step, loss=self._loss, grad_norm=self._grad_norm)
+            self._ended_step = None
+            self._mark = time.perf_counter()

@@ -6,7 +6,11 @@
 Lightning fetches a batch before `on_train_batch_start`, so the time from the previous
 batch's end is data wait; each batch is a micro-batch, and a step closes when the
 optimizer stepped (`trainer.global_step` moved). Validation time is kept out of the step
-times. Samples are each batch's first dimension; tokens are samples × `seq_len`.
+times. Samples are each batch's first dimension; tokens are samples × `seq_len`. The loss
+is each batch's own, as `training_step` returned it: Lightning divides what it hands on by
+`accumulate_grad_batches`, which is undone. FLOPs per token count attention where the
+module or one of its submodules carries the model's config (trainer.flops); elsewhere,
+pass `flops_per_token=`.
 """
 from __future__ import annotations
 
@@ -35,6 +39,9 @@ class BurnrateCallback(MonitorHooks, Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.monitor.end_compute()
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None and pl_module.automatic_optimization:
+            # Lightning scales the loss it backpropagates, and hands on, by the accumulation.
+            loss = loss * trainer.accumulate_grad_batches
         self.monitor.micro_batch(samples=_samples(batch), loss=loss)
         if trainer.global_step != self._global_step:
             self._global_step = trainer.global_step
