@@ -50,8 +50,18 @@ class _Parser(argparse.ArgumentParser):
             near = difflib.get_close_matches(unknown, list(self._option_string_actions), n=1)
             message = f"unrecognized argument {unknown}" + (f" (did you mean {near[0]}?)" if near else "")
         else:
-            message = self._no_value(message) or message
+            message = self._no_value(message) or self._no_command(message) or message
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    @staticmethod
+    def _no_command(message: str) -> str | None:
+        """A misspelt command, named with the one it is closest to."""
+        choice = re.fullmatch(r"argument COMMAND: invalid choice: '(.*)' \(choose from .*\)", message)
+        if not choice:
+            return None
+        near = difflib.get_close_matches(choice.group(1), list(COMMANDS), n=1)
+        return (f"no command {choice.group(1)!r}" + (f" (did you mean {near[0]}?)" if near else "")
+                + f"; the commands: {', '.join(COMMANDS)}")
 
     def _unknown_flag(self) -> str | None:
         """The first flag given that this parser does not take (the command's own flags are

@@ -273,6 +273,18 @@ def test_a_mistyped_flag_is_named_with_what_to_give(capsys, recording, argv, mes
     assert capsys.readouterr().err == f"burnrate analyze: error: {message}\n"
 
 
+@pytest.mark.parametrize("command, message", [
+    ("analyz", "no command 'analyz' (did you mean analyze?); the commands: demo, agent, train, simulate, analyze, "
+               "dashboard, rules"),
+    ("xyz", "no command 'xyz'; the commands: demo, agent, train, simulate, analyze, dashboard, rules"),
+])
+def test_a_mistyped_command_is_named_with_the_one_meant(capsys, command, message):
+    with pytest.raises(SystemExit) as exited:
+        burnrate([command, "--recording", "r"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"burnrate: error: {message}\n"
+
+
 @pytest.mark.parametrize("url, message", [
     ("127.0.0.1:9999", "--prometheus '127.0.0.1:9999' has no scheme: give the URL with it, e.g. http://127.0.0.1:9999"),
     ("http://127.0.0.1:9999/api/v1", "--prometheus wants the server's base URL, without /api/v1: "
