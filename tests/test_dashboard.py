@@ -339,6 +339,18 @@ def test_a_probe_needs_no_password_and_learns_only_that_the_app_is_up(recording)
     assert probes == [("readiness", "/healthz"), ("liveness", "/healthz")]
 
 
+def test_every_namespace_s_cost_is_written_over_its_stack_however_small():
+    """A $0.20 namespace beside a $200 one has no bar to see: its total is written over it."""
+    by_namespace = pd.DataFrame({"namespace": ["ml", "ml", "demo"], "capacity_type": ["spot", "on-demand", "unknown"],
+                                 "cost_dollars": [150.0, 50.0, 0.2]})
+    summary = aggregate.CostSummary(by_namespace=by_namespace, by_job=pd.DataFrame(), waste_by_cause=pd.Series(dtype=float),
+                                    spot_dollars=0.0, spot_on_demand_dollars=0.0, total_dollars=200.2, unpriced_jobs=0)
+    fig = figures.cost_by_namespace(summary, False)
+    [written] = [t for t in fig.data if t.type == "scatter"]
+    assert dict(zip(written.x, written.text)) == {"demo": "$0.20", "ml": "$200.00"}
+    assert written.mode == "text" and not written.showlegend
+
+
 def test_the_app_only_reads(app):
     """No route writes: pages and assets are GET, and the one POST is Dash's callback
     endpoint, which computes figures from the analysis and changes nothing."""

@@ -234,9 +234,12 @@ def assert_time_axes(browser, graph: str, window_ms: float, where: str) -> None:
 
 STACKED_BARS = """
 const gd = document.getElementById(arguments[0]).querySelector('.js-plotly-plot');
-const totals = {};
-for (const t of gd._fullData) for (const [i, x] of Array.from(t.x).entries()) totals[x] = (totals[x] || 0) + t.y[i];
-return {totals: totals, range: gd._fullLayout.yaxis.range};
+const totals = {}, written = {};
+for (const t of gd._fullData) for (const [i, x] of Array.from(t.x).entries()) {
+  if (t.type === 'bar') totals[x] = (totals[x] || 0) + t.y[i];
+  else if (t.mode === 'text') written[x] = t.text[i];
+}
+return {totals: totals, written: written, range: gd._fullLayout.yaxis.range};
 """
 
 
@@ -255,6 +258,7 @@ def test_the_cost_pages_namespace_bars_are_the_jobs_dollars(served, browser):
     assert seen["totals"].keys() == expected.keys()
     for namespace, dollars in expected.items():
         assert seen["totals"][namespace] == pytest.approx(dollars, abs=0.02), namespace
+        assert seen["written"][namespace] == f"${dollars:,.2f}", namespace    # over the stack, however small
     low, high = seen["range"]
     assert low <= 0 < max(expected.values()) <= high
 
