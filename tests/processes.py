@@ -5,10 +5,12 @@ import contextlib
 import json
 import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 
 from tests.conftest import PYTHON, ROOT, free_port, require
 
@@ -156,3 +158,19 @@ def victoria_metrics(tmp_path):
     finally:
         stop(proc, 20)
         log.close()
+
+
+@contextlib.contextmanager
+def http_server(handler: type) -> Iterator[str]:
+    """A stdlib HTTP server on a free loopback port answering with `handler`: its base URL,
+    shut down and closed afterwards (the stand-in stores of the client tests)."""
+    import http.server
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -11,10 +11,11 @@ import http.server
 import json
 import subprocess
 import sys
-import threading
 import urllib.parse
 
 import pytest
+
+from tests.processes import http_server
 
 from burnrate.agent.cli import _cluster
 from burnrate.analyzer.costing.pricing import load_catalog
@@ -74,15 +75,8 @@ class _Flood(http.server.BaseHTTPRequestHandler):
 
 @contextlib.contextmanager
 def flooding(series: int):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_Flood,), {"series": series}))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(type("Handler", (_Flood,), {"series": series})) as url:
+        yield url
 
 
 def analyze_measured(url: str, *flags: str) -> tuple[int, list[str], int]:

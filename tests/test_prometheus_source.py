@@ -23,7 +23,7 @@ from burnrate.analyzer.sources import PrometheusError, PrometheusSource, Recordi
 from burnrate.analyzer.sources.promhttp import PrometheusHTTP, collector_paused
 from burnrate.analyzer.sources.prometheus import _union, job_from_pod, selector
 from tests.conftest import free_port, require
-from tests.processes import prometheus
+from tests.processes import http_server, prometheus
 
 pytestmark = pytest.mark.slow
 STEP = 15.0
@@ -220,15 +220,8 @@ class _Answer(http.server.BaseHTTPRequestHandler):
 
 @contextlib.contextmanager
 def answering(status: int, body: bytes, delay: float = 0.0):
-    handler = type("Handler", (_Answer,), {"status": status, "body": body, "delay": delay})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(type("Handler", (_Answer,), {"status": status, "body": body, "delay": delay})) as url:
+        yield url
 
 
 @pytest.mark.parametrize("status, body, message", [
@@ -299,15 +292,8 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def hostile(mode: str, target: str = ""):
     handler = type("Handler", (_Hostile,), {"mode": mode, "target": target, "seen": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(handler) as url:
+        yield url, handler
 
 
 @pytest.mark.usefixtures("transport")
