@@ -2,7 +2,8 @@
 debug model trains under the real torchrun on CPU (tests/torchtitan_job.py says what
 stands in for the accelerator) with 2-way gradient accumulation, checkpoints and
 validation. The agent's inbox receives exact counts on a real socket, and every step's
-record agrees with what torchtitan itself logs: its loss, its checkpoint times."""
+record agrees with what torchtitan itself logs: its checkpoint times, and its loss and
+gradient norm, which the steps between its logs carry."""
 from __future__ import annotations
 
 import json
@@ -39,12 +40,24 @@ def run_job(tmp_path, inbox) -> str:
     return done.stdout + done.stderr
 
 
-def test_torchtitans_trainer_reports_exact_counts_and_its_own_figures(tmp_path):
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """One run of the job for every test here: its work folder, its log and the agent's rank."""
+    tmp_path = tmp_path_factory.mktemp("torchtitan")
     with TelemetryInbox(tmp_path / "agent.sock") as inbox:
         log = run_job(tmp_path, inbox)
         assert inbox.wait_idle(5)
         assert dict(inbox.rejected) == {}
         (rank,) = inbox.ranks()
+    return tmp_path, log, rank
+
+
+def records_of(tmp_path) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, (tmp_path / "rank0.jsonl").read_text().splitlines())}
+
+
+def test_torchtitans_trainer_reports_exact_counts_and_its_own_figures(job):
+    tmp_path, log, rank = job
     flops = json.loads((tmp_path / "flops.json").read_text())
     v = rank.values
     samples = STEPS * GLOBAL_BATCH
@@ -61,17 +74,11 @@ def test_torchtitans_trainer_reports_exact_counts_and_its_own_figures(tmp_path):
     assert 0 < v["compute_s"] and v["compute_s"] + v["data_wait_s"] <= v["step_s"]
     assert_ledger_facts(rank, STEPS)
 
-    records = {r["step"]: r for r in map(json.loads, (tmp_path / "rank0.jsonl").read_text().splitlines())}
+    records = records_of(tmp_path)
     assert sorted(records) == list(range(1, STEPS + 1))
-    logged = {int(s): float(x) for s, x in re.findall(r"- step: +(\d+) +loss: +([\d.]+)", log)}
-    assert sorted(logged) == [s for s in records if s == 1 or s % LOG_FREQ == 0]
     for step, r in records.items():
         assert (r["steps"], r["samples"], r["tokens"]) == (1, GLOBAL_BATCH, GLOBAL_BATCH * SEQ)
         assert r["compute_s"] + r["data_wait_s"] <= r["step_s"]
-        if step in logged:
-            assert r["loss"] == pytest.approx(logged[step], abs=1e-5)
-        else:
-            assert r["loss"] is None
         validated = step == 1 or step % VALIDATE_EVERY == 0
         assert (r["eval_s"] > 0) == validated, step
     # torchtitan times each save it makes between steps; the one after the last step ends
@@ -84,3 +91,22 @@ def test_torchtitans_trainer_reports_exact_counts_and_its_own_figures(tmp_path):
         assert seconds - 0.005 <= r["checkpoint_s"] <= seconds + 0.5
         # Kept out of the step: what is neither compute nor data wait is a fraction of it.
         assert r["step_s"] - r["compute_s"] - r["data_wait_s"] < r["checkpoint_s"] / 2
+
+
+def test_steps_between_torchtitans_logs_carry_the_newest_loss_it_logged(job):
+    """torchtitan hands over loss and gradient norm only on its logging steps (1 and every
+    `log_freq`): each step's record has the newest it logged, and the last step, not a
+    logging step here, sends the last logged ones to the agent."""
+    tmp_path, log, rank = job
+    records = records_of(tmp_path)
+    logged = {int(s): (float(loss), float(norm)) for s, loss, norm
+              in re.findall(r"- step: +(\d+) +loss: +([\d.]+) +grad_norm: +([\d.]+)", log)}
+    assert sorted(logged) == [s for s in range(1, STEPS + 1) if s == 1 or s % LOG_FREQ == 0]
+    assert STEPS not in logged and sorted(records) == list(range(1, STEPS + 1))
+    for step, r in records.items():
+        newest = logged[max(s for s in logged if s <= step)]
+        # torchtitan prints the loss to 5 decimals, the gradient norm to 4.
+        assert r["loss"] == pytest.approx(newest[0], abs=1e-5), step
+        assert r["grad_norm"] == pytest.approx(newest[1], abs=1e-4), step
+    last = logged[max(logged)]
+    assert (rank.values["loss"], rank.values["grad_norm"]) == pytest.approx(last, abs=1e-4)

@@ -10,8 +10,10 @@ own: `should_log(step)` opens each step; each batch it fetches adds its tokens t
 `ntokens_since_last_log` and its fetch time to `data_loading_times` (data wait; compute
 begins after the first fetch, and later fetches of the step are not compute); the
 optimizer step ends compute (a post-hook on its optimizers); `log()` hands over the loss
-and gradient norm on logging steps. FLOPs per token are torchtitan's own count, so MFU
-agrees with the MFU it logs over the same peak.
+and gradient norm on logging steps (1 and every `log_freq`). The steps between logs carry
+the last logged values, so a report sent every few seconds, and the last one, has the
+newest torchtitan logged. FLOPs per token are torchtitan's own count, so MFU agrees with
+the MFU it logs over the same peak.
 
 Between one step's optimizer step and the next step, the Trainer may save a checkpoint and
 then validate: a validation is known by its `log_validation()` call (its first batch marks
@@ -78,7 +80,7 @@ class BurnrateMetricsProcessor(MetricsProcessor):
         self._ended: float | None = None     # when the open step's own work ended
         self._validation_began: float | None = None
         self._validation_ended: float | None = None
-        self._loss = self._grad_norm = None     # from the last logging step, until sent
+        self._loss = self._grad_norm = None     # the newest logged, carried by the steps after
 
     # --- what the Trainer writes -----------------------------------------------------
     @property
@@ -193,7 +195,6 @@ class BurnrateMetricsProcessor(MetricsProcessor):
             self.monitor.end_compute()
             self._computing = False
         self.monitor.step(loss=self._loss, grad_norm=self._grad_norm)
-        self._loss = self._grad_norm = None
         self._validation_began = self._validation_ended = None
         # After the last step, a validation is timed from where the step ended.
         self._ended = now if step == self._last_step else None
