@@ -193,9 +193,9 @@ def price_findings(findings: list[Finding], views: Views, prices: GpuPrices,
 # Whose waste GPU-time that several findings of one job claim counts under: what left the GPUs
 # doing nothing useful first (a GPU down, the job hung or diverged, a GPU idle), then what only
 # slowed them. A GPU down while its job stalls is the same GPU-seconds twice, not two wastes.
-CLAIM_ORDER = ("gpu_error", "stalled", "diverging", "idle_gpu", "unallocated_gpu", "underused_gpu", "straggler",
-               "dataloader_starvation", "thermal_throttle", "low_mfu", "lost_progress", "checkpoint_overhead",
-               "slow_startup")
+CLAIM_ORDER = ("gpu_error", "stalled", "diverging", "idle_gpu", "unallocated_gpu", "oversized_serving",
+               "underused_gpu", "straggler", "dataloader_starvation", "thermal_throttle", "low_mfu", "lost_progress",
+               "checkpoint_overhead", "slow_startup")
 
 
 def held_within_jobs(findings: list[Finding], v: Views, accounting: Accounting,

@@ -17,8 +17,8 @@ from . import episodes
 from ..grid import workers
 from .findings import Finding
 from ..grid.frames import Frames
-from . import (dataloader_starvation, diverging, gpu_error, idle_gpu, ledger_thresholds, low_mfu, stalled, straggler,
-               thermal_throttle, unallocated_gpu, underused_gpu)
+from . import (dataloader_starvation, diverging, gpu_error, idle_gpu, ledger_thresholds, low_mfu, oversized_serving,
+               stalled, straggler, thermal_throttle, unallocated_gpu, underused_gpu)
 from ..grid.workloads import TRAINING
 from ..grid.views import Views
 
@@ -33,6 +33,12 @@ DETECTORS: dict[str, Callable[..., list[Finding]]] = {
     "gpu_error": gpu_error.detect,
     "low_mfu": low_mfu.detect,
     "underused_gpu": underused_gpu.detect,
+    "oversized_serving": oversized_serving.detect,
+}
+# kind -> the detectors whose settings it reads as well as its own: one definition of a
+# threshold (serving's target utilization, what idle is), overridden in one place.
+SHARED_SETTINGS: dict[str, tuple[str, ...]] = {
+    "oversized_serving": ("underused_gpu", "idle_gpu"),
 }
 
 WORKERS = min(4, os.cpu_count() or 1)
@@ -45,8 +51,8 @@ WASTE_WITHIN: dict[str, tuple[str, ...]] = {
 }
 # kind -> kinds that, on the same job and overlapping in time, explain it.
 EXPLAINED_BY: dict[str, tuple[str, ...]] = {
-    "idle_gpu": ("stalled",),
-    "underused_gpu": ("idle_gpu",),
+    "idle_gpu": ("stalled", "oversized_serving"),
+    "underused_gpu": ("idle_gpu", "oversized_serving"),
 }
 
 
@@ -62,6 +68,7 @@ class DetectorConfig:
     gpu_error: gpu_error.Config = field(default_factory=gpu_error.Config)
     low_mfu: low_mfu.Config = field(default_factory=low_mfu.Config)
     underused_gpu: underused_gpu.Config = field(default_factory=underused_gpu.Config)
+    oversized_serving: oversized_serving.Config = field(default_factory=oversized_serving.Config)
     episodes: episodes.Config = field(default_factory=episodes.Config)
     ledger: ledger_thresholds.Config = field(default_factory=ledger_thresholds.Config)
 
@@ -73,7 +80,9 @@ def detect_all(data: Frames | Views, config: DetectorConfig = DetectorConfig()) 
     last = views.frames.window.end
     # Detectors are pure and spend their time in numpy, which runs without the GIL.
     with workers.pool(views.frames, WORKERS) as pool:
-        each = pool.map(lambda kind: DETECTORS[kind](views, getattr(config, kind)), DETECTORS)
+        each = pool.map(lambda kind: DETECTORS[kind](views, getattr(config, kind),
+                                                     *(getattr(config, o) for o in SHARED_SETTINGS.get(kind, ()))),
+                        DETECTORS)
         found = [replace(f, end=max(min(f.end, last), f.start)) for fs in each for f in fs]
     kept = [f for f in found if not _explained(f, found) and _has_evidence(f, views)]
     kept = [_net_of_causes(f, kept) for f in kept]

@@ -25,7 +25,7 @@ GPU = ("hostname", "gpu")
 KEYS: dict[str, tuple[str, ...]] = {
     # A job's problem is the job's, whichever pods and GPUs it shows on.
     "idle_gpu": JOB, "dataloader_starvation": JOB, "stalled": JOB, "diverging": JOB, "low_mfu": JOB,
-    "underused_gpu": JOB,
+    "underused_gpu": JOB, "oversized_serving": JOB,
     # The ledger's findings are one per job already, from its whole window.
     "lost_progress": JOB, "checkpoint_overhead": JOB, "slow_startup": JOB,
     # Free capacity is released (or filled) per node: the node pool scales by node.

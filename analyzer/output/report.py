@@ -6,6 +6,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
+import sys
+import textwrap
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -16,6 +19,7 @@ from ..costing.cost import AdviceConfig, GpuPrices, JobCost, gpu_prices, job_cos
 from ..detectors import DetectorConfig, detect_all, order
 from ..costing import ledger_findings
 from ..detectors.findings import Finding, iso
+from ..detectors.oversized_serving import serving_blocks, serving_lines
 from ..grid.frames import Frames, Window
 from ..costing.ledger import job_ledgers
 from ..grid.workloads import TRAINING
@@ -25,6 +29,7 @@ from ..grid.views import Views, invalid_mfu_note
 from burnrate.exporter.errors import printable
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+TABLE_WIDTH = 120      # the widest a table is drawn where the terminal's width is unknown (a pipe, a file)
 
 
 @dataclass(frozen=True)
@@ -138,9 +143,11 @@ def to_document(report: Report) -> dict[str, Any]:
         "window": {"start": iso(report.window.start), "end": iso(report.window.end)},
         "findings": [f.to_dict() for f in report.findings],
         "jobs": [j.to_dict() for j in report.jobs],
+        "serving": serving_blocks(report.findings, report.jobs),
         "accounting": {**(report.accounting.to_dict() if report.accounting else {}),
                        **fleet_ledger(report.jobs), "unpriced_jobs": report.unpriced_jobs},
         "missing_signals": list(report.missing),
+        "notes": list(report.notes),
         "simulated": report.simulated,
     }
 
@@ -175,14 +182,14 @@ JOB_COLUMNS = ("namespace", "training_job", "class", "gpus", "gpu_hours", "capac
                "waste_dollars", "advice", "class_basis", "cost_basis", "goodput", "ledger", "ledger_basis", "runs")
 
 
-def render_clusters(reports: dict[str, Report], format: str) -> str:
+def render_clusters(reports: dict[str, Report], format: str, width: int = TABLE_WIDTH) -> str:
     """One report per cluster (`--cluster all`): headed tables, a JSON object by cluster,
     or one CSV whose first column names the cluster."""
     if format == "json":
         doc = {"clusters": {name: to_document(report) for name, report in reports.items()}}
         return json.dumps(doc, indent=2, allow_nan=False) + "\n"
     if format == "table":
-        return "\n".join(f"== cluster {name or '(no label)'} ==\n{render_table(report)}"
+        return "\n".join(f"== cluster {name or '(no label)'} ==\n{render_table(report, width)}"
                          for name, report in reports.items())
     out = io.StringIO()
     for i, (name, report) in enumerate(reports.items()):
@@ -219,13 +226,40 @@ def _num(value: float | None, fmt: str = "{:,.1f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    rows = [[printable(c) for c in r] for r in rows]     # a label's control characters, escaped before measuring
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+def table_width() -> int:
+    """The terminal's width where stdout is one and wider than TABLE_WIDTH, else TABLE_WIDTH."""
+    if not sys.stdout.isatty():
+        return TABLE_WIDTH
+    return max(TABLE_WIDTH, shutil.get_terminal_size((TABLE_WIDTH, 24)).columns)
 
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+def _widths(headers: list[str], rows: list[list[str]]) -> list[int]:
+    return [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+
+def _table(headers: list[str], rows: list[list[str]], right: set[int], width: int | None = None) -> list[str]:
+    """Aligned columns; where they are wider than `width`, the columns that do not fit are drawn
+    in further blocks below, each led by the first column again (the row's name)."""
+    rows = [[printable(c) for c in r] for r in rows]     # a label's control characters, escaped before measuring
+    widths = _widths(headers, rows)
+    blocks, block = [], [0]
+    for i in range(1, len(headers)):
+        if width is not None and len(block) > 1 and sum(widths[c] + 2 for c in block) + widths[i] > width:
+            blocks.append(block)
+            block = [0]
+        block.append(i)
+    lines: list[str] = []
+    for cols in blocks + [block]:
+        def line(cells: list[str]) -> str:
+            return "  ".join(cells[i].rjust(widths[i]) if i in right else cells[i].ljust(widths[i])
+                             for i in cols).rstrip()
+        lines += ([""] if lines else []) + [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    return lines
+
+
+def _wrapped(text: str, width: int, indent: str) -> list[str]:
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_on_hyphens=False) or [indent]
 
 
 def where(f: Finding) -> str:
@@ -246,6 +280,7 @@ def headline(f: Finding) -> str:
     for key, fmt in (("data_wait_share", "data wait {:.0%}"), ("low_util_share", "GPU idle {:.0%} of samples"),
                      ("slowdown", "{:.2f}x slower compute"), ("stalled_minutes", "no step for {:.0f} min"),
                      ("clock_ratio", "clock at {:.0%}"), ("mfu", "MFU {:.1%}"),
+                     ("peak_replicas", "peak needs {:d} of {fleet_replicas} replicas"),
                      ("held_gpu_hours", "GPU at {mean_util_pct:.0f}% over {held_gpu_hours:.1f} GPU-h"), ("idle_hours", "idle {:.1f} GPU-h"),
                      ("unallocated_hours", "free {:.1f} GPU-h")):
         if isinstance(e.get(key), (int, float)):
@@ -259,7 +294,10 @@ def headline(f: Finding) -> str:
     return ""
 
 
-def render_table(report: Report) -> str:
+def render_table(report: Report, width: int = TABLE_WIDTH) -> str:
+    """The report as tables no wider than `width` where it can: a finding's place and evidence
+    go on a line of their own below it, long advice wraps, and job columns that do not fit
+    follow in a second block."""
     lines = [f"burnrate analysis  {iso(report.window.start)} → {iso(report.window.end)}"
              + ("  (simulated data)" if report.simulated else "")]
     if report.missing:
@@ -268,43 +306,63 @@ def render_table(report: Report) -> str:
     findings = sorted(report.findings, key=lambda f: (SEVERITY_ORDER[f.severity], -(f.wasted_dollars or 0)))
     lines += ["", f"FINDINGS ({len(findings)})"]
     if findings:
-        rows = [[f.severity, f.kind, f"{f.namespace}/{f.training_job}" if f.job else "-", where(f),
-                 iso(f.start)[:16].replace("T", " "), _num((f.end - f.start) / 3600), _num(f.wasted_gpu_hours),
-                 _money(f.wasted_dollars), headline(f)] for f in findings]
-        lines += _table(["SEVERITY", "KIND", "JOB", "WHERE", "START (UTC)", "HOURS", "WASTED GPU-H", "WASTED $",
-                         "EVIDENCE"], rows, {5, 6, 7})
+        lines += _findings_table(findings, width)
         lines += ["", "WHAT TO DO"]
         seen = set()
         for f in findings:
             if f.kind not in seen:
                 seen.add(f.kind)
-                lines.append(f"  {f.kind}: {f.recommendation}")
+                lines += _wrapped(f"{f.kind}: {f.recommendation}", width, "  ")
     else:
         lines.append("  none")
     jobs = sorted(report.jobs, key=lambda j: -(j.cost_dollars or 0))
     lines += ["", f"JOBS ({len(jobs)})"]
     if jobs:
+        # What a job costs comes first; its cost per unit of work follows in a block of its own
+        # where the terminal is too narrow for both.
         rows = [[f"{j.namespace}/{j.training_job}", j.workload_class, _num(j.gpus, "{:g}"), _num(j.gpu_hours), j.capacity_type,
-                 _money(j.cost_dollars), _money(j.on_demand_cost_dollars), _num(j.cost_per_step, "{:.4f}"),
-                 _money(j.cost_per_billion_tokens), _num(j.mfu, "{:.1%}"),
+                 _money(j.cost_dollars), _money(j.on_demand_cost_dollars),
                  _money(sum(j.waste_dollars.values()) if j.waste_dollars else None),
-                 str(j.advice.get("capacity") or "-")] for j in jobs]
-        lines += _table(["JOB", "CLASS", "GPUS", "GPU-H", "CAPACITY", "COST $", "ON-DEMAND $", "$/STEP", "$/B TOKENS",
-                         "MFU", "WASTE $", "ADVISED"], rows, {2, 3, 5, 6, 7, 8, 9, 10})
+                 str(j.advice.get("capacity") or "-"), _num(j.cost_per_step, "{:.4f}"),
+                 _money(j.cost_per_billion_tokens), _num(j.mfu, "{:.1%}")] for j in jobs]
+        lines += _table(["JOB", "CLASS", "GPUS", "GPU-H", "CAPACITY", "COST $", "ON-DEMAND $", "WASTE $", "ADVISED",
+                         "$/STEP", "$/B TOKENS", "MFU"], rows, {2, 3, 5, 6, 7, 9, 10, 11}, width)
         total = sum(j.cost_dollars or 0 for j in jobs)
         in_jobs = sum(f.wasted_dollars or 0 for f in findings if f.job is not None)
         free = sum(f.wasted_dollars or 0 for f in findings if f.job is None)
         unpriced = f" ({len(report.unpriced_jobs)} unpriced jobs not included)" if report.unpriced_jobs else ""
-        lines += ["", f"jobs' cost ${total:,.2f}{unpriced}, of which waste found ${in_jobs:,.2f}; "
-                      f"beyond the jobs, unallocated GPUs and other capacity ${free:,.2f}"]
+        lines += [""] + _wrapped(f"jobs' cost ${total:,.2f}{unpriced}, of which waste found ${in_jobs:,.2f}; "
+                                 f"beyond the jobs, unallocated GPUs and other capacity ${free:,.2f}", width, "")
     else:
         lines.append("  none")
-    lines += _ledger_lines(jobs)
+    serving = serving_lines(report.findings, report.jobs)
+    lines += ["", f"SERVING ({len(serving)})"] + [w for s in serving for w in _wrapped(s, width, "  ")] if serving else []
+    lines += _ledger_lines(jobs, width)
     lines += _accounting_lines(report)
     return printable("\n".join(lines), keep="\n") + "\n"
 
 
-def _ledger_lines(jobs: list[JobCost]) -> list[str]:
+def _findings_table(findings: list[Finding], width: int) -> list[str]:
+    """One row per finding; where the row with its place and evidence is wider than `width`,
+    those two go on an indented line (or more) of their own below it."""
+    rows = [[f.severity, f.kind, f"{f.namespace}/{f.training_job}" if f.job else "-",
+             iso(f.start)[:16].replace("T", " "), _num((f.end - f.start) / 3600), _num(f.wasted_gpu_hours),
+             _money(f.wasted_dollars), where(f), headline(f)] for f in findings]
+    headers = ["SEVERITY", "KIND", "JOB", "START (UTC)", "HOURS", "WASTED GPU-H", "WASTED $", "WHERE", "EVIDENCE"]
+    right = {4, 5, 6}
+    full = _table(headers, rows, right)
+    if max(len(line) for line in full) <= width:
+        return full
+    table = _table(headers[:-2], [r[:-2] for r in rows], right)
+    indent = " " * (_widths(headers, rows)[0] + 2)      # under KIND
+    lines = [table[0], indent + "WHERE: EVIDENCE", table[1]]
+    for line, row in zip(table[2:], rows):
+        place = printable(row[-2])
+        lines += [line] + _wrapped((f"{place}: " if place != "-" else "") + printable(row[-1]), width, indent)
+    return lines
+
+
+def _ledger_lines(jobs: list[JobCost], width: int) -> list[str]:
     """One line per training job: its goodput and where most of the rest went."""
     kept = [j for j in jobs if j.ledger is not None]
     if not kept:
@@ -319,7 +377,7 @@ def _ledger_lines(jobs: list[JobCost]) -> list[str]:
                      f"{worst} {_num(hours[worst], '{:,.2f}')} GPU-h ${_money(j.ledger_dollars(hours[worst]))}"
                      if worst else "-", str(len(j.ledger.runs)), ", ".join(unknown) or "-"])
     return ["", f"LEDGER ({len(kept)} training jobs: where their GPU-hours went)"] + _table(
-        ["JOB", "GOODPUT", "GPU-H", "PRODUCTIVE $", "LARGEST BADPUT", "RUNS", "UNKNOWN"], rows, {1, 2, 3, 5})
+        ["JOB", "GOODPUT", "GPU-H", "PRODUCTIVE $", "LARGEST BADPUT", "RUNS", "UNKNOWN"], rows, {1, 2, 3, 5}, width)
 
 
 def _accounting_lines(report: Report) -> list[str]:

@@ -1,0 +1,59 @@
+"""`burnrate analyze`'s table fits 120 columns (a pipe, a file, a narrow terminal) with every
+figure still in it: findings' place and evidence and the advice wrap onto indented lines."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from burnrate.simulator.simulate import Spec, simulate
+
+END = 1_800_000_000.0
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> tuple[str, dict]:
+    root = str(tmp_path_factory.mktemp("fleet"))
+    simulate(root, Spec(nodes=4, gpus_per_node=8, hours=2, seed=3, end=END))
+
+    def analyze(*argv: str) -> str:
+        return subprocess.run([sys.executable, "-m", "burnrate", "analyze", "--recording", root, *argv],
+                              capture_output=True, text=True, timeout=120, check=True).stdout
+    return analyze(), json.loads(analyze("--format", "json"))
+
+
+def test_every_line_fits_120_columns(outputs):
+    table, doc = outputs
+    assert any(len(f["recommendation"]) > 120 for f in doc["findings"])     # the advice must wrap to fit
+    assert max(len(line) for line in table.splitlines()) <= 120, table
+
+
+def test_every_figure_is_still_there(outputs):
+    table, doc = outputs
+    words = " ".join(table.split())      # wrapped text read as one
+    for f in doc["findings"]:
+        assert any(" ".join(g["recommendation"].split()) in words       # WHAT TO DO: one advice a kind
+                   for g in doc["findings"] if g["kind"] == f["kind"]), f["kind"]
+        if f["training_job"]:
+            assert f"{f['namespace']}/{f['training_job']}" in table
+        if f["pod"] and f["rank"] is None:      # a rank names the process better than its pod
+            assert f["pod"] in table
+        assert f"{f['wasted_dollars']:,.2f}" in table
+    for j in doc["jobs"]:
+        row = next(line for line in table.split("\nJOBS (", 1)[1].splitlines()
+                   if line.startswith(f"{j['namespace']}/{j['training_job']} "))
+        assert f"{j['cost_dollars']:,.2f}" in row and f"{j['on_demand_cost_dollars']:,.2f}" in row
+        if j["mfu"] is not None:       # in the job's row of the second block
+            assert re.search(rf"^{re.escape(j['namespace'])}/{re.escape(j['training_job'])} .*{j['mfu']:.1%}$",
+                             table, re.M)
+
+
+def test_a_finding_s_place_and_evidence_follow_its_row(outputs):
+    table, _ = outputs
+    lines = table.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("warning   straggler"))
+    assert "recsys/clip-contrastive-1" in lines[row] and lines[row].rstrip().endswith("47.22")
+    assert lines[row + 1] == "          gpu-node-0:gpu1 rank 1: 1.37x slower compute"
