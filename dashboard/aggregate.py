@@ -312,7 +312,7 @@ def job_detail(views: Views, report: Report, namespace: str, training_job: str,
 class CostSummary:
     by_namespace: pd.DataFrame      # namespace, capacity_type, cost_dollars
     by_job: pd.DataFrame            # namespace, training_job, job ("ns/name"), cost_dollars,
-                                    # on_demand_cost_dollars, cost_per_billion_tokens
+                                    # on_demand_cost_dollars, cost_per_billion_tokens, tokens, gpu_hours
     waste_by_cause: pd.Series       # kind -> dollars
     spot_dollars: float
     spot_on_demand_dollars: float   # what the spot hours would have cost on-demand
@@ -328,10 +328,11 @@ def cost_summary(report: Report) -> CostSummary:
     jobs = pd.DataFrame([{
         "namespace": j.namespace, "training_job": j.training_job, "job": f"{j.namespace}/{j.training_job}",
         "capacity_type": j.capacity_type, "cost_dollars": j.cost_dollars,
-        "on_demand_cost_dollars": j.on_demand_cost_dollars, "cost_per_billion_tokens": j.cost_per_billion_tokens}
+        "on_demand_cost_dollars": j.on_demand_cost_dollars, "cost_per_billion_tokens": j.cost_per_billion_tokens,
+        "tokens": j.tokens, "gpu_hours": j.gpu_hours}
         for j in report.jobs],
         columns=["namespace", "training_job", "job", "capacity_type", "cost_dollars", "on_demand_cost_dollars",
-                 "cost_per_billion_tokens"])
+                 "cost_per_billion_tokens", "tokens", "gpu_hours"])
     priced = jobs.dropna(subset=["cost_dollars"])
     by_ns = (priced.groupby(["namespace", "capacity_type"], as_index=False)["cost_dollars"].sum()
              .sort_values("cost_dollars", ascending=False))

@@ -23,7 +23,7 @@ STATE_COLORS = {"busy": "#2e86de", "idle": "#f39c12", "utilization unknown": "#6
 PHASE_COLORS = {"data wait": "#e17055", "compute": "#00b894", "other": "#b2bec3"}
 KIND_COLORS = dict(zip(KINDS, ("#e17055", "#fdcb6e", "#b2bec3", "#6c5ce7", "#d63031", "#e84393",
                                "#fd79a8", "#2d3436", "#0984e3", "#74b9ff", "#a29bfe", "#00cec9",
-                               "#ffeaa7")))
+                               "#ffeaa7", "#e67e22")))
 # The ledger's categories, one colour each wherever they are drawn.
 LEDGER_COLORS = dict(zip(("productive", "data_wait", "sync_wait", "checkpoint", "evaluation", "startup", "restart",
                           "lost_progress", "stalled", "no_process"),
@@ -31,6 +31,7 @@ LEDGER_COLORS = dict(zip(("productive", "data_wait", "sync_wait", "checkpoint", 
                           "#e84393", "#6c5ce7", "#636e72")))
 MEANINGS = {c.name: c.meaning for c in CATEGORIES}
 RESTART_COLOR = "#d63031"
+NO_FINDINGS = "No findings for this job"
 
 
 def _title(text: str, simulated: bool) -> str:
@@ -112,9 +113,10 @@ def rank_breakdown(steps: RankSteps, simulated: bool) -> go.Figure:
     return _layout(fig, "Step time by rank", simulated)
 
 
-def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
+def job_timeline(detail: JobDetail, simulated: bool, shown: tuple[float, float] | None = None) -> go.Figure:
     """The job's GPUs, training progress and findings on one shared time axis,
-    with checkpoints as vertical lines through every panel."""
+    with checkpoints as vertical lines through every panel. The axis opens on `shown`
+    (unix seconds: a range the user picked) or else on the job's own life."""
     panels = [("GPU util %", "util"), ("memory used MiB", "memory"), ("power W", "power"),
               ("NVLink MB/s", "nvlink")]
     panels = [(t, key) for t, key in panels if key in detail.gpu_series]
@@ -152,8 +154,10 @@ def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
             line={"width": 10, "color": SEVERITY_COLORS[f.severity]},
             hovertext=f"{f.kind} ({f.severity}) {_money(f.wasted_dollars)}", hoverinfo="text"), row=row, col=1)
     if not detail.findings:
-        fig.add_annotation(text="no findings for this job", showarrow=False, xref="x domain", yref="y domain",
-                           x=0.5, y=0.5, row=row, col=1)
+        # Said in the panel, on no axis: an empty row of gridlines reads as a chart that failed.
+        fig.add_annotation(text=NO_FINDINGS, showarrow=False, xref="x domain", yref="y domain",
+                           x=0.5, y=0.5, row=row, col=1, font={"size": 14, "color": "#636e72"})
+        fig.update_yaxes(visible=False, row=row, col=1)
     # All rows share one x range and domain, so one paper-high line per checkpoint
     # crosses every panel (add_vline per panel costs seconds at a day of checkpoints).
     fig.update_layout(shapes=[{"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
@@ -167,27 +171,38 @@ def job_timeline(detail: JobDetail, simulated: bool) -> go.Figure:
     # would otherwise make the shared axis linear and squeeze every panel into the edge.
     # Every panel shows its time ticks: shared axes would keep them for the bottom one only,
     # a screen's height below the top panels.
-    fig.update_xaxes(type="date", range=_job_extent(detail), showticklabels=True, tickformat="%H:%M")
+    x_range = list(_datetimes(list(shown))) if shown is not None else _job_extent(detail)
+    fig.update_xaxes(type="date", range=x_range, showticklabels=True, tickformat="%H:%M")
     fig.update_xaxes(tickformat=None, row=rows, col=1)
     fig = _layout(fig, _plain([f"{detail.namespace}/{detail.training_job} over time"])[0], simulated, height=190 * rows)
     fig.update_layout(legend={"orientation": "h", "y": -0.04}, hovermode="x")
     return fig
 
 
+# Each side of a job's life: a one-minute job in a day's window fills its panels instead of
+# being a sliver at their edge, and its first and last points are not on the frame.
+JOB_MARGIN = 0.05
+
+
 def _job_extent(detail: JobDetail) -> list[pd.Timestamp] | None:
-    """From the job's first to the end of its last bucket with any series, its findings included."""
+    """From the job's first to the end of its last bucket with any series, its findings and
+    restarts included, widened by JOB_MARGIN of that each side and at least one bucket."""
     seen = np.zeros(len(detail.times), bool)
     for values in (*detail.gpu_series.values(), detail.mfu[None], detail.throughput[None], detail.loss[None],
                    detail.grad_norm[None]):
         if values.size:
             seen |= np.isfinite(values).any(axis=0)
     times = pd.DatetimeIndex(detail.times)
+    step = times[1] - times[0] if len(times) > 1 else pd.Timedelta(0)
     ends = list(_datetimes([v for f in detail.findings for v in (f.start, f.end)] +
                            [v for r in detail.restarts for v in (r.start, r.end)]))
     if seen.any():
-        step = times[1] - times[0] if len(times) > 1 else pd.Timedelta(0)
         ends += [times[seen].min(), times[seen].max() + step]
-    return [min(ends), max(ends)] if ends else None
+    if not ends:
+        return None
+    first, last = min(ends), max(ends)
+    margin = max((last - first) * JOB_MARGIN, step)
+    return [first - margin, last + margin]
 
 
 def _mark_restarts(fig: go.Figure, detail: JobDetail) -> None:
@@ -272,16 +287,37 @@ def waste_by_cause(summary: CostSummary, simulated: bool) -> go.Figure:
     return _layout(fig, "Waste by cause", simulated)
 
 
-def cost_per_billion_tokens(summary: CostSummary, simulated: bool, top: int = 15) -> go.Figure:
+TOP_JOBS = 15
+# Past two decades between the cheapest and the dearest bar, a linear axis shows one bar:
+# a CPU-trained job's $/B tokens is thousands of times a GPU job's.
+LOG_SPAN = 100.0
+
+
+def cost_per_billion_tokens(summary: CostSummary, simulated: bool, top: int = TOP_JOBS) -> go.Figure:
+    """The jobs' $ per billion tokens, the dearest `top`, each bar labelled with its value and
+    its basis (the tokens counted, the GPU-hours) on hover; on a log axis where the values span
+    more than two decades."""
     jobs = summary.by_job.dropna(subset=["cost_per_billion_tokens"]).sort_values("cost_per_billion_tokens")
     jobs = jobs.tail(top)
     if jobs.empty:
-        return empty_figure("no job reported tokens in this window")
-    fig = go.Figure(go.Bar(x=jobs["cost_per_billion_tokens"].round(2), y=_plain(jobs["job"]), orientation="h",
-                           marker_color="#6c5ce7", **_opens_job(jobs, "$%{x:,.2f} per billion tokens")))
-    fig.update_xaxes(title="$ per billion tokens", tickprefix="$")
+        return empty_figure("no priced job counted tokens in this window")
+    values = jobs["cost_per_billion_tokens"].astype(float)
+    basis = [f"${c:,.2f} over {t / 1e9:,.4g} billion tokens counted in {h:,.2f} GPU-hours"
+             for c, t, h in zip(jobs["cost_dollars"], jobs["tokens"], jobs["gpu_hours"])]
+    fig = go.Figure(go.Bar(x=values.round(2), y=_plain(jobs["job"]), orientation="h", marker_color="#6c5ce7",
+                           text=[_money(v) for v in values], textposition="outside", cliponaxis=False,
+                           hovertext=basis, **_opens_job(jobs, "$%{x:,.2f} per billion tokens<br>%{hovertext}")))
+    low, high = float(values.min()), float(values.max())
+    if high > LOG_SPAN * low:
+        # Half a decade each side: the cheapest bar stays visible, the dearest keeps room for its label.
+        fig.update_xaxes(type="log", range=[np.log10(low) - 0.5, np.log10(high) + 0.5],
+                         title="$ per billion tokens (log scale: each gridline ten times the last)")
+    else:
+        fig.update_xaxes(range=[0, high * 1.2], title="$ per billion tokens")
+    fig.update_xaxes(tickprefix="$")
     fig.update_layout(hovermode="y")
-    return _layout(fig, "Cost per billion tokens (highest)", simulated, height=max(320, 26 * len(jobs) + 100))
+    return _layout(fig, "Cost per billion tokens: the job's cost over the tokens it counted", simulated,
+                   height=max(320, 26 * len(jobs) + 100))
 
 
 def _label(category: str) -> str:

@@ -65,6 +65,11 @@ def from_query(search: str | None, default: str) -> TimeRange:
     return TimeRange(last=parse_duration(value))
 
 
+def names_range(search: str | None) -> bool:
+    """Whether the query string picks a range itself, rather than leaving the page its default."""
+    return not query(search).keys().isdisjoint(("range", "start", "end"))
+
+
 def picker_value(search: str | None, default: str) -> str:
     """What the range dropdown shows for a query string: a range it has no option
     for (`?range=30m`) shows as custom, as a value outside its options would be

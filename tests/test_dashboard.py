@@ -230,6 +230,51 @@ def test_a_job_bar_carries_its_job_and_a_click_on_it_opens_the_job(analysis, pag
     assert href(None, "") is None and href({"points": [{"y": "ml/x"}]}, "") is None
 
 
+def _token_fleet(analysis, per_billion: dict[str, float]) -> aggregate.CostSummary:
+    """The recording's cost summary with its jobs' $ per billion tokens set to `per_billion`
+    (job -> $/B; the tokens follow from the job's cost); the other jobs counted none."""
+    jobs = aggregate.cost_summary(analysis.report).by_job.copy()
+    per = jobs["job"].map(per_billion)
+    jobs["cost_per_billion_tokens"], jobs["tokens"] = per, jobs["cost_dollars"] / per * 1e9
+    return replace(aggregate.cost_summary(analysis.report), by_job=jobs)
+
+
+def test_cost_per_billion_tokens_spanning_four_decades_is_drawn_on_a_log_axis_with_each_value(analysis):
+    """A CPU-trained job's $/B tokens 10^4 times a GPU job's: on a linear axis the GPU job
+    is no bar at all. On a log axis half a decade past each end, every bar says its value,
+    and its hover its basis."""
+    summary = _token_fleet(analysis, {"ml-research/dlrm-1": 20.0, "recsys/code-lm-1": 200_000.0})
+    fig = figures.cost_per_billion_tokens(summary, False)
+    bars = fig.data[0]
+    assert list(bars.y) == ["ml-research/dlrm-1", "recsys/code-lm-1"]       # the dearest on top
+    assert list(bars.text) == ["$20.00", "$200,000.00"] and bars.textposition == "outside"
+    axis = fig.layout.xaxis
+    assert axis.type == "log" and list(axis.range) == pytest.approx([np.log10(20) - 0.5, np.log10(2e5) + 0.5])
+    assert "log scale" in axis.title.text
+    dlrm = summary.by_job.set_index("job").loc["ml-research/dlrm-1"]
+    assert bars.hovertext[0] == (f"${dlrm['cost_dollars']:,.2f} over {dlrm['tokens'] / 1e9:,.4g} billion tokens "
+                                 f"counted in {dlrm['gpu_hours']:,.2f} GPU-hours")
+    assert "%{hovertext}" in bars.hovertemplate
+    # Within two decades a linear axis from zero reads truly.
+    near = figures.cost_per_billion_tokens(_token_fleet(analysis, {"ml-research/dlrm-1": 20.0,
+                                                                    "recsys/code-lm-1": 1_000.0}), False)
+    assert near.layout.xaxis.type is None and list(near.layout.xaxis.range) == [0, 1_200.0]
+
+
+def test_the_cost_page_says_which_jobs_its_tokens_chart_leaves_out_and_why(analysis, pages):
+    summary = _token_fleet(analysis, {"ml-research/dlrm-1": 20.0, "recsys/code-lm-1": 200_000.0})
+    note = pages["cost"].tokens_note(summary)
+    lines = [_text(li) for li in note.children]
+    priced = len(summary.by_job)
+    assert lines[0].startswith("Each bar: the job's cost in this window over the tokens its ranks counted")
+    assert lines[1:] == [f"{priced - 2} priced jobs not drawn: they counted no tokens."]
+    many = _token_fleet(analysis, {job: 10.0 + i for i, job in enumerate(summary.by_job["job"])})
+    many = replace(many, by_job=pd.concat([many.by_job] * 4, ignore_index=True), unpriced_jobs=2)
+    lines = [_text(li) for li in pages["cost"].tokens_note(many).children]
+    assert lines[1:] == [f"{4 * priced - 15} jobs with a lower cost per billion tokens not drawn: "
+                         "the chart shows the 15 highest.", "2 jobs not drawn: they have no price."]
+
+
 def test_empty_inputs_give_a_figure_that_says_so(analysis):
     empty = RankSteps.none()
     fig = figures.rank_breakdown(empty, False)
@@ -658,6 +703,78 @@ def test_every_panel_of_a_job_shows_its_time_and_amounts_from_zero(analysis):
         assert (axis.rangemode, axis.tickformat) == ("tozero", "~s")
 
 
+def _x_range(fig: go.Figure) -> list[pd.Timestamp]:
+    """The one x range every panel of a job's figure shares."""
+    ranges = {tuple(pd.Timestamp(v) for v in fig.layout[name].range) for name in fig.layout
+              if name.startswith("xaxis")}
+    assert len(ranges) == 1, ranges
+    return list(ranges.pop())
+
+
+def _lived_only(detail: aggregate.JobDetail, alive: slice) -> aggregate.JobDetail:
+    """The detail as if the job had lived only in the buckets `alive`: NaN outside them, no findings."""
+    def cut(values: np.ndarray) -> np.ndarray:
+        out = np.full_like(values, np.nan)
+        out[..., alive] = values[..., alive]
+        return out
+    return replace(detail, gpu_series={k: cut(v) for k, v in detail.gpu_series.items()}, mfu=cut(detail.mfu),
+                   throughput=cut(detail.throughput), loss=cut(detail.loss), grad_norm=cut(detail.grad_norm),
+                   findings=[], restarts=[])
+
+
+@pytest.mark.parametrize("alive, margin_s", [(slice(100, 200), 75.0), (slice(100, 102), 15.0)],
+                         ids=["5% of its life", "at least one step"])
+def test_a_short_jobs_panels_open_on_its_life_with_a_margin(analysis, alive, margin_s):
+    """A job that lived 100 (or 2) of the hour's 15 s buckets: its panels open on its first to
+    last sample, widened by 5% of that (75 s) each side, or one step (15 s) where 5% is less."""
+    detail = aggregate.job_detail(analysis.views, analysis.report, "ml-research", "dlrm-1")
+    times = pd.DatetimeIndex(detail.times)
+    assert (times[1] - times[0]).total_seconds() == 15.0 and len(times) == 240
+    fig = figures.job_timeline(_lived_only(detail, alive), False)
+    margin = pd.Timedelta(seconds=margin_s)
+    assert _x_range(fig) == [times[alive.start] - margin, times[alive.stop - 1] + pd.Timedelta(seconds=15) + margin]
+
+
+def test_the_job_page_keeps_a_range_the_url_names_and_else_opens_on_the_job(app, pages, analysis):
+    window = analysis.frames.window
+    seen = {}
+    for search in ("", "?range=1h", f"?start={window.start:.0f}&end={window.end:.0f}"):
+        with app.server.test_request_context():
+            page = html.Div(pages["job"].update({"namespace": "ml-research", "training_job": "dlrm-1"}, search, 1))
+        seen[search] = _x_range(_find(page, "job-timeline").figure)
+    whole = [pd.Timestamp(t, unit="s") for t in (window.start, window.end)]
+    assert seen["?range=1h"] == seen[f"?start={window.start:.0f}&end={window.end:.0f}"] == whole
+    detail = aggregate.job_detail(analysis.views, analysis.report, "ml-research", "dlrm-1")
+    assert seen[""] == _x_range(figures.job_timeline(detail, False)) != whole
+    # The job lived the whole window: 5% of it more each side.
+    life = (whole[1] - whole[0]).total_seconds()
+    assert (whole[0] - seen[""][0]).total_seconds() == pytest.approx(0.05 * life, abs=16)
+
+
+def test_a_job_without_findings_says_so_in_its_findings_panel(analysis):
+    detail = aggregate.job_detail(analysis.views, analysis.report, "ml-research", "dlrm-1")
+    assert detail.findings
+    quiet = replace(detail, findings=[])
+    for d, said in ((detail, False), (quiet, True)):
+        fig = figures.job_timeline(d, False)
+        notes = [a for a in fig.layout.annotations if a.text == figures.NO_FINDINGS]
+        # The findings panel is the last row: its left y axis is the second to last.
+        last_y = sorted((int(n[5:] or 1) for n in fig.layout if n.startswith("yaxis")))[-2]
+        assert len(notes) == said
+        assert (fig.layout[f"yaxis{last_y}"].visible is False) == said
+        if said:
+            assert (notes[0].xref, notes[0].yref, notes[0].x, notes[0].y) == \
+                (f"x{last_y // 2 + 1} domain", f"y{last_y} domain", 0.5, 0.5)
+
+
 def test_the_range_picker_says_custom_range_briefly(app):
     picker = _find(app.layout, "app-range")
     assert [o["label"] for o in picker.options if o["value"] == "custom"] == ["custom range"]
+
+
+def test_every_finding_kind_has_its_own_colour():
+    from burnrate.analyzer.detectors.findings import KINDS
+    from burnrate.dashboard.figures import KIND_COLORS
+
+    assert set(KIND_COLORS) == set(KINDS)
+    assert len(set(KIND_COLORS.values())) == len(KINDS)

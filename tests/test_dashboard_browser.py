@@ -220,16 +220,18 @@ return {
 """
 
 
-def assert_time_axes(browser, graph: str, window_ms: float, where: str) -> None:
+def assert_time_axes(browser, graph: str, window_ms: float, where: str, widest: float = 1.05) -> dict:
     """Every x axis of the graph is a date axis whose range, as the user sees it, holds all of
-    the graph's data and is no wider than the window (plus Plotly's small padding)."""
+    the graph's data and is no wider than `widest` times the window (Plotly pads by a little);
+    returns what was seen."""
     seen = browser.execute_script(AXES_AND_DATA, graph)
     assert seen["axes"], f"{where}: no x axes drawn"
     for name, kind, (start, end) in seen["axes"]:
         assert kind == "date", (where, graph, name)
         assert start <= seen["first"] and end >= seen["last"], (where, graph, name)
-        assert end - start <= window_ms * 1.05, (where, graph, name)
+        assert end - start <= window_ms * widest, (where, graph, name)
     assert seen["last"] > seen["first"], (where, graph)
+    return seen
 
 
 STACKED_BARS = """
@@ -275,10 +277,10 @@ def test_the_fleet_pages_time_axes_span_the_recording(served, browser):
 
 def test_a_jobs_panels_span_its_own_time_with_or_without_findings(served, browser, tmp_path):
     """Every over-time panel of a job's page is a date axis over the job's own time: the
-    x range a user sees starts at or before the job's first point and ends at or after its
-    last, and is no wider than the recording's window. A job without findings (here from a
-    fleet without faults) once made the shared axis linear, squeezing every panel into a
-    line at the right edge."""
+    x range a user sees is from the job's first sample to the end of its last (one 15 s step
+    after it), 5% of that wider each side. A job without findings (here from a fleet without
+    faults) once made the shared axis linear, squeezing every panel into a line at the right
+    edge. A range the URL names is kept as it is."""
     from burnrate.analyzer.costing.pricing import load_catalog
     from burnrate.analyzer.output.report import analyze
     from burnrate.analyzer.sources import RecordingSource
@@ -295,7 +297,17 @@ def test_a_jobs_panels_span_its_own_time_with_or_without_findings(served, browse
     with dashboard(tmp_path, healthy) as healthy_base:
         for url in (base + "/job/{}/{}".format(*_straggler_job(truth)), healthy_base + "/job/{}/{}".format(*quiet)):
             _load(browser, url, "#job-timeline")
-            assert_time_axes(browser, "job-timeline", window_ms, url)
+            seen = assert_time_axes(browser, "job-timeline", window_ms, url, widest=1.12)
+            first, last = seen["first"], seen["last"] + 15_000
+            margin = 0.05 * (last - first)
+            for _, _, (start, end) in seen["axes"]:
+                assert (start, end) == pytest.approx((first - margin, last + margin), abs=1), url
+        start, end = report.window.start - 1800, report.window.end
+        url = healthy_base + "/job/{}/{}?start={:.0f}&end={:.0f}".format(*quiet, start, end)
+        _load(browser, url, "#job-timeline")
+        seen = assert_time_axes(browser, "job-timeline", (end - start) * 1000, url)
+        for _, _, shown in seen["axes"]:
+            assert shown == pytest.approx([start * 1000, end * 1000], abs=1), url
 
 
 def test_now_on_the_fleet_page_says_which_gpus_it_counts(browser, tmp_path):

@@ -7,9 +7,9 @@ from dash import Input, Output, State, callback, ctx, html, no_update
 from burnrate.analyzer.costing.accounting import COVERAGE_WARNING
 from burnrate.analyzer.output.report import Report
 
-from ..aggregate import badput_timeline, cost_summary, namespace_goodput
+from ..aggregate import CostSummary, badput_timeline, cost_summary, namespace_goodput
 from ..data import Analysis
-from ..figures import (badput_over_time, cost_by_job, cost_by_namespace, cost_per_billion_tokens,
+from ..figures import (TOP_JOBS, badput_over_time, cost_by_job, cost_by_namespace, cost_per_billion_tokens,
                        namespace_goodput as goodput_figure, spot_savings, waste_by_cause)
 from ..ui import graph, job_href, money, render, stat
 
@@ -59,10 +59,26 @@ def content(a: Analysis, _search: str) -> list:
         html.Div([graph("cost-jobs", cost_by_job(summary, sim)),
                   graph("cost-waste", waste_by_cause(summary, sim))], className="br-row"),
         graph("cost-tokens", cost_per_billion_tokens(summary, sim)),
+        tokens_note(summary),
         html.H3("Goodput: where the training jobs' GPU-hours went"),
         graph("cost-goodput", goodput_figure(namespace_goodput(a.report), sim)),
         graph("cost-badput", badput_over_time(badput_timeline(a.report, a.views), sim)),
     ]
+
+
+def tokens_note(summary: CostSummary) -> html.Ul:
+    """What the cost per billion tokens is worked out from, and how many jobs its chart leaves out, and why."""
+    counted = int(summary.by_job["cost_per_billion_tokens"].notna().sum())
+    lines = ["Each bar: the job's cost in this window over the tokens its ranks counted in it; "
+             "hover a bar for the tokens and GPU-hours."]
+    if counted > TOP_JOBS:
+        lines.append(f"{counted - TOP_JOBS} jobs with a lower cost per billion tokens not drawn: "
+                     f"the chart shows the {TOP_JOBS} highest.")
+    if len(summary.by_job) > counted:
+        lines.append(f"{len(summary.by_job) - counted} priced jobs not drawn: they counted no tokens.")
+    if summary.unpriced_jobs:
+        lines.append(f"{summary.unpriced_jobs} jobs not drawn: they have no price.")
+    return html.Ul([html.Li(line) for line in lines], id="cost-tokens-note", className="br-hint")
 
 
 def accounting_panel(report: Report) -> html.Div:

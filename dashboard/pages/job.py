@@ -9,6 +9,7 @@ from burnrate.analyzer.costing.cost import JobCost
 from ..aggregate import job_detail, unmeasured
 from ..data import Analysis
 from ..figures import SEVERITY_COLORS, job_timeline, ledger_waterfall, rank_breakdown
+from ..timerange import names_range
 from ..ui import graph, money, notice, render, stat
 
 dash.register_page(__name__, path_template="/job/<namespace>/<training_job>", name="Job",
@@ -28,10 +29,10 @@ def layout(namespace: str | None = None, training_job: str | None = None, **_que
 def update(key: dict | None, search: str | None, _n: int | None):
     if not key or not key.get("namespace") or not key.get("training_job"):
         return notice("No job named in the URL (expected /job/<namespace>/<training_job>).", error=True)
-    return render(search, lambda a, s: content(a, key["namespace"], key["training_job"]))
+    return render(search, lambda a, s: content(a, key["namespace"], key["training_job"], s))
 
 
-def content(a: Analysis, namespace: str, training_job: str) -> list:
+def content(a: Analysis, namespace: str, training_job: str, search: str) -> list:
     jobs = a.jobs
     match = jobs[(jobs["namespace"] == namespace) & (jobs["training_job"] == training_job)]
     if match.empty:
@@ -40,6 +41,8 @@ def content(a: Analysis, namespace: str, training_job: str) -> list:
     job = next(j for j in a.report.jobs if (j.namespace, j.training_job) == (namespace, training_job))
     detail = job_detail(a.views, a.report, namespace, training_job)
     sim = a.simulated
+    # A range the URL names is the user's: keep it. The default range opens on the job's own life.
+    shown = (a.frames.window.start, a.frames.window.end) if names_range(search) else None
     mfu, tps = row["mfu"], row["tokens_per_s"]
     stats = html.Div([
         stat("GPUs", f"{row['gpus']:g}", row["capacity_type"]),
@@ -58,7 +61,7 @@ def content(a: Analysis, namespace: str, training_job: str) -> list:
         stats,
         html.Ul(findings, className="br-findings") if findings else html.P("No findings for this job."),
         graph("job-ranks", rank_breakdown(detail.steps, sim)),
-        graph("job-timeline", job_timeline(detail, sim)),
+        graph("job-timeline", job_timeline(detail, sim, shown)),
     ]
 
 
