@@ -4,6 +4,8 @@
    back-filled with promtool (the series the analysis reads, and the GPU-second counters the
    agent would have exposed: its own counting replayed over the samples), the shipped roll-ups
    evaluated over it by `promtool tsdb create-blocks-from rules`; kept in the cache directory.
+   After each analysis the store alone answers the same question, each job's GPU-hours and
+   idle GPU-hours (bench/store_floor.py), and each analysis is printed as a ratio to it.
 2. Fleet mode alone at fleet scale on VictoriaMetrics: a week of roll-up series for N GPUs
    (what the ruler would have written), imported directly; no per-GPU series are stored, so
    this measures reading and flagging the roll-ups, not the drill-down (measured in part 1).
@@ -41,8 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleets import END, GPUS_PER_NODE, cached_fleet  # noqa: E402  bench/ is on sys.path when run as a script
 from tests.conftest import free_port  # noqa: E402  the repository root, inserted above
 from tests.rollup_stores import rollup_rules  # noqa: E402
+import store_floor  # noqa: E402  bench/
 
 EVAL_S = 60.0
+STEP_S = 15.0  # the simulated fleet's sample interval
+# The analyzer's time over the store's answering the same question alone (bench/store_floor.py).
+FLOOR_TARGETS = {"per-GPU": 2.0, "fleet": 1.5}
 # The analyzer's target is 4 GB; an analysis that needs more than this fails rather than swap.
 CHILD_MEMORY_GB = 16.0
 
@@ -64,9 +70,12 @@ def measure(url: str, start: float, end: float, fleet: bool, interval: float | N
     else:
         report = analyze(source.frames(window, ANALYSIS_COLUMNS), load_catalog())
     render_json(report)
+    accounting = report.accounting
     basis = next((n for n in report.notes if n.startswith("fleet mode:")), "")
     return {"total_s": time.monotonic() - began, "findings": len(report.findings), "jobs": len(report.jobs),
             "gpu_hours": sum(j.gpu_hours for j in report.jobs),
+            "job_gpu_hours": {f"{j.namespace}/{j.training_job}": j.gpu_hours for j in report.jobs},
+            "idle_gpu_hours": accounting.idle_gpu_hours if accounting is not None else None,
             "drilled": basis.split(" nodes read per GPU")[0].removeprefix("fleet mode: ") if basis else "all",
             "found": sorted({f"{f.kind}:{f.training_job}" for f in report.findings}),
             "peak_rss_gb": _peak_rss_gb(), "cpu_s": _cpu_s() - cpu}
@@ -197,10 +206,25 @@ def per_gpu_vs_fleet(root: Path, cache: str, gpus: int, hours: float) -> list[tu
     try:
         server = psutil.Process(proc.pid)
         window = (END - hours * 3600.0 - 60.0, END + 60.0)
-        return [("per-GPU", run_child(url, *window, False, server)),
-                ("fleet", run_child(url, *window, True, server))]
+        rows = []
+        # Alternately: each analysis, then the store alone on the same question.
+        for path, fleet in (("per-GPU", False), ("fleet", True)):
+            row = run_child(url, *window, fleet, server)
+            row["store"] = store_alone(url, *window)
+            rows.append((path, row))
+        return rows
     finally:
         stop(proc)
+
+
+def store_alone(url: str, start: float, end: float) -> dict[str, float | dict]:
+    """The per-job GPU-hours and idle GPU-hours as the store answers them (bench/store_floor.py):
+    both queries' wall seconds together, and their answers."""
+    seconds, answers = 0.0, {}
+    for name, query in store_floor.queries(end - start, STEP_S).items():
+        took, answers[name] = store_floor.ask(url, query, end)
+        seconds += took
+    return {"seconds": seconds, **answers}
 
 
 def rollup_lines(gpus: int, days: float, end: float, seed: int = 0):
@@ -305,6 +329,27 @@ def _post(url: str, lines: list[str]) -> None:
             resp.read()
 
 
+def floor_table(rows: list[tuple[str, dict]]) -> None:
+    """Each analysis beside the store answering its GPU-hours and idle GPU-hours alone."""
+    if not rows:
+        return
+    print("\n| run | analyzer s / store s = ratio | target | met | job GPU-hours: analyzer, store, difference "
+          "| largest job difference | jobs in one only | idle GPU-hours: analyzer, store, difference |")
+    print("|---|---|---:|:---:|---|---:|---:|---|")
+    for name, r in rows:
+        store = r["store"]
+        ratio = r["total_s"] / store["seconds"]
+        target = FLOOR_TARGETS[name.split(",")[0]]
+        hours = store_floor.difference(r["job_gpu_hours"], store["gpu_hours"])
+        idle_store = sum(store["idle_gpu_hours"].values())
+        idle = ("-" if r["idle_gpu_hours"] is None else
+                f"{r['idle_gpu_hours']:,.1f}, {idle_store:,.1f}, {r['idle_gpu_hours'] - idle_store:+,.1f}")
+        print(f"| {name} | {r['total_s']:.1f} / {store['seconds']:.2f} = {ratio:.1f}x | {target:g}x | "
+              f"{'yes' if ratio <= target else 'no'} | {hours['analyzer']:,.1f}, {hours['store']:,.1f}, "
+              f"{hours['analyzer'] - hours['store']:+,.1f} | {hours['largest_job']:.2f} | "
+              f"{hours['only_analyzer']:.0f}, {hours['only_store']:.0f} | {idle} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=1024, help="GPUs of the per-GPU vs fleet comparison")
@@ -347,6 +392,7 @@ def main() -> int:
             continue
         print(f"| {path}, {fleet} | {store} | {r['drilled']} | {r['total_s']:.1f} | {r['peak_rss_gb']:.2f} | "
               f"{r['cpu_s']:.1f} | {r['store_cpu_s']:.1f} | {r['findings']} | {r['jobs']} | {r['gpu_hours']:,.1f} |")
+    floor_table([(f"{path}, {fleet}", r) for fleet, _, path, r in rows if "store" in r and "failed" not in r])
     for fleet, _, path, r in rows:
         if "truth" in r and "found" in r:
             truth, found = r["truth"], set(r["found"])

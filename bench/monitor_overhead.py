@@ -100,6 +100,7 @@ def main() -> int:
             mon.step(samples=args.batch_size)
         empty[cadence] = (time.perf_counter() - t0) / n
         mon.close()
+    syncs = added_synchronizations(plain, loops["monitor, every step"], args.block_steps) if cuda else None
     for mon in monitors.values():
         mon.close()
     scratch.cleanup()
@@ -114,7 +115,26 @@ def main() -> int:
     for cadence, cost in empty.items():
         print(f"monitor alone, {cadence}: {cost * 1e6:.1f} us per step = {cost / base_median:.2%} of the plain median step")
     print("target: <= 0.5% at the default cadence")
+    if syncs is not None:
+        print(f"device synchronizations added by the monitor (a report every step, "
+              f"torch.cuda.set_sync_debug_mode('error')): {syncs}")
     return 0
+
+
+def added_synchronizations(plain, monitored, steps: int) -> str:
+    """'none' where the monitored loop runs with synchronizing CUDA calls made errors, else the
+    first such call; the plain loop is run so first, so that a step that synchronizes by itself
+    is not blamed on the monitor."""
+    for label, loop in (("the training step itself", plain), ("the monitor", monitored)):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            loop(steps)
+        except RuntimeError as exc:
+            return f"{label} synchronizes: {str(exc).splitlines()[0]}"
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return "none"
 
 
 if __name__ == "__main__":

@@ -80,6 +80,11 @@ def share_of_step(row: str, cost_us: str, base: str, step_ms: str) -> Figure:
                                   / _number(_lookup(section, base, step_ms)))
 
 
+def ratio(row: str, column: str) -> Figure:
+    """The ratio of a cell written `a / b = Nx`."""
+    return lambda section: _number(_lookup(section, row, column).rpartition("=")[2].strip().rstrip("x"))
+
+
 def largest(column: str) -> Figure:
     """The largest figure of the column; cells that are not one number (a range, a dash) are skipped."""
     def figure(section: Section) -> float:
@@ -123,6 +128,10 @@ ROWS = (
         cell("fleet, 1024 GPUs × 24 h", "total s"), "s"),
     Row("1,024 GPUs x 24 h from Prometheus, fleet mode: peak memory", "Fleet mode",
         cell("fleet, 1024 GPUs × 24 h", "peak RSS GB"), "GB", 4),
+    Row("128 GPUs x 24 h from Prometheus, per-GPU path: time over the store's for GPU-hours alone", "Store floor",
+        ratio("per-GPU, 128 GPUs × 24 h", "analyzer s / store s = ratio"), "x", 2),
+    Row("128 GPUs x 24 h from Prometheus, fleet mode: time over the store's for GPU-hours alone", "Store floor",
+        ratio("fleet, 128 GPUs × 24 h", "analyzer s / store s = ratio"), "x", 1.5),
     Row("fleet mode, 1,024 GPUs x 7 days at 15 s on VictoriaMetrics: time", "Fleet mode",
         cell("fleet, 1024 GPUs × 7 d at 15 s", "total s"), "s", 10),
     Row("fleet mode, 1,024 GPUs x 7 days at 15 s on VictoriaMetrics: peak memory", "Fleet mode",

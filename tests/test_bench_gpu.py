@@ -1,0 +1,91 @@
+"""bench/gpu/run: the one line where no GPU is, and its pure parts on nvidia-smi's recorded
+output (tests/data/nvidia-smi/query-gpu.csv: `--format=csv,noheader,nounits`, the order of
+bench/gpu/smi.py's query)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import PYTHON, ROOT
+from tests.test_counters import agent_once
+
+sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+import dcgm_defaults  # noqa: E402
+import smi  # noqa: E402
+
+SAMPLE = os.path.join(ROOT, "tests", "data", "nvidia-smi", "query-gpu.csv")
+
+
+def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
+    # A PATH with no nvidia-smi on it, whatever this machine has.
+    proc = subprocess.run([PYTHON, os.path.join(ROOT, "bench", "gpu", "run")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["no NVIDIA GPU here (nvidia-smi is missing or lists none): nothing to measure"]
+    assert proc.stderr == ""
+
+
+def sample():
+    with open(SAMPLE) as fh:
+        return smi.parse(fh.read())
+
+
+def test_nvidia_smi_rows_are_read_in_the_query_order_and_unsupported_values_are_none():
+    first, second = sample()
+    assert first["uuid"] == "GPU-5a2c9e3e-1f0b-4e52-9a7d-0c1f8f3b2d11"
+    assert (first["utilization.gpu"], first["memory.used"], first["power.draw"], first["clocks.sm"]) == (
+        87.0, 40962.0, 512.34, 1980.0)
+    assert second["utilization.encoder"] is None and second["temperature.memory"] is None
+    assert second["temperature.gpu"] == 31.0
+
+
+def test_a_row_of_the_wrong_width_is_refused():
+    with pytest.raises(ValueError, match="gave 3 values where 15 were asked"):
+        smi.parse("0, GPU-x, 87\n")
+
+
+def reader_fields(**changed):
+    """What the reader would give for the sample's first GPU, a moment later."""
+    fields = {"gpu_util": 84.0, "mem_copy_util": 43.0, "enc_util": 0.0, "dec_util": 0.0, "fb_used_mib": 40962.0,
+              "fb_free_mib": 39119.0, "fb_total_mib": 81559.0, "fb_reserved_mib": 478.0, "power_w": 498.7,
+              "sm_clock_mhz": 1980.0, "mem_clock_mhz": 2619.0, "temp_c": 62.0, "memory_temp_c": 70.0}
+    return {**fields, **changed}
+
+
+def test_readings_within_what_a_moment_can_move_agree_field_by_field():
+    checks = smi.compare(reader_fields(), sample()[0])
+    assert [c.verdict for c in checks] == ["ok"] * len(smi.PAIRS)
+    assert {c.field for c in checks} == {p.field for p in smi.PAIRS}
+
+
+def test_a_field_that_differs_or_that_one_side_lacks_is_named():
+    fields = reader_fields(power_w=300.0, sm_clock_mhz=1410.0)
+    del fields["memory_temp_c"]
+    verdicts = {c.field: c.verdict for c in smi.compare(fields, sample()[0])}
+    assert verdicts["power_w"] == "DIFFERS" and verdicts["sm_clock_mhz"] == "DIFFERS"
+    assert verdicts["memory_temp_c"] == "nvidia-smi only"
+    verdicts = {c.field: c.verdict for c in smi.compare(reader_fields(), sample()[1])}
+    assert verdicts["enc_util"] == "reader only" and verdicts["memory_temp_c"] == "reader only"
+    assert verdicts["gpu_util"] == "DIFFERS"   # 84% read against 0%
+
+
+def test_the_checks_print_as_a_results_table():
+    lines = smi.rows(smi.compare(reader_fields(power_w=300.0), sample()[0]))
+    assert lines[0].startswith("| GPU | reader field | nvidia-smi |") and len(lines) == 2 + len(smi.PAIRS)
+    assert "| GPU-5a2c9e3e | power_w | power.draw | 300.0 | 512.3 | 51.234 | DIFFERS |" in lines
+
+
+def test_a_simulated_agent_exports_the_whole_default_set_and_a_missing_series_is_named(tmp_path):
+    defaults = dcgm_defaults.default_series()
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_POWER_USAGE"} <= defaults
+    assert "DCGM_FI_DRIVER_VERSION" not in defaults   # a label row
+    proc = agent_once(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    names = dcgm_defaults.exported(proc.stdout)
+    result = dcgm_defaults.compare(defaults, names)
+    assert result["missing"] == [] and result["exported"] == sorted(defaults)
+    result = dcgm_defaults.compare(defaults, names - {"DCGM_FI_DEV_MEM_CLOCK"})
+    assert result["missing"] == ["DCGM_FI_DEV_MEM_CLOCK"]
+    assert f"| dcgm-exporter default series exported, on 2 GPU(s) | {len(defaults) - 1} of {len(defaults)} |" in \
+        dcgm_defaults.rows(result, 2)
