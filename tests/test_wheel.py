@@ -12,11 +12,13 @@ import os
 import shutil
 import subprocess
 import sys
+import re
 import textwrap
 import zipfile
 
 import pytest
 
+from burnrate.agent.telemetry.inbox import TelemetryInbox
 from tests.conftest import PYTHON, ROOT
 from tests.test_import_rules import modules
 
@@ -27,17 +29,23 @@ DATA = ("burnrate/analyzer/costing/prices.yaml", "burnrate/dashboard/assets/styl
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> str:
-    work = tmp_path_factory.mktemp("wheel")
+def checkout(tmp_path_factory) -> str:
+    """A copy of the tree as a clone has it: setuptools writes build/ and egg-info into it."""
+    src = tmp_path_factory.mktemp("checkout")
     tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True).stdout
-    src = work / "src"
     for name in filter(None, tracked.decode().split("\0")):
         if os.path.exists(os.path.join(ROOT, name)):
             os.makedirs(src / os.path.dirname(name), exist_ok=True)
             shutil.copy2(os.path.join(ROOT, name), src / name)
-    subprocess.run([PYTHON, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(work / "dist"),
-                    str(src)], check=True, capture_output=True)
-    (built,) = (work / "dist").iterdir()
+    return str(src)
+
+
+@pytest.fixture(scope="module")
+def wheel(checkout, tmp_path_factory) -> str:
+    dist = tmp_path_factory.mktemp("dist")
+    subprocess.run([PYTHON, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), checkout],
+                   check=True, capture_output=True)
+    (built,) = dist.iterdir()
     return str(built)
 
 
@@ -102,3 +110,39 @@ def test_a_command_without_its_extra_says_what_to_install(wheel, tmp_path, comma
     (line,) = done.stderr.splitlines()
     assert line.startswith(f"burnrate {command}: error: needs the {extra!r} extra (no module named ")
     assert line.endswith(f"pip install 'burnrate[{extra}]'")
+
+
+def test_the_readmes_install_line_adds_the_monitor_to_a_training_environment_and_nothing_else(checkout, tmp_path):
+    """The README's line for an existing training environment, run as written in the checkout
+    with a fresh venv's pip (build isolation fetches setuptools, as for a user): burnrate is all
+    it installs, so no torch build, dash or pandas is pulled, and the monitor reports to a real
+    agent inbox from that venv."""
+    (line,) = re.findall(r"`(pip install [^`]*)` in this repository", open(os.path.join(ROOT, "README.md"), encoding="utf-8").read())
+    venv = tmp_path / "training-env"
+    subprocess.run([PYTHON, "-m", "venv", str(venv)], check=True)
+    env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", PIP_NO_CACHE_DIR="1")
+    env.pop("PYTHONPATH", None)
+    python = str(venv / "bin" / "python")
+    listed = [python, "-c", "import importlib.metadata as m; print(*(f'{d.name}=={d.version}' for d in m.distributions()))"]
+    before = set(subprocess.run(listed, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split())
+    installed = subprocess.run(["bash", "-c", line], cwd=checkout, env=env, capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    after = set(subprocess.run(listed, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split())
+    assert after - before == {"burnrate==0.1.0"} and before <= after
+    with TelemetryInbox(tmp_path / "agent.sock") as inbox:
+        sent = subprocess.run([python, "-c", textwrap.dedent("""
+            import sys
+            from burnrate.monitor import Monitor
+            with Monitor(seq_len=8) as mon:
+                for batch in mon.wrap([[1, 2, 3]] * 5):
+                    with mon.compute():
+                        pass
+                    mon.step(samples=len(batch), loss=0.5)
+            print(sorted(m for m in ("torch", "numpy", "pandas", "dash") if m in sys.modules))
+        """)], cwd=tmp_path, env=dict(env, BURNRATE_TELEMETRY_SOCKET=str(inbox.path), BURNRATE_TRAINING_JOB="mine"),
+                              capture_output=True, text=True, timeout=60)
+        assert sent.returncode == 0, sent.stderr
+        assert sent.stdout.strip() == "[]"
+        assert inbox.wait_idle(5)
+        (rank,) = inbox.ranks()
+    assert (rank.key.training_job, rank.values["steps"], rank.values["samples"], rank.values["tokens"]) == ("mine", 5, 15, 120)
