@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="where --serve listens (default 0.0.0.0:9401)")
     serve.add_argument("--interval", type=float, default=300.0, metavar="S",
                        help="seconds between evaluations in --serve (default 300)")
+    serve.add_argument("--keep-summaries", metavar="FILE",
+                       help="append each finished job's summary to FILE (JSON Lines) once, for showback past "
+                            "the store's retention (docs/retention.md)")
     serve.add_argument("--web-config", metavar="FILE",
                        help="TLS and basic auth for --serve's endpoint, exporter-toolkit format (as the agent's)")
 
@@ -119,16 +122,34 @@ def report_of(args: argparse.Namespace, options: SourceOptions, source, catalog:
     from .output.report import analyze
     from .sources import PrometheusError
 
-    if not args.fleet:
-        frames = load_frames(args, options, source)
-        if frames.gpu.empty and not args.serve:
-            raise NothingFound(nothing_found(options, source, window_of(args, options)))
-        return analyze(frames, catalog, config, advice, overrides)
-    from .fleet.mode import analyze_fleet
     try:
-        return analyze_fleet(source, window_of(args, options), catalog, config, advice, overrides, args.rollup_interval)
+        if not args.fleet:
+            frames = load_frames(args, options, source)
+            if frames.gpu.empty and not args.serve:
+                raise NothingFound(nothing_found(options, source, window_of(args, options)))
+            report = analyze(frames, catalog, config, advice, overrides)
+        else:
+            from .fleet.mode import analyze_fleet
+            report = analyze_fleet(source, window_of(args, options), catalog, config, advice, overrides,
+                                   args.rollup_interval)
+        return with_retention_note(args, options, source, report)
     except (PrometheusError, OSError, ValueError) as exc:
         raise UserError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+
+def with_retention_note(args: argparse.Namespace, options: SourceOptions, source, report):
+    """The report, noting where the window starts before the store's data (docs/retention.md):
+    in its notes, and on stderr where no table shows them."""
+    from dataclasses import replace
+    from .sources.retention import retention_note
+
+    window = window_of(args, options)
+    note = None if options.prometheus is None or window is None else retention_note(source, window)
+    if note is None:
+        return report
+    if args.format != "table" or args.serve:
+        print(f"burnrate analyze: {note}", file=sys.stderr)
+    return replace(report, notes=[note, *report.notes])
 
 
 def nothing_found(options: SourceOptions, source, window: Window | None) -> str:
@@ -136,6 +157,7 @@ def nothing_found(options: SourceOptions, source, window: Window | None) -> str:
     from .sources import PrometheusError
     from .sources.prometheus import GPU_SERIES
     from .sources.recording import time_range
+    from .sources.retention import GUIDE, first_data_after, store_retention
     from .sources.timeparse import format_time
 
     where = "" if window is None else f" from {format_time(window.start)} to {format_time(window.end)}"
@@ -146,15 +168,21 @@ def nothing_found(options: SourceOptions, source, window: Window | None) -> str:
     looked = f"no GPU samples ({', '.join(GPU_SERIES)}){where}"
     try:
         held = source.query('count({__name__=~"burnrate_.+|DCGM_FI_.+"})', time.time())
+        begins = None if window is None else first_data_after(source, window)
     except PrometheusError:
         return looked
     count = int(float(held[0]["value"][1])) if held else 0
-    return f"{looked}: Prometheus at {options.prometheus} holds {count} burnrate or DCGM series now"
+    found = f"{looked}: Prometheus at {options.prometheus} holds {count} burnrate or DCGM series now"
+    if begins is None:
+        return found
+    retention = store_retention(source)
+    return (f"{found}; its GPU data begins at {format_time(begins)} ("
+            + (f"retention {retention}; " if retention else "") + f"see {GUIDE})")
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     """`stop` ends `--serve` (the command runs until interrupted without it)."""
-    from .output.report import render_clusters, render_csv, render_json, render_table
+    from .output.report import render_clusters, render_csv, render_json, render_table, table_width
 
     options = source_options(args)
     if args.checkpoint_seconds is not None and args.checkpoint_seconds <= 0:
@@ -165,6 +193,9 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         raise UserError("--rollup-interval must be positive")
     if args.web_config is not None and not args.serve:
         raise UserError("--web-config secures the endpoint of --serve: it needs --serve")
+    if args.keep_summaries is not None and (not args.serve or args.fleet):
+        raise UserError("--keep-summaries keeps what --serve sees end, from per-GPU series: "
+                        "it needs --serve, without --fleet")
     catalog = options.catalog()
     advice = AdviceConfig(checkpoint_seconds=args.checkpoint_seconds)
     overrides = overrides_of(args)
@@ -178,16 +209,27 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         web = _web_config(args.web_config)
         # The store is opened anew for each evaluation: a rotated token file is read again.
         return serve(lambda: report_of(args, options, one_source(args, options), catalog, config, advice, overrides),
-                     args.listen, args.interval, stop, web)
-    render = {"table": render_table, "json": render_json, "csv": render_csv}[args.format]
+                     args.listen, args.interval, stop, web, _keeper(args.keep_summaries, config))
+    render = {"table": lambda report: render_table(report, table_width()), "json": render_json,
+              "csv": render_csv}[args.format]
     if options.cluster != ALL_CLUSTERS:
         sys.stdout.write(render(report_of(args, options, one_source(args, options), catalog, config, advice,
                                           overrides)))
         return 0
     reports = {cluster or "": report_of(args, options, options.open(cluster or ""), catalog, config, advice, overrides)
                for cluster in options.clusters(window_of(args, options))}
-    sys.stdout.write(render_clusters(reports, args.format))
+    sys.stdout.write(render_clusters(reports, args.format, table_width()))
     return 0
+
+
+def _keeper(path: str | None, config: DetectorConfig):
+    from .output.serve import SummaryKeeper
+    if path is None:
+        return None
+    try:
+        return SummaryKeeper(path, config.stalled.floor_minutes * 60)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _web_config(path: str | None) -> WebConfig | None:

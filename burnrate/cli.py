@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("burnrate.trainer.cli", "trainer", "the instrumented reference DDP trainer"),
     "simulate": ("burnrate.simulator.simulate", "simulator", "write a synthetic fleet recording with ground-truth faults"),
     "analyze": ("burnrate.analyzer.cli", "analyzer", "findings and per-job cost from Prometheus or a recording"),
+    "report": ("burnrate.analyzer.output.showback_command", "analyzer",
+               "showback: each team's GPU-hours, dollars, waste and goodput per month, week or day"),
     "dashboard": ("burnrate.dashboard.cli", "dashboard", "the team dashboard: fleet, jobs, findings, cost"),
     "rules": ("burnrate.analyzer.output.thresholds", "analyzer",
               "render the alert rules and Grafana thresholds from the detectors' thresholds"),

@@ -275,8 +275,8 @@ def test_a_mistyped_flag_is_named_with_what_to_give(capsys, recording, argv, mes
 
 @pytest.mark.parametrize("command, message", [
     ("analyz", "no command 'analyz' (did you mean analyze?); the commands: demo, agent, train, simulate, analyze, "
-               "dashboard, rules"),
-    ("xyz", "no command 'xyz'; the commands: demo, agent, train, simulate, analyze, dashboard, rules"),
+               "report, dashboard, rules"),
+    ("xyz", "no command 'xyz'; the commands: demo, agent, train, simulate, analyze, report, dashboard, rules"),
 ])
 def test_a_mistyped_command_is_named_with_the_one_meant(capsys, command, message):
     with pytest.raises(SystemExit) as exited:

@@ -11,6 +11,8 @@ import threading
 import time
 from typing import Callable, Iterator
 
+import numpy as np
+
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -20,6 +22,8 @@ from burnrate.exporter.render import Exposition
 from burnrate.exporter.server import MetricsServer
 from burnrate.exporter.webconfig import WebConfig
 
+from ..detectors.findings import iso
+from ..sources.summaries import RunKey, append_summary, read_summaries, run_key
 from .report import Report
 
 FINDING_LABELS = ("kind", "severity", "namespace", "training_job", "Hostname", "gpu", "pod", "rank")
@@ -91,7 +95,63 @@ class ReportCollector:
         yield CounterMetricFamily("burnrate_analyze_errors", "Analyses that failed.", value=errors)
 
 
-def evaluate(analysis: Callable[[], Report], collector: ReportCollector) -> None:
+class SummaryKeeper:
+    """Appends each finished run's summary to a JSON Lines file once. A run has ended when
+    its job has held no GPU for longer than `ended_after_s` before the window's end (the
+    stalled detector's floor: a shorter pause may be a checkpoint or a slow collective);
+    it is keyed by its last sample, so a job that runs again is kept again when it ends."""
+
+    def __init__(self, path: str, ended_after_s: float) -> None:
+        self.path, self.ended_after_s = path, ended_after_s
+        kept = read_summaries(path)
+        if kept.torn:
+            print(f"burnrate analyze: {path}: skipped {kept.torn} torn line(s)", file=sys.stderr)
+        self.kept: set[RunKey] = {run_key(s) for s in kept.summaries}
+
+    def keep_ended(self, report: Report) -> int:
+        """Keeps the runs that ended by the report's window end; how many were new."""
+        new = 0
+        for summary in ended_runs(report, self.ended_after_s):
+            if run_key(summary) not in self.kept:
+                append_summary(self.path, summary)
+                self.kept.add(run_key(summary))
+                new += 1
+        return new
+
+
+def ended_runs(report: Report, ended_after_s: float) -> list[dict]:
+    """A summary of each job whose GPUs were last held more than `ended_after_s` before the
+    window's end: its figures over the window (`start_in_window` false where it began before)."""
+    if report.views is None:
+        return []
+    views = report.views
+    alloc = views.alloc
+    keys = alloc.keys[["namespace", "job"]].astype(str)
+    held_at = {}
+    for (namespace, job), rows in keys.groupby(["namespace", "job"]).groups.items():
+        bins = np.flatnonzero(alloc.present[np.asarray(rows)].any(axis=0))
+        if len(bins):
+            held_at[(namespace, job)] = (views.start + float(bins[0]) * views.step,
+                                         views.start + float(bins[-1]) * views.step)
+    out = []
+    for job in report.jobs:
+        span = held_at.get((job.namespace, job.training_job))
+        if span is None or report.window.end - span[1] <= max(ended_after_s, 2 * views.step):
+            continue
+        mine = [f for f in report.findings if (f.namespace, f.training_job) == (job.namespace, job.training_job)]
+        figures = job.to_dict()
+        out.append({"namespace": job.namespace, "training_job": job.training_job, "start": iso(span[0]),
+                    "end": iso(span[1]), "start_in_window": bool(span[0] > report.window.start + views.step),
+                    **{name: figures[name] for name in SUMMARY_FIGURES}, "findings": [f.to_dict() for f in mine],
+                    "wasted_dollars": round(sum(f.wasted_dollars or 0.0 for f in mine), 4)})
+    return out
+
+
+SUMMARY_FIGURES = ("class", "gpus", "gpu_hours", "capacity_type", "cost_dollars", "on_demand_cost_dollars",
+                   "steps", "tokens", "cost_per_billion_tokens", "mfu", "waste_dollars", "ledger", "goodput", "runs")
+
+
+def evaluate(analysis: Callable[[], Report], collector: ReportCollector, keeper: SummaryKeeper | None = None) -> None:
     began = time.monotonic()
     try:
         report = analysis()
@@ -100,10 +160,17 @@ def evaluate(analysis: Callable[[], Report], collector: ReportCollector) -> None
         print(f"burnrate analyze: {printable(str(exc))}", file=sys.stderr)
         return
     collector.update(report, time.monotonic() - began, time.time())
+    if keeper is not None:
+        try:
+            keeper.keep_ended(report)
+        except OSError as exc:
+            print(f"burnrate analyze: cannot keep summaries in {keeper.path}: {exc.strerror or exc}",
+                  file=sys.stderr)
 
 
 def serve(analysis: Callable[[], Report], listen: str, interval_s: float,
-          stop: threading.Event | None = None, web: WebConfig | None = None) -> int:
+          stop: threading.Event | None = None, web: WebConfig | None = None,
+          keeper: SummaryKeeper | None = None) -> int:
     """Run `analysis` every `interval_s` and export its latest report on `listen` (HOST:PORT),
     behind `web`'s TLS and basic auth where given."""
     host, port = listen_address(listen)
@@ -121,7 +188,7 @@ def serve(analysis: Callable[[], Report], listen: str, interval_s: float,
     stop = stop or threading.Event()
     try:
         while not stop.is_set():
-            evaluate(analysis, collector)
+            evaluate(analysis, collector, keeper)
             stop.wait(interval_s)
     finally:
         server.stop()

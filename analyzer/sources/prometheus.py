@@ -402,14 +402,22 @@ class PrometheusSource:
         except PrometheusError:
             return []
 
+    def gpu_present(self, span: str) -> str:
+        """1 for each GPU series with a sample in the `span` (a PromQL duration) before the query's time."""
+        return " or ".join(f"present_over_time({selector(m, **self.scope)}[{span}])" for m in GPU_SERIES)
+
+    def runtime_info(self) -> dict:
+        """Prometheus' `/api/v1/status/runtimeinfo` (its retention among it); a PrometheusError
+        where the store has none (VictoriaMetrics answers 400)."""
+        return self._get("/api/v1/status/runtimeinfo", {})
+
     def data_range(self, window: Window, seen: Window | None = None) -> Window | None:
         """Where in the window any GPU has samples, from one query at the window's
         coarsest step: a year's window over a day of data is read at the day's step.
         `seen` (fleet mode's roll-ups): some GPU had samples in the step up to its start and
         in the step from its end, so the stretch between is left unread: the answer is the same."""
         step = step_for(window, self.min_step_s)
-        present = " or ".join(f"present_over_time({selector(m, **self.scope)}[{int(step * 1000) - 1}ms])"
-                              for m in GPU_SERIES)
+        present = self.gpu_present(f"{int(step * 1000) - 1}ms")
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         if last < first:
             return None
