@@ -1,6 +1,7 @@
 """`burnrate demo`: the whole of burnrate on one machine, with nothing else installed.
 
-A simulated fleet (labelled simulated) fills the fleet view; on top of it the real
+A simulated fleet (labelled simulated) fills the fleet view, its history written first
+and then on in real time, so that it reports beside the live jobs; on top of it the real
 agent (NVML where a GPU answers, else simulated GPUs driven by the ranks) records a
 real CPU training run of the reference trainer, in three jobs with injected faults:
 a straggler rank, a starving loader, and a run that crashes, resumes from its last
@@ -29,10 +30,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import webbrowser
 from contextlib import ExitStack, suppress
+from typing import Callable
 
 from burnrate.exporter.errors import UserError
 from burnrate.exporter.lifetime import end_with_parent
@@ -75,6 +78,9 @@ JOBS = (
 # into the 20 s run the detector needs.
 MIN_DURATION_S = 40.0
 NAMESPACE = "demo"
+# The simulated fleet beside the live jobs, and the simulated GPUs of the agent where no GPU answers.
+FLEET_NODES, FLEET_GPUS_PER_NODE = 4, 8
+LIVE_GPUS = 2
 THRESHOLDS = "live-thresholds.yaml"
 POLL_S = 0.5
 PROGRESS_EVERY_S = 5.0
@@ -197,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     from burnrate.analyzer.detectors import DetectorConfig
     from burnrate.analyzer.detectors.config_file import dump_detector_config
     from burnrate.analyzer.sources.timeparse import format_time
-    from burnrate.simulator.simulate import Spec, simulate
+    from burnrate.simulator.simulate import Simulation, Spec
 
     # kill, timeout, systemd and container runtimes send SIGTERM, a closed terminal SIGHUP:
     # each stops the demo as Ctrl-C does, with everything it started. Ctrl-C itself too: a
@@ -210,9 +216,11 @@ def run(args: argparse.Namespace) -> int:
     sock = os.path.join(work, "telemetry.sock")
     start = time.time()
     print(f"burnrate demo: writing to {work}")
-    fleet = Spec(nodes=4, gpus_per_node=8, hours=2.0, end=start)
-    simulate(recording, fleet)
-    print("  simulated fleet: 4 nodes x 8 GPUs, 2 h (labelled simulated)")
+    fleet = Spec(nodes=FLEET_NODES, gpus_per_node=FLEET_GPUS_PER_NODE, hours=2.0, end=start)
+    simulation = Simulation(recording, fleet)
+    simulation.write(fleet.samples)
+    print(f"  simulated fleet: {FLEET_NODES} nodes x {FLEET_GPUS_PER_NODE} GPUs, 2 h (labelled simulated), "
+          "reporting on beside the live jobs")
     # The dashboard judges the recording as the summary at the end does: thresholds in
     # minutes read as seconds, since the live jobs last seconds.
     thresholds = os.path.join(work, THRESHOLDS)
@@ -223,11 +231,16 @@ def run(args: argparse.Namespace) -> int:
         agent_url = f"http://127.0.0.1:{args.agent_port}/metrics"
         with ExitStack() as stack:
             children = _Children(stack)
-            children.spawn(["agent", "--gpus", "2", "--listen", f"127.0.0.1:{args.agent_port}", "--node", "demo-node",
-                            "--telemetry-socket", sock, "--record", recording, "--forget-after", "5"],
+            stop_fleet = _follow(stack, simulation)
+            children.spawn(["agent", "--gpus", str(LIVE_GPUS), "--listen", f"127.0.0.1:{args.agent_port}",
+                            "--node", "demo-node", "--telemetry-socket", sock, "--record", recording,
+                            "--forget-after", "5"],
                            os.path.join(work, "agent.log"))
-            # It opens where the live jobs are: their findings, from the moment they started.
-            dashboard_url = f"http://127.0.0.1:{args.port}/findings?start={format_time(start)}&namespace={NAMESPACE}"
+            # It opens where the live jobs are: their findings, from just before they started. The
+            # fleet's last two samples of history are in it: a GPU's samples stand for their
+            # interval, and so count it as reporting, only where the window holds two of them.
+            opens = fleet.start_end()[1] - fleet.step_s
+            dashboard_url = f"http://127.0.0.1:{args.port}/findings?start={format_time(opens)}&namespace={NAMESPACE}"
             children.spawn(["dashboard", "--recording", recording, "--listen", f"127.0.0.1:{args.port}",
                             "--detector-config", thresholds], os.path.join(work, "dashboard.log"))
             print(f"  agent:     {agent_url}\n  dashboard: {dashboard_url}\n"
@@ -240,15 +253,34 @@ def run(args: argparse.Namespace) -> int:
             live_start = time.time()
             for job in JOBS:
                 _train(children, job, args.duration * job.share, env, work, agent_url, live_start)
-            time.sleep(2.0)  # the agent's last samples
+            time.sleep(3.0)  # the agent's last samples
+            # The window ends while the agent still reports, a whole second inside its samples
+            # and within the interval of the fleet's last: both are reporting at its end.
+            stop_fleet()
+            end = math.floor(time.time()) - 1
     except KeyboardInterrupt:
         # The children are stopped; what they recorded is kept.
         print(f"\nburnrate demo: stopped\n{_replay(recording, thresholds)}")
         return 130
-    # Whole seconds, as the command prints them: from the fleet's first sample to after the last.
-    window = (fleet.start_end()[0], math.ceil(time.time()))
+    # Whole seconds, as the command prints them: from the fleet's first sample to the end of the live part.
+    window = (fleet.start_end()[0], end)
     summarize(recording, thresholds, window, work, args.port)
     return 0
+
+
+def _follow(stack: ExitStack, simulation) -> Callable[[], None]:
+    """The simulated fleet written on in real time beside the live jobs, so that the whole
+    fleet reports while they run; returns what stops it, also done on the way out."""
+    stop = threading.Event()
+    writer = threading.Thread(target=simulation.follow, args=(stop,), name="simulated-fleet", daemon=True)
+    stack.callback(simulation.close)
+    writer.start()
+
+    def halt() -> None:
+        stop.set()
+        writer.join()
+    stack.callback(halt)
+    return halt
 
 
 def summarize(recording: str, thresholds: str, window: tuple[float, float], work: str, port: int) -> None:

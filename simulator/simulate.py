@@ -3,7 +3,8 @@
 The fleet (nodes, jobs, faults) comes from `simulator.fleet.plan`, its signals from
 `simulator.signals`, whole numpy columns at a time, in time chunks so that 1,024
 GPUs × 7 days stay within a few hundred MB of memory; this module writes them with
-the recorder's own TableWriter.
+the recorder's own TableWriter, all at once (`simulate`) or on in real time after a
+history (`Simulation.follow`, as the demo's fleet reports beside its live jobs).
 
 Outputs, besides the tables of exporter.recording.TABLES:
     DIR/ground_truth.json  the injected faults (see `simulator.fleet.ground_truth`)
@@ -17,6 +18,7 @@ import math
 import os
 import shutil
 import sys
+import threading
 import time
 from array import array
 from dataclasses import dataclass
@@ -111,38 +113,78 @@ def _keys(fleet: F.Fleet, tables: dict[str, TableWriter], sig: Signals) -> dict[
     }
 
 
+class Simulation:
+    """A fleet being written: `write` adds samples, and leaves the ground truth and the
+    marker describing what is written so far, so that a fleet written on in real time
+    (the demo's) is a whole simulated recording at every moment."""
+
+    def __init__(self, out: str, spec: Spec) -> None:
+        self.out, self.spec = out, spec
+        self.t0 = spec.start_end()[0]
+        # The faults are placed within spec.samples; samples written past them carry on as
+        # the fleet was at its last (a stalled job stays stalled, a diverged one NaN).
+        self.fleet = F.plan(spec.seed, spec.nodes, spec.gpus_per_node, spec.samples, spec.healthy_only)
+        self.sig = Signals(self.fleet, spec.seed, spec.step_s, self.t0)
+        self.tables = open_recording(out, segment="simulated")
+        self.keys = _keys(self.fleet, self.tables, self.sig)
+        self.written = 0
+
+    def time_of(self, sample: int) -> float:
+        return self.t0 + sample * self.spec.step_s
+
+    def write(self, until: int) -> list[dict]:
+        """The samples from the last one written up to `until` (exclusive); returns the ground truth."""
+        sig, keys, tables = self.sig, self.keys, self.tables
+        per_chunk = max(1, ROWS_PER_CHUNK // max(len(self.fleet.gpus), len(sig.rank_job)))
+        for a in range(self.written, until, per_chunk):
+            i = np.arange(a, min(until, a + per_chunk))
+            rng = np.random.default_rng([self.spec.seed, 2, a])
+            t = self.time_of(i)
+            train = sig.training(i, rng)
+            dev = sig.devices(i, train, rng)
+            _write(tables["rank"], "rank", t, keys["rank"], {c: train[c] for c in TABLES["rank"][1]}, train["_present"])
+            _write(tables["gpu"], "gpu", t, keys["gpu"], {c: dev[c] for c in TABLES["gpu"][1]})
+            _write(tables["alloc"], "alloc", t, keys["alloc"], {"share": keys["share"][None, :]})
+            _write(tables["node"], "node", t, keys["node"],
+                   {"cpu_utilization": np.round(sig.node_cpu(i, dev, rng), 4)})
+            _write(tables["pod_cpu"], "pod_cpu", t, keys["pod_cpu"], {"cpu_seconds": sig.pod_cpu(i, train, rng)})
+            counts = sig.xid_counts(i)
+            _write(tables["xid"], "xid", t, keys["xid"], {"count": counts}, counts > 0)
+        self.written = max(self.written, until)
+        return self._describe()
+
+    def _describe(self) -> list[dict]:
+        spec, sig = self.spec, self.sig
+        low_mfu = {job.name for job, total, count in zip(sig.jobs, sig.mfu_sum, sig.mfu_count)
+                   if count and total / count < F.LOW_MFU_BELOW}
+        truth = F.ground_truth(self.fleet, lambda k: format_time(self.time_of(k)), self.written, low_mfu)
+        _dump(os.path.join(self.out, GROUND_TRUTH), truth)
+        _dump(os.path.join(self.out, SIMULATED_MARKER), {
+            "simulated": True, "seed": spec.seed, "nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node,
+            "hours": spec.hours, "step_s": spec.step_s, "healthy_only": spec.healthy_only,
+            "start": format_time(self.t0), "end": format_time(self.time_of(self.written - 1))})
+        return truth
+
+    def follow(self, stop: threading.Event) -> None:
+        """Writes on each sample as the clock reaches its time, until `stop` is set."""
+        while True:
+            due = self.time_of(self.written)
+            if stop.wait(max(due - time.time(), 0.0)):
+                return
+            self.write(self.written + 1)
+
+    def close(self) -> None:
+        for table in self.tables.values():
+            table.close()
+
+
 def simulate(out: str, spec: Spec) -> list[dict]:
     """Writes the fleet to `out`; returns the ground truth it also writes there."""
-    t0, t1 = spec.start_end()
-    fleet = F.plan(spec.seed, spec.nodes, spec.gpus_per_node, spec.samples, spec.healthy_only)
-    sig = Signals(fleet, spec.seed, spec.step_s, t0)
-    tables = open_recording(out, segment="simulated")
-    keys = _keys(fleet, tables, sig)
-    per_chunk = max(1, ROWS_PER_CHUNK // max(len(fleet.gpus), len(sig.rank_job)))
-    for a in range(0, spec.samples, per_chunk):
-        i = np.arange(a, min(spec.samples, a + per_chunk))
-        rng = np.random.default_rng([spec.seed, 2, a])
-        t = t0 + i * spec.step_s
-        train = sig.training(i, rng)
-        dev = sig.devices(i, train, rng)
-        _write(tables["rank"], "rank", t, keys["rank"], {c: train[c] for c in TABLES["rank"][1]}, train["_present"])
-        _write(tables["gpu"], "gpu", t, keys["gpu"], {c: dev[c] for c in TABLES["gpu"][1]})
-        _write(tables["alloc"], "alloc", t, keys["alloc"], {"share": keys["share"][None, :]})
-        _write(tables["node"], "node", t, keys["node"], {"cpu_utilization": np.round(sig.node_cpu(i, dev, rng), 4)})
-        _write(tables["pod_cpu"], "pod_cpu", t, keys["pod_cpu"], {"cpu_seconds": sig.pod_cpu(i, train, rng)})
-        counts = sig.xid_counts(i)
-        _write(tables["xid"], "xid", t, keys["xid"], {"count": counts}, counts > 0)
-    for table in tables.values():
-        table.close()
-    low_mfu = {job.name for job, total, count in zip(sig.jobs, sig.mfu_sum, sig.mfu_count)
-               if count and total / count < F.LOW_MFU_BELOW}
-    truth = F.ground_truth(fleet, lambda k: format_time(t0 + k * spec.step_s), spec.samples, low_mfu)
-    _dump(os.path.join(out, GROUND_TRUTH), truth)
-    _dump(os.path.join(out, SIMULATED_MARKER), {
-        "simulated": True, "seed": spec.seed, "nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node,
-        "hours": spec.hours, "step_s": spec.step_s, "healthy_only": spec.healthy_only,
-        "start": format_time(t0), "end": format_time(t1)})
-    return truth
+    simulation = Simulation(out, spec)
+    try:
+        return simulation.write(spec.samples)
+    finally:
+        simulation.close()
 
 
 def _dump(path: str, value: object) -> None:

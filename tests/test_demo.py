@@ -1,6 +1,7 @@
 """`burnrate demo` end to end: real agent, real 2-rank training with faults, the analyzer naming them."""
 import contextlib
 import json
+import math
 import os
 import re
 import shlex
@@ -20,7 +21,10 @@ from burnrate.dashboard.data import DataService
 from burnrate.dashboard.filters import FindingFilters
 from burnrate.dashboard.timerange import ALL, from_query
 from burnrate.dashboard.ui import current_service, money
-from burnrate.demo import CHECKPOINT_EVERY, JOBS, MIN_DURATION_S, NAMESPACE, THRESHOLDS
+from burnrate.analyzer.grid.frames import Window
+from burnrate.analyzer.sources.timeparse import format_time
+from burnrate.demo import (CHECKPOINT_EVERY, FLEET_GPUS_PER_NODE, FLEET_NODES, JOBS, LIVE_GPUS, MIN_DURATION_S,
+                           NAMESPACE, THRESHOLDS)
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.test_dashboard import _text
 
@@ -46,13 +50,18 @@ def table(text: str, title: str) -> list[dict[str, str]]:
     """The rows of one of `render_table`'s tables, by its headers: the columns are where its
     dashes are."""
     lines = text.split(f"\n{title} (", 1)[1].splitlines()[1:]
-    spans = [m.span() for m in re.finditer(r"-+", lines[1])]
+    dashes = next(i for i, line in enumerate(lines) if line.startswith("-"))
+    spans = [m.span() for m in re.finditer(r"-+", lines[dashes])]
     spans[-1] = (spans[-1][0], None)
     rows = []
-    for line in lines[2:]:
+    for line in lines[dashes + 1:]:
         if not line.strip():
             break
-        rows.append({lines[0][a:b].strip(): line[a:b].strip() for a, b in spans})
+        if line.startswith(" "):      # a finding's "WHERE: EVIDENCE" line, below its row
+            place, _, evidence = line.strip().rpartition(": ")
+            rows[-1].update(WHERE=place or "-", EVIDENCE=evidence)
+            continue
+        rows.append({"WHERE": "-", "EVIDENCE": "", **{lines[0][a:b].strip(): line[a:b].strip() for a, b in spans}})
     return rows
 
 
@@ -161,6 +170,29 @@ def test_the_summary_the_dashboard_and_the_printed_command_agree(demo):
     shown = {f"{r['namespace']}/{link_text(r['job'])}": (r["cost_dollars"], r["waste_dollars"]) for r in rows}
     close(sorted((k, *v) for k, v in shown.items()), sorted((k, *v) for k, v in jobs.items()))
     assert all(r["waste_dollars"] <= r["cost_dollars"] + 1e-9 for r in rows), rows
+
+
+def test_the_simulated_fleet_reports_beside_the_live_jobs_throughout(demo):
+    """The Fleet page's "now" every 10 s of the live part, as the dashboard the demo opened
+    showed it then, and at the end over the whole recording as the summary says to replay it:
+    the simulated fleet's GPUs and the agent's all reporting, none stopped."""
+    work, stdout = demo
+    opens = from_query(printed(stdout, "dashboard:").partition("?")[2], ALL).start
+    replay = printed(stdout, "then").partition("?")[2]
+    end = from_query(replay, ALL).end
+    source = RecordingSource(str(work / "recording"))
+    gpu = source.frames(Window(opens, end), {"gpu": ["gpu_util"]}).gpu
+    agent_from = gpu["t"][gpu["Hostname"] == "demo-node"].min()
+    app = create_app(source, config=load_detector_config(str(work / THRESHOLDS)), refresh_s=3600)
+    from burnrate.dashboard.pages import fleet   # registered by create_app
+    gpus = FLEET_NODES * FLEET_GPUS_PER_NODE + LIVE_GPUS
+    searches = [f"?start={format_time(opens)}&end={format_time(moment)}"
+                for moment in range(math.ceil(agent_from) + 2, int(end), 10)] + ["?" + replay]
+    assert len(searches) > MIN_DURATION_S / 10
+    for search in searches:
+        with app.server.test_request_context():
+            stats = _text(fleet.update(search, 1)[0])
+        assert f"of {gpus} GPUs reporting" in stats and "stopped reporting" not in stats, (search, stats)
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "ctrl-c, started in the background", "sigterm", "sigkill"])

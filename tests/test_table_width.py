@@ -57,3 +57,14 @@ def test_a_finding_s_place_and_evidence_follow_its_row(outputs):
     row = next(i for i, line in enumerate(lines) if line.startswith("warning   straggler"))
     assert "recsys/clip-contrastive-1" in lines[row] and lines[row].rstrip().endswith("47.22")
     assert lines[row + 1] == "          gpu-node-0:gpu1 rank 1: 1.37x slower compute"
+
+
+def test_a_finding_with_no_place_or_evidence_has_no_blank_line_under_it():
+    from burnrate.analyzer.detectors.findings import Finding
+    from burnrate.analyzer.output.report import _findings_table
+
+    bare = Finding(kind="slow_startup", severity="warning", start=END - 3600, end=END, namespace="ml",
+                   training_job="a-job-with-a-name-long-enough-to-need-the-second-line" * 2, wasted_gpu_hours=1.0,
+                   wasted_dollars=2.5, evidence={}, recommendation="start faster")
+    lines = _findings_table([bare], 120)
+    assert all(line.strip() for line in lines), lines

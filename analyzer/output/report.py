@@ -358,7 +358,8 @@ def _findings_table(findings: list[Finding], width: int) -> list[str]:
     lines = [table[0], indent + "WHERE: EVIDENCE", table[1]]
     for line, row in zip(table[2:], rows):
         place = printable(row[-2])
-        lines += [line] + _wrapped((f"{place}: " if place != "-" else "") + printable(row[-1]), width, indent)
+        said = (f"{place}: " if place != "-" else "") + printable(row[-1])
+        lines += [line] + (_wrapped(said, width, indent) if said else [])
     return lines
 
 
