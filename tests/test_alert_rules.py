@@ -7,6 +7,7 @@ import subprocess
 import pytest
 import yaml
 
+from burnrate.analyzer.costing import budgets as B
 from burnrate.exporter import catalog
 from burnrate.exporter import labels as L
 from tests.conftest import ROOT, require
@@ -16,13 +17,17 @@ PROMETHEUS_RULE = os.path.join(ROOT, "manifests", "alerts", "prometheusrule.yaml
 RULE_TESTS = os.path.join(ROOT, "tests", "rules", "burnrate-rules.test.yaml")
 ROLLUP_TESTS = os.path.join(ROOT, "tests", "rules", "burnrate-rollups.test.yaml")
 LEDGER_TESTS = os.path.join(ROOT, "tests", "rules", "burnrate-ledger.test.yaml")
+# Written from analyzer/costing/budgets.py by tests/test_budgets_alerts.py.
+BUDGET_TESTS = os.path.join(ROOT, "tests", "rules", "burnrate-budgets.test.yaml")
 # Rendered by exporter/ledger_rules.py and unit-tested in LEDGER_TESTS (tests/test_ledger_rules.py).
 LEDGER_GROUP = "burnrate-ledger"
 RUNBOOKS = os.path.join(ROOT, "docs", "runbooks.md")
 
 ALERTS = {"TrainingStalled", "TrainingDiverging", "DataLoaderStarvation", "GPUIdleWhileAllocated",
           "StragglerRank", "GPUThermalThrottling", "GPUXidError", "GPULost", "BurnrateAgentDown",
-          "TelemetryRejected", "TrainingGoodputLow"}
+          "TelemetryRejected", "TrainingGoodputLow", "BudgetExceeded", "BudgetForecastOverrun"}
+# Exported by `burnrate analyze --serve --budgets`, not by the agent (analyzer/costing/budgets.py).
+BUDGET_GAUGES = {B.BUDGET, B.SPENT, B.FORECAST, B.FORECAST_LOW, B.FORECAST_HIGH}
 # Labels Prometheus attaches to every scraped series (the scrape configs keep these two).
 TARGET_LABELS = {"job", "instance"}
 PROMQL_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
@@ -74,7 +79,7 @@ def test_every_rollup_is_unit_tested_at_two_scrape_intervals():
 def test_every_alert_is_there_and_unit_tested_both_ways():
     assert {rule["alert"] for rule in alert_rules()} == ALERTS
     cases = []
-    for path in (RULE_TESTS, LEDGER_TESTS):
+    for path in (RULE_TESTS, LEDGER_TESTS, BUDGET_TESTS):
         with open(path) as fh:
             cases += [case for test in yaml.safe_load(fh)["tests"] for case in test.get("alert_rule_test", [])]
     fired = {case["alertname"] for case in cases if case["exp_alerts"]}
@@ -146,8 +151,8 @@ def test_rules_use_only_catalog_metrics_and_labels(rule):
     names = metric_names(rule["expr"])
     assert names, rule["expr"]
     # An alert may read a recording rule of the same file (TrainingGoodputLow reads goodput).
-    unknown = names - catalog.sample_names() - {"up"} - recorded_names()
+    unknown = names - catalog.sample_names() - {"up"} - recorded_names() - BUDGET_GAUGES
     assert not unknown, f"{rule['alert']} uses metrics that are not in exporter/catalog.py: {unknown}"
     known_labels = {label for m in catalog.CATALOG for label in m.labels} | TARGET_LABELS | {L.HOSTNAME}
-    unknown = label_names(rule["expr"]) - known_labels
+    unknown = label_names(rule["expr"]) - known_labels - (set(B.GAUGE_LABELS) if names <= BUDGET_GAUGES else set())
     assert not unknown, f"{rule['alert']} uses labels no burnrate series carries: {unknown}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from burnrate.exporter import rules_yaml as Y
 
+from ..costing import budgets as B
 from ..detectors import DetectorConfig
 from ..detectors.gpu_error import CRITICAL_XIDS
 
@@ -217,3 +218,37 @@ def group(name: str, config: DetectorConfig = DetectorConfig()) -> dict:
 def render(name: str, config: DetectorConfig = DetectorConfig()) -> str:
     """Group `name` as an item of a rules file's `groups:`, between its markers."""
     return Y.render(name, SOURCE, "", GROUPS[name](config))
+
+
+BUDGETS = "burnrate-budgets"
+BUDGETS_SOURCE = "analyzer/output/alert_rules.py (`burnrate rules`)"
+FORECAST_FOR_MINUTES = 60
+
+
+def budgets() -> list[tuple[str, dict]]:
+    """The alerts on the gauges `burnrate analyze --serve --budgets` exports (docs/budgets.md)."""
+    on = f"on ({', '.join(B.GAUGE_LABELS)})"
+    exceeded = f"{B.SPENT}\n> {on}\n{B.BUDGET}"
+    nested = exceeded.replace("\n", "\n  ")
+    team = "Team {{ $labels.team }} ({{ $labels.team_by }})"
+    out = [("The spend to date in the period is over the team's budget. Spend only grows within a period, so "
+            "there is nothing to wait for.", _alert(
+                "BudgetExceeded", exceeded, 0, {"severity": "critical"},
+                f"{team} has spent {{{{ $value | humanize }}}} dollars this {{{{ $labels.period }}}}, over its "
+                "budget.",
+                "The team's GPU spend since the start of the period is over its budget; every further GPU-hour "
+                "adds to the overrun until the period ends.")),
+           (f"The expected forecast to the end of the period (spend to date + time left × burn rate) over "
+            f"the budget for {Y.spelled(_m(FORECAST_FOR_MINUTES))}, so that a burst does not fire it; once "
+            "the spend itself is over, BudgetExceeded takes over.", _alert(
+                "BudgetForecastOverrun", f"{B.FORECAST}\n> {on}\n{B.BUDGET}\nunless {on}\n(\n  {nested}\n)",
+                FORECAST_FOR_MINUTES, {"severity": "warning"},
+                f"{team} is forecast to spend {{{{ $value | humanize }}}} dollars this {{{{ $labels.period }}}}, "
+                "over its budget.",
+                "At the burn rate of the period so far, the team's GPU spend will pass its budget before the "
+                "period ends; burnrate_budget_forecast_low_dollars and _high_dollars bound the forecast."))]
+    return [(why, Y.read_back(rule)) for why, rule in out]
+
+
+def render_budgets() -> str:
+    return Y.render(BUDGETS, BUDGETS_SOURCE, "", budgets())

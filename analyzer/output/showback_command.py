@@ -14,6 +14,7 @@ from .showback import (NAMESPACE, PERIODS, Period, PeriodFigures, add_changes, b
                        period_start, periods, team_by_label, team_figures)
 from .showback_render import render_csv, render_html, render_json, render_table, to_document
 from . import budget_report
+from .period_analysis import period_report
 
 FORMATS = ("table", "json", "csv")
 LABEL = "label:"
@@ -94,8 +95,7 @@ def unlabelled_note(key: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import NothingFound, one_source, overrides_of, report_of
-    from ..costing.cost import AdviceConfig
+    from ..cli import one_source
     from ..options import ALL_CLUSTERS, source_options
     from ..sources import PrometheusError
 
@@ -107,22 +107,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--by {args.by} reads kube-state-metrics' kube_pod_labels from Prometheus; a recording "
                         "does not carry pod labels: use --by namespace, or --prometheus URL")
     budgets = None if args.budgets is None else budget_report.read(args.budgets)
-    catalog, config, overrides = options.catalog(), options.detectors(), overrides_of(args)
     now = time.time()
     whole = window(args, options, now)
     source = one_source(args, options)
     figures, notes, labelled = [], [], 0
     for period in periods(whole, args.period, now):
         # the very analysis `burnrate analyze --start --end` runs for the period's window; as for
-        # its table, what it notes (a window older than the store's data) goes into the notes
-        asked = argparse.Namespace(**{**vars(args), "since": None, "start": repr(period.window.start),
-                                      "end": repr(period.window.end), "fleet": False, "serve": False,
-                                      "format": "table", "checkpoint_seconds": None, "rollup_interval": None})
-        try:
-            report = report_of(asked, options, source, catalog, config, AdviceConfig(), overrides)
-            period_notes = list(report.notes)
-        except NothingFound:
-            report, period_notes = None, [NO_SAMPLES]
+        # its table, what it notes (a window older than the store's data) goes into the notes.
+        # Teams by a pod label need every pod's GPU-hours: per GPU, not from the roll-ups.
+        report = period_report(args, options, source, period.window, key, "table")
+        period_notes = [NO_SAMPLES] if report is None else list(report.notes)
         try:
             figure, labels = period_figures(period, report, period_notes, source, key)
         except (PrometheusError, OSError, ValueError) as exc:
@@ -136,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     if budgets is not None:
         doc["budgets"] = budget_report.budget_block(
             budgets, args.by, args.period, whole.end, now,
-            lambda day: budget_report.day_dollars(args, options, source, key, day))
+            lambda day: budget_report.day_dollars(args, options, source, key, day, pod_labels))
     if args.html is not None:
         try:
             with open(args.html, "w", encoding="utf-8") as fh:

@@ -27,6 +27,7 @@ def rules_text(text: str, config: DetectorConfig = DetectorConfig()) -> str:
     """A rules file's text with every rendered group rendered again."""
     for name in alert_rules.GROUPS:
         text = Y.splice(text, name, alert_rules.render(name, config))
+    text = Y.splice(text, alert_rules.BUDGETS, alert_rules.render_budgets())
     return Y.splice(text, ledger_rules.GROUP, ledger_rules.render())
 
 

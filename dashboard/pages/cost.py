@@ -8,21 +8,47 @@ from burnrate.analyzer.costing.accounting import COVERAGE_WARNING
 from burnrate.analyzer.output.report import Report
 
 from ..aggregate import CostSummary, badput_timeline, cost_summary, namespace_goodput
-from ..data import Analysis
+from ..data import Analysis, Unavailable
 from ..figures import (TOP_JOBS, badput_over_time, cost_by_job, cost_by_namespace, cost_per_billion_tokens,
                        namespace_goodput as goodput_figure, spot_savings, waste_by_cause)
-from ..ui import graph, job_href, money, render, stat
+from .. import showback_table
+from ..showback import BY, PERIOD, Choice, ShowbackError, showback
+from ..ui import current_service, graph, job_href, money, notice, render, stat
 
 dash.register_page(__name__, path="/cost", name="Cost", title="burnrate · cost", order=3)
 
 
-def layout(**_query: str) -> html.Div:
-    return html.Div([html.H2("Cost"), html.Div(id="cost-content")])
+def layout(**query: str) -> html.Div:
+    return html.Div([html.H2("Cost"), html.Div(id="cost-content"),
+                     html.H3("Showback: each team's GPUs per calendar period"),
+                     showback_table.controls(Choice.of(query.get(BY), query.get(PERIOD))),
+                     html.Div(id="cost-showback")])
 
 
 @callback(Output("cost-content", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"))
 def update(search: str | None, _n: int | None):
     return render(search, content)
+
+
+@callback(Output("app-url", "search", allow_duplicate=True), Input("cost-showback-by", "value"),
+          Input("cost-showback-period", "value"), State("app-url", "search"), prevent_initial_call=True)
+def showback_to_url(by: str | None, period: str | None, search: str | None):
+    """A changed grouping or period goes into the URL; the section then draws what the URL says."""
+    changed = Choice.of(by, period).in_query(search)
+    return no_update if changed == (search or "") else changed
+
+
+@callback(Output("cost-showback", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"))
+def update_showback(search: str | None, _n: int | None):
+    return render(search, showback_content)
+
+
+def showback_content(a: Analysis, search: str) -> list | html.Div:
+    service = current_service(search)
+    try:
+        return showback_table.table(showback(service, a, Choice.from_query(search), service.clock()))
+    except (ShowbackError, Unavailable) as exc:
+        return notice(f"Showback: {exc}", error=True)
 
 
 @callback(Output("app-url", "href", allow_duplicate=True), Input("cost-jobs", "clickData"),
