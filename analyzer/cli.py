@@ -44,9 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time to write one checkpoint; enables checkpoint-interval advice (Daly's interval; "
                              "a job's ledger measures it where the job reports its saves)")
     fleet = parser.add_argument_group("fleet mode (a store whose ruler keeps the shipped roll-ups)")
-    fleet.add_argument("--fleet", action="store_true",
-                       help="read the roll-ups for the whole fleet and per-GPU series only for the jobs and "
-                            "nodes they flag (Prometheus only)")
+    way = fleet.add_mutually_exclusive_group()
+    way.add_argument("--fleet", action="store_true",
+                     help="read the roll-ups for the whole fleet and per-GPU series only for the jobs and nodes "
+                          "they flag (Prometheus only; the default where the store holds them over the window)")
+    way.add_argument("--per-gpu", action="store_true",
+                     help="read every GPU's series even where the store holds the roll-ups")
     fleet.add_argument("--rollup-interval", type=float, metavar="S",
                        help="the roll-up group's evaluation interval (default: from the store's rules API, else 60)")
     serve = parser.add_argument_group("long-running mode")
@@ -118,12 +121,18 @@ def one_source(args: argparse.Namespace, options: SourceOptions):
 
 def report_of(args: argparse.Namespace, options: SourceOptions, source, catalog: Catalog, config: DetectorConfig,
               advice: AdviceConfig, overrides: dict[str, str]):
-    """One analysis: per GPU, or in fleet mode from the roll-ups and the series they flag."""
+    """One analysis: per GPU, or in fleet mode from the roll-ups and the series they flag,
+    as the flags say or else as the store holds roll-ups (analyzer.fleet.choice)."""
+    from dataclasses import replace
     from .output.report import analyze
     from .sources import PrometheusError
 
     try:
-        if not args.fleet:
+        choice = None
+        if options.prometheus is not None:
+            from .fleet.choice import choose
+            choice = choose(source, window_of(args, options), forced_by(args), args.rollup_interval)
+        if choice is None or not choice.fleet:
             frames = load_frames(args, options, source)
             if frames.gpu.empty and not args.serve:
                 raise NothingFound(nothing_found(options, source, window_of(args, options)))
@@ -132,9 +141,24 @@ def report_of(args: argparse.Namespace, options: SourceOptions, source, catalog:
             from .fleet.mode import analyze_fleet
             report = analyze_fleet(source, window_of(args, options), catalog, config, advice, overrides,
                                    args.rollup_interval)
+        if choice is not None:
+            report = replace(report, notes=[choice.note, *report.notes])
         return with_retention_note(args, options, source, report)
     except (PrometheusError, OSError, ValueError) as exc:
         raise UserError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+
+def forced_by(args: argparse.Namespace) -> str | None:
+    """The flag that sets how a store is read, None where the store decides. Commands that
+    run analyze's analysis for their own (`burnrate report`) set `fleet`, and may set `per_gpu`
+    to the flag of theirs that needs every GPU's series."""
+    if args.fleet:
+        return "--fleet"
+    per_gpu = getattr(args, "per_gpu", False)
+    if per_gpu:
+        return per_gpu if isinstance(per_gpu, str) else "--per-gpu"
+    # the summaries kept are the per-GPU path's, with each job's runs
+    return "--keep-summaries" if getattr(args, "keep_summaries", None) is not None else None
 
 
 def with_retention_note(args: argparse.Namespace, options: SourceOptions, source, report):

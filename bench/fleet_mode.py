@@ -1,6 +1,9 @@
 """Fleet mode against the per-GPU path, side by side in one run, on real stores.
 
-1. Per-GPU path vs fleet mode on one Prometheus: a simulated fleet (`burnrate simulate`, 15 s)
+1. Per-GPU path vs fleet mode on one Prometheus, and `burnrate analyze --prometheus URL` with
+   no flag as a user types it (it picks its way from the store: analyzer.fleet.choice; the
+   row says which, and the command's own steps, clusters and retention checks included, are
+   timed): a simulated fleet (`burnrate simulate`, 15 s)
    back-filled with promtool (the series the analysis reads, and the GPU-second counters the
    agent would have exposed: its own counting replayed over the samples), the shipped roll-ups
    evaluated over it by `promtool tsdb create-blocks-from rules`; kept in the cache directory.
@@ -48,13 +51,15 @@ import store_floor  # noqa: E402  bench/
 EVAL_S = 60.0
 STEP_S = 15.0  # the simulated fleet's sample interval
 # The analyzer's time over the store's answering the same question alone (bench/store_floor.py).
-FLOOR_TARGETS = {"per-GPU": 2.0, "fleet": 1.5}
+# The command as a user types it: `burnrate analyze --prometheus URL --since 24h`.
+NO_FLAG = "no flag"
+FLOOR_TARGETS = {"per-GPU": 2.0, "fleet": 1.5, NO_FLAG: 1.5}
 # The analyzer's target is 4 GB; an analysis that needs more than this fails rather than swap.
 CHILD_MEMORY_GB = 16.0
 
 
-def measure(url: str, start: float, end: float, fleet: bool, interval: float | None) -> dict[str, float]:
-    """Runs in the child: one analysis, timed."""
+def measure(url: str, start: float, end: float, fleet: bool | str, interval: float | None) -> dict[str, float]:
+    """Runs in the child: one analysis, timed; `fleet` NO_FLAG runs the command's own path."""
     from burnrate.analyzer.fleet.mode import analyze_fleet
     from burnrate.analyzer.grid.frames import Window
     from burnrate.analyzer.costing.pricing import load_catalog
@@ -65,7 +70,9 @@ def measure(url: str, start: float, end: float, fleet: bool, interval: float | N
     source = PrometheusSource(url, min_step_s=15.0, timeout_s=600.0)
     window = Window(start, end)
     began, cpu = time.monotonic(), _cpu_s()
-    if fleet:
+    if fleet == NO_FLAG:
+        report = as_typed(url, window)
+    elif fleet:
         report = analyze_fleet(source, window, load_catalog(), interval_s=interval)
     else:
         report = analyze(source.frames(window, ANALYSIS_COLUMNS), load_catalog())
@@ -78,7 +85,24 @@ def measure(url: str, start: float, end: float, fleet: bool, interval: float | N
             "idle_gpu_hours": accounting.idle_gpu_hours if accounting is not None else None,
             "drilled": basis.split(" nodes read per GPU")[0].removeprefix("fleet mode: ") if basis else "all",
             "found": sorted({f"{f.kind}:{f.training_job}" for f in report.findings}),
+            "read": next((n for n in report.notes if n.startswith("read ")), ""),
             "peak_rss_gb": _peak_rss_gb(), "cpu_s": _cpu_s() - cpu}
+
+
+def as_typed(url: str, window):
+    """`burnrate analyze --prometheus URL --start --end --format json`, its steps as the command
+    runs them (analyzer.cli.run), the window fixed where the back-filled day lies."""
+    from burnrate.analyzer import cli
+    from burnrate.analyzer.costing.cost import AdviceConfig
+    from burnrate.analyzer.options import source_options
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--prometheus", url, "--start", repr(window.start), "--end", repr(window.end),
+                              "--format", "json"])
+    options = source_options(args)
+    return cli.report_of(args, options, cli.one_source(args, options), options.catalog(), options.detectors(),
+                         AdviceConfig(), cli.overrides_of(args))
 
 
 def _cpu_s() -> float:
@@ -93,7 +117,7 @@ def _peak_rss_gb() -> float:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 2**20
 
 
-def run_child(url: str, start: float, end: float, fleet: bool, server: psutil.Process,
+def run_child(url: str, start: float, end: float, fleet: bool | str, server: psutil.Process,
               interval: float | None = None) -> dict[str, float | str]:
     """One analysis in a fresh process whose address space is capped at CHILD_MEMORY_GB, so that
     one that does not fit fails alone (the row says so) instead of taking the machine with it."""
@@ -208,7 +232,7 @@ def per_gpu_vs_fleet(root: Path, cache: str, gpus: int, hours: float) -> list[tu
         window = (END - hours * 3600.0 - 60.0, END + 60.0)
         rows = []
         # Alternately: each analysis, then the store alone on the same question.
-        for path, fleet in (("per-GPU", False), ("fleet", True)):
+        for path, fleet in (("per-GPU", False), ("fleet", True), (NO_FLAG, NO_FLAG)):
             row = run_child(url, *window, fleet, server)
             row["store"] = store_alone(url, *window)
             rows.append((path, row))
@@ -393,6 +417,9 @@ def main() -> int:
         print(f"| {path}, {fleet} | {store} | {r['drilled']} | {r['total_s']:.1f} | {r['peak_rss_gb']:.2f} | "
               f"{r['cpu_s']:.1f} | {r['store_cpu_s']:.1f} | {r['findings']} | {r['jobs']} | {r['gpu_hours']:,.1f} |")
     floor_table([(f"{path}, {fleet}", r) for fleet, _, path, r in rows if "store" in r and "failed" not in r])
+    for fleet, _, path, r in rows:
+        if r.get("read"):
+            print(f"\n{path}, {fleet}: {r['read']}")
     for fleet, _, path, r in rows:
         if "truth" in r and "found" in r:
             truth, found = r["truth"], set(r["found"])

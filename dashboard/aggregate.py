@@ -101,6 +101,11 @@ def fleet(views: Views, prices: GpuPrices, idle_config: idle_gpu.Config = idle_g
     rate = np.nan_to_num(prices.actual, nan=0.0)[:, None]
     burn = (reporting * rate).sum(axis=0)
     burn_free = ((reporting & ~held) * rate).sum(axis=0)
+    # The seconds the samples stand for (analyzer.grid.holding), where the read kept them: at a
+    # step coarser than the scrape interval, a GPU seen for part of a step costs that part.
+    held_s = gpu.values.get("held_s")
+    window_dollars = float((np.nan_to_num(held_s) * rate).sum() / 3600 if held_s is not None
+                           else burn.sum() * views.step / 3600)
     seen = np.nonzero(reporting.any(axis=0))[0]
     # A GPU that stopped reporting (a node gone, an agent down, a recording that ended
     # for part of the fleet) is not in "now": say how many, or "now" reads as a lost fleet.
@@ -114,7 +119,7 @@ def fleet(views: Views, prices: GpuPrices, idle_config: idle_gpu.Config = idle_g
         unallocated=bucket_mean((reporting & ~held).sum(axis=0), k)[0],
         burn=bucket_mean(burn, k)[0], burn_unallocated=bucket_mean(burn_free, k)[0],
         burn_now=float(burn[seen[-1]]) if len(seen) else None,
-        window_dollars=float(burn.sum() * views.step / 3600),
+        window_dollars=window_dollars,
         unpriced_gpus=int(np.isnan(prices.actual).sum()),
         reporting_now=int(reporting[:, seen[-1]].sum()) if len(seen) else 0,
         silent=int(gone.sum()), silent_since=float(views.time(max(last_seen)) + views.step) if last_seen else None)

@@ -15,7 +15,7 @@ from burnrate.analyzer.detectors import DetectorConfig
 from burnrate.analyzer.costing.pricing import Catalog, load_catalog
 
 from . import auth
-from .data import DataService, Services, Source, Unavailable, describe_window
+from .data import Analysis, DataService, Services, Source, Unavailable, describe_window
 from .timerange import ALL, CUSTOM, PRESETS, from_query, picker_value, query, with_params
 from .ui import SERVICE_KEY, current_service, range_search
 
@@ -123,13 +123,19 @@ def nav_links(pathname: str | None, search: str | None) -> list:
 def status_line(search: str | None) -> list:
     try:
         service = current_service(search)
-        analysis = service.analysis(from_query(search, service.default_range))
+        time_range = from_query(search, service.default_range)
+        # While the analysis runs, the overview the page draws says which window it is.
+        shown = (service.analysis(time_range) if service.kept(time_range) else
+                 service.overview(time_range) or service.analysis(time_range))
     except (KeyError, ValueError, Unavailable):
         return []     # the page itself says what is wrong
     parts: list = []
-    if analysis.simulated:
+    if shown.simulated:
         parts.append(html.Span("SIMULATED DATA", className="br-badge", id="app-simulated"))
-    parts.append(html.Span(f"{describe_window(analysis.frames.window)} UTC · {service.where}"))
+    parts.append(html.Span(f"{describe_window(shown.frames.window)} UTC · {service.where}"))
+    if not isinstance(shown, Analysis):
+        return parts
+    analysis = shown
     if analysis.report.missing:
         parts.append(html.Span("missing signals: " + ", ".join(analysis.report.missing), className="br-warn"))
     parts += [html.Span(note, className="br-warn") for note in analysis.report.notes]

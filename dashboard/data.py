@@ -29,8 +29,12 @@ from burnrate.analyzer.output.report import Report, analyze
 from burnrate.analyzer.sources import PrometheusError, PrometheusSource, RecordingSource, missing_signals
 from burnrate.analyzer.sources.timeparse import format_time
 
-from . import aggregate
+from . import aggregate, overview
 from .timerange import ALL, TimeRange, from_query
+
+
+# The most calendar periods the Cost page's showback analyses for one range: a month of days.
+PERIOD_ANALYSES = 32
 
 
 class Source(Protocol):
@@ -107,9 +111,36 @@ class DataService:
         # A recording's ranges end at its last sample; Prometheus' end now.
         self.default_range = ALL if isinstance(source, RecordingSource) else "6h"
         self.cache = TtlCache(self._compute, ttl_s)
+        self.overviews = TtlCache(self._overview, ttl_s)
+        # The Cost page's showback analyses each calendar period of a range apart: kept beside
+        # the pages' ranges, so that a week of days does not push those out.
+        self.periods = TtlCache(self._compute, ttl_s, max_entries=PERIOD_ANALYSES)
 
     def analysis(self, time_range: TimeRange) -> Analysis:
         return self.cache.get(time_range)
+
+    def ready(self, time_range: TimeRange) -> Analysis | None:
+        """The range's analysis where one is kept (a stale one is refreshed behind it), else None
+        while a background thread computes it; Unavailable where that failed."""
+        return self.cache.peek(time_range)
+
+    def kept(self, time_range: TimeRange) -> bool:
+        """Whether the range's analysis (or its error) is cached, fresh or stale."""
+        return self.cache.has(time_range)
+
+    def analysing_for(self, time_range: TimeRange) -> float:
+        """Seconds the range's analysis has been running (0 where it is not)."""
+        return self.cache.running_for(time_range)
+
+    def overview(self, time_range: TimeRange) -> overview.Overview | None:
+        """The range read at its display's resolution (dashboard/overview.py), for a page to
+        draw while the analysis runs; None where the source has no such read (a recording
+        is read whole either way)."""
+        return self.overviews.get(time_range) if isinstance(self.source, PrometheusSource) else None
+
+    def period_analysis(self, window: Window) -> Analysis:
+        """The analysis of one showback period's window (dashboard/showback.py)."""
+        return self.periods.get(TimeRange(start=window.start, end=window.end))
 
     def warm_up(self) -> threading.Thread:
         """Start the default range's analysis now, so the first visitor does not
@@ -132,6 +163,23 @@ class DataService:
             raise Unavailable(f"cannot read {self.where}: {exc}") from None
         return Analysis(frames, analyze(frames, self.catalog, self.config), self.catalog, self.config).warm()
 
+    def _overview(self, time_range: TimeRange) -> overview.Overview:
+        try:
+            return overview.read(self.source, self._window(time_range), self.catalog, self.config)
+        except PrometheusError as exc:
+            raise Unavailable(str(exc).splitlines()[0]) from None
+        except ValueError as exc:
+            raise Unavailable(f"cannot read {self.where}: {exc}") from None
+
+    def _window(self, r: TimeRange) -> Window:
+        """A range of a store that ends now: a recording's ranges are cut in `_frames`."""
+        now = self.clock()
+        if r.start is not None:
+            return Window(r.start, r.end if r.end is not None else now)
+        if r.is_all:
+            raise ValueError("range=all needs a recording; pick a duration such as 6h")
+        return Window(now - r.last, now)
+
     def _frames(self, r: TimeRange) -> Frames:
         if isinstance(self.source, RecordingSource) and r.start is None:
             # One read: the whole recording, then the range cut from its end in memory.
@@ -142,12 +190,7 @@ class DataService:
             # resolution, not a grid of points reaching back to before it began.
             end = whole.window.end
             return cut(whole, Window(max(end - r.last, whole.window.start), end))
-        now = self.clock()
-        if r.start is not None:
-            return self.source.frames(Window(r.start, r.end if r.end is not None else now))
-        if r.is_all:
-            raise ValueError("range=all needs a recording; pick a duration such as 6h")
-        return self.source.frames(Window(now - r.last, now))
+        return self.source.frames(self._window(r))
 
 
 class Services:
@@ -201,6 +244,38 @@ class TtlCache:
         self._lock = threading.Lock()
         self._computing: dict[object, threading.Lock] = {}
         self._refreshing: set[object] = set()
+        self._started: dict[object, float] = {}
+
+    def peek(self, key: object):
+        """What `get` returns where an entry is kept, without waiting: None while the first
+        computation runs, in a background thread that this starts where none has."""
+        with self._lock:
+            kept = key in self._entries
+        if kept:
+            return self.get(key)
+        with self._lock:
+            if key in self._refreshing:
+                return None
+            self._refreshing.add(key)
+
+        def first() -> None:
+            try:
+                self._compute_once(key)
+            finally:
+                with self._lock:
+                    self._refreshing.discard(key)
+
+        threading.Thread(target=first, name="burnrate-dashboard-analysis", daemon=True).start()
+        return None
+
+    def has(self, key: object) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def running_for(self, key: object) -> float:
+        with self._lock:
+            started = self._started.get(key)
+        return 0.0 if started is None else max(self.clock() - started, 0.0)
 
     def get(self, key: object):
         with self._lock:
@@ -223,10 +298,15 @@ class TtlCache:
                 entry = self._entries.get(key)
             if entry is not None and self.clock() - entry[0] < self.ttl_s:
                 return entry[1]
+            with self._lock:
+                self._started[key] = self.clock()
             try:
                 value = self.compute(key)
             except Unavailable as exc:
                 value = exc
+            finally:
+                with self._lock:
+                    self._started.pop(key, None)
             self._store(key, value)
             return value
 

@@ -8,13 +8,14 @@ from typing import Any, Callable, Iterable
 from urllib.parse import quote
 
 import flask
-from dash import dcc, html
+from dash import dcc, html, no_update
 from dash.dash_table import FormatTemplate
 from dash.dash_table.Format import Format, Scheme
 from plotly.graph_objects import Figure
 
 from .data import Analysis, DataService, Services, Unavailable, describe_window
-from .timerange import from_query, query, with_params
+from .overview import Overview
+from .timerange import TimeRange, from_query, query, with_params
 
 SERVICE_KEY = "burnrate"
 
@@ -89,19 +90,57 @@ def render(search: str | None, build: Callable[[Analysis, str], Any],
            service: DataService | None = None) -> Any:
     """A page's content for the URL's range: `build(analysis, search)`, or a clear
     notice when the range is malformed, the data unreachable, or the window empty."""
+    picked = _picked(search, service)
+    if isinstance(picked, html.Div):
+        return picked
+    service, time_range = picked
+    try:
+        analysis = service.analysis(time_range)
+    except Unavailable as exc:
+        return notice(str(exc), error=True)
+    return _built(analysis, build, search)
+
+
+def _picked(search: str | None, service: DataService | None) -> tuple[DataService, TimeRange] | html.Div:
+    """The URL's service and range, or the notice that says why there is none."""
     try:
         service = service or current_service(search)
     except KeyError:
         known = ", ".join(current_services().clusters)
         return notice(f"No cluster {query(search).get('cluster')!r} in this store (it holds {known}).", error=True)
     try:
-        time_range = from_query(search, service.default_range)
+        return service, from_query(search, service.default_range)
     except ValueError as exc:
         return notice(f"Invalid time range in the URL: {exc}", error=True)
+
+
+def _built(shown: Analysis | Overview, build: Callable, search: str | None) -> Any:
+    if shown.empty:
+        return notice(f"No data in this window ({describe_window(shown.frames.window)}).")
+    return build(shown, search or "")
+
+
+def render_early(search: str | None, build: Callable[[Analysis, str], Any],
+                 build_early: Callable[[Overview, str], Any], polled: bool) -> tuple[Any, Any, bool]:
+    """A page that draws before its analysis is done: (content, progress line, whether to stop
+    polling). While the analysis runs, `build_early` draws the overview (dashboard/overview.py)
+    and the progress line says so; a poll that finds it still running sends the line alone."""
+    picked = _picked(search, None)
+    if isinstance(picked, html.Div):
+        return picked, None, True
+    service, time_range = picked
     try:
-        analysis = service.analysis(time_range)
+        # The overview first: the analysis, started next, would share the store and the CPUs with it.
+        early = None if service.kept(time_range) else service.overview(time_range)
+        analysis = service.ready(time_range)
     except Unavailable as exc:
-        return notice(str(exc), error=True)
-    if analysis.empty:
-        return notice(f"No data in this window ({describe_window(analysis.frames.window)}).")
-    return build(analysis, search or "")
+        return notice(str(exc), error=True), None, True
+    if analysis is None and early is None:    # a source without an early read: wait for the analysis
+        return render(search, build, service), None, True
+    if analysis is not None:
+        return _built(analysis, build, search), None, True
+    gpus = len(early.fleet.gpu_labels)
+    line = notice(f"analysing the window's {gpus:,} GPUs… ({service.analysing_for(time_range):.0f} s so far): "
+                  f"findings and the ledger follow when it is done; until then the figures are "
+                  f"{early.basis}.")
+    return (no_update if polled else _built(early, build_early, search)), line, False

@@ -285,7 +285,7 @@ def test_empty_inputs_give_a_figure_that_says_so(analysis):
 def test_every_page_callback_renders(app, pages, recording):
     hit = next(t for t in recording[1] if t["kind"] == "straggler")
     with app.server.test_request_context():
-        assert "Top findings" in _text(pages["fleet"].update("", 1))
+        assert "Top findings" in _text(pages["fleet"].update("", 1)[0])
         assert "jobs-table" in str(pages["jobs"].update("?range=30m", 1))
         job = pages["job"].update({"namespace": hit["namespace"], "training_job": hit["training_job"]}, "", 1)
         assert "straggler" in _text(job)
@@ -333,13 +333,13 @@ def test_the_findings_controls_and_the_url_follow_each_other(app, pages):
 
 def test_an_empty_window_and_a_bad_range_are_explained(app, pages):
     with app.server.test_request_context():
-        empty = pages["fleet"].update("?start=2000-01-01T00:00:00Z&end=2000-01-01T01:00:00Z", 1)
+        empty = pages["fleet"].update("?start=2000-01-01T00:00:00Z&end=2000-01-01T01:00:00Z", 1)[0]
         assert "No data in this window" in _text(empty)
         assert "Invalid time range" in _text(pages["cost"].update("?range=forever", 1))
         # Numbers no clock can hold are the URL's mistake, not a server error.
         for search, says in (("?start=1e300", "outside 1970-01-01 to 9999-12-31"), ("?start=nan", "outside"),
                              ("?range=99999999999y", "longer than 1000y")):
-            assert says in _text(pages["fleet"].update(search, 1)), search
+            assert says in _text(pages["fleet"].update(search, 1)[0]), search
 
 
 def test_an_unreachable_prometheus_is_explained():

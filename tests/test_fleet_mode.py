@@ -11,6 +11,7 @@ and one from `burnrate simulate`, whose GPU-second counters are
 the agent's own counting replayed over its samples (tests/recorded_counters.py)."""
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import pytest
 
 from burnrate.analyzer.fleet import partition
+from burnrate.analyzer.fleet.choice import choose
 from burnrate.analyzer.fleet.mode import NODE_KINDS, analyze_fleet, drill_plan, read_whole
 from burnrate.analyzer.detectors import DetectorConfig
 from burnrate.analyzer.grid.frames import Window
@@ -303,6 +305,61 @@ def test_the_cli_reads_a_fleet_as_a_user_types_it(stores):
     assert "ml/pretrain" in proc.stdout and "dataloader_starvation" in proc.stdout
 
 
+def analyzed(url: str, *flags: str) -> dict:
+    """`burnrate analyze` over the hand-written fleet's window, as JSON."""
+    proc = subprocess.run([sys.executable, "-m", "burnrate", "analyze", "--prometheus", url, *flags, "--format", "json",
+                           "--start", str(WINDOW.start), "--end", str(WINDOW.end), "--scrape-interval", "15"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_store_with_roll_ups_is_read_by_them_unasked_and_per_gpu_when_asked(stores):
+    """No flag: the report --fleet gives, saying why; --per-gpu: every GPU's series, every job
+    costed from them."""
+    unasked, fleet, per_gpu = (analyzed(stores[0], *flags) for flags in ((), ("--fleet",), ("--per-gpu",)))
+    # after the store's note that the window starts an hour before its data
+    assert unasked["notes"][1] == ("read the roll-ups (fleet mode): the store's ruler kept them over the window; "
+                                   "--per-gpu reads every GPU's series")
+    assert unasked["notes"][2].startswith("fleet mode: 4 of 11 nodes read per GPU")
+    assert fleet["notes"][1] == "read the roll-ups (fleet mode), as --fleet asks"
+    for part in ("findings", "jobs", "accounting"):
+        assert unasked[part] == fleet[part], part
+    assert sum(j["cost_dollars"] for j in unasked["jobs"]) > 0
+    assert {j["cost_basis"] for j in unasked["jobs"]} >= {"per-GPU series", "roll-ups every 60 s"}
+    assert per_gpu["notes"][1] == "read every GPU's series, as --per-gpu asks"
+    assert not any(n.startswith("fleet mode:") for n in per_gpu["notes"])
+    assert {j["cost_basis"] for j in per_gpu["jobs"]} == {"per-GPU series"}
+    assert per_gpu["findings"] == fleet["findings"]
+
+
+def test_showback_takes_the_same_way_and_a_pod_label_reads_per_gpu(stores):
+    """`burnrate report` over one period, the hand-written fleet's window: by namespace from the
+    roll-ups, to the cent of the dollars `analyze` reports with no flag; by a pod label per GPU."""
+    def report(by: str) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "burnrate", "report", "--prometheus", stores[0], "--by", by,
+                               "--start", str(WINDOW.start), "--end", str(WINDOW.end), "--scrape-interval", "15",
+                               "--period", "month", "--format", "json"], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        [period] = json.loads(proc.stdout)["periods"]
+        return period
+
+    by_namespace, by_label = report("namespace"), report("label:team")
+    assert ("read the roll-ups (fleet mode): the store's ruler kept them over the window; "
+            "--per-gpu reads every GPU's series") in by_namespace["notes"]
+    unasked = analyzed(stores[0])
+    assert by_namespace["dollars"] == round(sum(j["cost_dollars"] for j in unasked["jobs"]), 2) > 0
+    assert "read every GPU's series, as --by label:team asks" in by_label["notes"]
+
+
+def test_fleet_and_per_gpu_are_one_or_the_other():
+    proc = subprocess.run([sys.executable, "-m", "burnrate", "analyze", "--prometheus", "http://127.0.0.1:1",
+                           "--fleet", "--per-gpu"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["burnrate analyze: error: argument --per-gpu: not allowed with "
+                                                "argument --fleet"]
+
+
 def test_fleet_needs_a_store():
     proc = subprocess.run([sys.executable, "-m", "burnrate", "analyze", "--recording", ".", "--fleet"],
                           capture_output=True, text=True, timeout=60)
@@ -331,6 +388,33 @@ def test_a_simulated_fleet_is_found_and_costed_alike(tmp_path):
         per_gpu = analyze(source.frames(window, ANALYSIS_COLUMNS), load_catalog())
         fleet = analyze_fleet(source, window, load_catalog())
     assert_same(per_gpu, fleet, edge_s=15.0)
+
+
+@pytest.mark.slow
+def test_roll_ups_over_part_of_the_data_are_read_only_by_a_window_they_cover(tmp_path):
+    """A ruler that began an hour and a half before the data's end: a window over all the data
+    is read per GPU (fleet mode would read every node per GPU for the hours before), the
+    last hour by the roll-ups."""
+    end = START + 3 * 3600.0
+    recording = str(tmp_path / "rec")
+    simulate(recording, Spec(nodes=2, gpus_per_node=8, hours=3.0, step_s=15.0, seed=7, end=end))
+    text = tmp_path / "fleet.om"
+    with open(text, "w", encoding="utf-8") as fh:
+        write_openmetrics(recording, fh, columns=ANALYSIS_COLUMNS, end=False)
+        write_gpu_time(recording, fh, 15.0)
+        fh.write("# EOF\n")
+    data = str(tmp_path / "tsdb")
+    subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(text), data],
+                   check=True, capture_output=True, timeout=300)
+    rules = rollup_rules(tmp_path)
+    evaluate_in_prometheus(tmp_path, data, rules, end - 5400.0, end)
+    with prometheus(tmp_path, storage=data, config=f"rule_files: [{rules!r}]\n") as prom:
+        source = PrometheusSource(prom.url, min_step_s=15.0)
+        whole = choose(source, Window(end - 4 * 3600.0, end + 600.0))
+        covered = choose(source, Window(end - 3600.0, end + 600.0))
+    assert not whole.fleet and whole.note.startswith("read every GPU's series: burnrate's roll-ups cover ")
+    assert "fleet mode would read every node they miss per GPU over the whole window" in whole.note
+    assert covered.fleet and covered.note.startswith("read the roll-ups (fleet mode): the store's ruler kept them")
 
 
 def test_flagged_jobs_are_read_whole_and_flagged_nodes_around_their_flags():

@@ -5,6 +5,7 @@ import gc
 import http.server
 import json
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -156,9 +157,32 @@ def test_an_empty_window_gives_empty_frames(fleet):
     assert list(frames.gpu.columns) == ["t", *TABLES["gpu"][1], *TABLES["gpu"][0], "held_s"]
 
 
-def test_dcgm_exporter_only_cluster(tmp_path):
-    """Only DCGM_* series: allocation from their pod labels, the job from the pod's name."""
-    now = time.time() // STEP * STEP - 60
+def test_a_store_without_roll_ups_is_read_per_gpu_and_the_report_says_why(fleet):
+    url, recording, window = fleet
+
+    def analyzed(*flags: str) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "burnrate", "analyze", "--prometheus", url, *flags,
+                               "--start", repr(window.start), "--end", repr(window.end), "--format", "json"],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    unasked, per_gpu = analyzed(), analyzed("--per-gpu")
+    assert unasked["notes"][0] == ("read every GPU's series: the store holds no burnrate roll-ups "
+                                   "(cluster_hostname:burnrate_gpus_reporting:count) in the window; where its ruler "
+                                   "keeps them (docs/fleet-mode.md) they are read instead")
+    assert per_gpu["notes"][0] == "read every GPU's series, as --per-gpu asks"
+    assert unasked["notes"][1:] == per_gpu["notes"][1:]
+    assert unasked["jobs"] and unasked["jobs"] == per_gpu["jobs"] and unasked["findings"] == per_gpu["findings"]
+    assert {j["cost_basis"] for j in unasked["jobs"]} == {"per-GPU series"}
+    # a recording is read as it always was, and says nothing of roll-ups
+    proc = subprocess.run([sys.executable, "-m", "burnrate", "analyze", "--recording", recording, "--format", "json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and not any(n.startswith("read ") for n in json.loads(proc.stdout)["notes"])
+
+
+def dcgm_only_store(tmp_path, now: float) -> str:
+    """A TSDB holding only dcgm-exporter's utilization of two GPUs over 20 steps up to `now`."""
     lines = ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
     for k in range(20):
         t = now - (19 - k) * STEP
@@ -170,7 +194,13 @@ def test_dcgm_exporter_only_cluster(tmp_path):
     data = tmp_path / "tsdb"
     subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "dcgm.om"),
                     str(data)], check=True, capture_output=True)
-    with prometheus(tmp_path, storage=str(data)) as prom:
+    return str(data)
+
+
+def test_dcgm_exporter_only_cluster(tmp_path):
+    """Only DCGM_* series: allocation from their pod labels, the job from the pod's name."""
+    now = time.time() // STEP * STEP - 60
+    with prometheus(tmp_path, storage=dcgm_only_store(tmp_path, now)) as prom:
         frames = PrometheusSource(prom.url).frames(Window(now - 19 * STEP, now))
     assert len(frames.gpu) == 40 and frames.gpu["up"].isna().all()
     assert set(frames.alloc["training_job"].astype(str)) == {"llm"} and len(frames.alloc) == 20
@@ -475,3 +505,34 @@ def test_the_collector_is_paused_while_answers_are_read_and_left_as_it_was(fleet
     with pytest.raises(ZeroDivisionError), collector_paused():
         1 / 0
     assert gc.isenabled()
+
+
+def test_on_a_terminal_what_the_analysis_says_starts_on_a_line_of_its_own(tmp_path):
+    """Stdout and stderr on one terminal (a pty), as a user runs it: the progress bar is wiped
+    before the report, so its notes (here the missing agent's signals) never share its line."""
+    import os
+    import pty
+    import select
+
+    now = time.time() // STEP * STEP - 60
+    with prometheus(tmp_path, storage=dcgm_only_store(tmp_path, now)) as prom:
+        terminal, end = pty.openpty()
+        with subprocess.Popen([sys.executable, "-m", "burnrate", "analyze", "--prometheus", prom.url,
+                               "--since", "10m"], stdin=end, stdout=end, stderr=end) as proc:
+            os.close(end)
+            seen = b""
+            while select.select([terminal], [], [], 60)[0]:
+                try:
+                    chunk = os.read(terminal, 65536)
+                except OSError:       # the other end closed
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            assert proc.wait(30) == 0
+        os.close(terminal)
+    text = seen.decode()
+    assert "reading metrics [" in text               # the bar was drawn
+    shown = [line.rsplit("\r", 1)[-1] for line in text.split("\r\n")]   # what each terminal line shows
+    assert not any("reading metrics" in line for line in shown), shown
+    assert any(line.startswith("missing signals: training telemetry") for line in shown), shown

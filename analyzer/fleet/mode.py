@@ -98,16 +98,19 @@ def read_whole(rollups: RollUps, plan: dict[str, list[Window]], window: Window) 
     return whole
 
 
+def bucket_for(source: PrometheusSource, window: Window, interval_s: float) -> int:
+    """The stretch the roll-ups' coverage is checked by: at least their 5-minute window, at
+    most 500 a window."""
+    return math.ceil(max(source.step_for(window), RATE_WINDOW_S, 5 * interval_s, (window.end - window.start) / 500))
+
+
 def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
                   config: DetectorConfig = DetectorConfig(), advice: AdviceConfig = AdviceConfig(),
                   class_overrides: Mapping[str, str] | None = None, interval_s: float | None = None,
                   progress: Progress | None = None) -> Report:
     reader = RollUpReader(source, config, interval_s)
     window = within(window, source.data_range(window, reader.reported(window)), source.min_step_s)
-    interval, _ = reader.interval
-    # Coverage is checked per bucket: at least the roll-ups' 5-minute window, at most 500 a window.
-    bucket = math.ceil(max(source.step_for(window), RATE_WINDOW_S, 5 * interval, (window.end - window.start) / 500))
-    rollups = reader.read(window, bucket)
+    rollups = reader.read(window, bucket_for(source, window, reader.interval[0]))
     overridden = set(class_overrides or ())
     for job, _, _ in rollups.allocated:
         if job[0] in overridden:
@@ -268,7 +271,7 @@ def _job_cost(rollups: RollUps, job: Job, prices: dict[str, NodePrice], advice: 
         workload_class=TRAINING, class_basis="trainer telemetry",
         cost_basis=f"roll-ups every {rollups.interval_s:g} s",
         ledger_basis={"ledger": "costed from the roll-ups, which do not keep each run's steps: analyse the job "
-                                "over its own window (or without --fleet) for its ledger"})
+                                "over its own window (or with --per-gpu) for its ledger"})
 
 
 def _advice(rollups: RollUps, job: Job, gpus: float, held: dict[str, float], prices: dict[str, NodePrice],

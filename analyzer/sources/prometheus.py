@@ -279,20 +279,22 @@ class PrometheusSource:
 
     def frames(self, window: Window | None = None, columns: Mapping[str, Sequence[str]] | None = None,
                progress: Progress | None = None, reads: Mapping[Window, Sequence[str]] | None = None,
-               unread_jobs: Mapping[tuple[str, str], Collection[str]] | None = None) -> Frames:
+               unread_jobs: Mapping[tuple[str, str], Collection[str]] | None = None,
+               step: float | None = None) -> Frames:
         """The window's tables; the last hour when no window is given. `columns`
         names the value columns to query per table; tables it leaves out come back
         empty, and no query is sent for them. `progress(done, total)` is told of
         every query answered. `reads` narrows the node series read to these nodes over
         these parts of the window (fleet mode's drill-down), on the whole window's grid, and
         leaves out there the training telemetry of `unread_jobs` ((namespace, training_job) ->
-        the nodes it ran on)."""
+        the nodes it ran on). `step` is the grid's step where the window's own is finer than
+        wanted (a page drawn at its display's resolution)."""
         if window is None:
             now = time.time()
             window = Window(now - 3600.0, now)
         if reads is None:
             window = within(window, self.data_range(window), self.min_step_s)
-        step = self.step_for(window)
+        step = max(step or 0.0, self.step_for(window))
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         asked = QUERIES + (COUNTS if step > self.min_step_s else [])
         jobs = []

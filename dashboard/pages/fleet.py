@@ -2,40 +2,73 @@
 from __future__ import annotations
 
 import dash
-from dash import Input, Output, callback, dash_table, html
+from dash import Input, Output, callback, ctx, dash_table, dcc, html
 
 from burnrate.analyzer.costing.cost import wasted_dollars
 from burnrate.analyzer.sources.timeparse import format_time
 
-from ..aggregate import finding_rows
+from ..aggregate import Fleet, finding_rows
 from ..data import Analysis
 from ..figures import burn_rate, fleet_state, utilization_heatmap
-from ..ui import finding_columns, graph, job_link, money, render, stat
+from ..overview import Overview
+from ..ui import finding_columns, graph, job_link, money, render_early, stat
 
 dash.register_page(__name__, path="/", name="Fleet", title="burnrate · fleet", order=0)
 
 TOP_FINDINGS = 8
+# How often the page asks whether its window's analysis is done, while it draws the overview.
+POLL_MS = 2000
 
 
 def layout(**_query: str) -> html.Div:
-    return html.Div([html.H2("Fleet"), html.Div(id="fleet-content")])
+    return html.Div([html.H2("Fleet"), html.Div(id="fleet-progress"), html.Div(id="fleet-content"),
+                     dcc.Interval(id="fleet-poll", interval=POLL_MS, disabled=True)])
 
 
-@callback(Output("fleet-content", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"))
-def update(search: str | None, _n: int | None):
-    return render(search, content)
+@callback(Output("fleet-content", "children"), Output("fleet-progress", "children"), Output("fleet-poll", "disabled"),
+          Input("app-url", "search"), Input("app-refresh", "n_intervals"), Input("fleet-poll", "n_intervals"))
+def update(search: str | None, _n: int | None, _polls: int | None = None):
+    return render_early(search, content, early_content, polled=bool(_polls) and ctx.triggered_id == "fleet-poll")
 
 
 def content(a: Analysis, search: str) -> list:
-    fleet, sim = a.fleet, a.simulated
-    now = fleet.now
     waste = wasted_dollars(a.report.findings)
-    hours = (a.frames.window.end - a.frames.window.start) / 3600
+    stats = _stats(a, a.fleet, a.report.accounting.observed_gpu_hours if a.report.accounting else None,
+                   stat("findings", str(len(a.report.findings)), f"{money(waste)} wasted"), None)
+    return _page(a.fleet, a.simulated, stats, findings_table(a, search))
+
+
+def early_content(o: Overview, search: str) -> list:
+    """The overview's figures, each saying its basis; the findings come with the analysis."""
+    stats = _stats(o, o.fleet, o.accounting.observed_gpu_hours,
+                   stat("findings", "…", "when the analysis is done"), o.basis)
+    return _page(o.fleet, o.simulated, stats, html.Div("Findings follow when the window's analysis is done.",
+                                                       className="br-notice", id="fleet-findings-pending"))
+
+
+def _page(fleet: Fleet, sim: bool, stats: html.Div, findings: object) -> list:
+    return [
+        stats,
+        html.Div([graph("fleet-state", fleet_state(fleet, sim)), graph("fleet-burn", burn_rate(fleet, sim))],
+                 className="br-row"),
+        graph("fleet-heatmap", utilization_heatmap(fleet, sim)),
+        html.H3("Top findings by wasted dollars"),
+        findings,
+    ]
+
+
+def _stats(shown: Analysis | Overview, fleet: Fleet, gpu_hours: float | None, findings: html.Div,
+           early_basis: str | None) -> html.Div:
+    """The number cards; `early_basis` says what an overview's figures are averages of."""
+    now = fleet.now
+    hours = (shown.frames.window.end - shown.frames.window.start) / 3600
     unpriced = f"{fleet.unpriced_gpus} GPUs unpriced" if fleet.unpriced_gpus else None
     basis = f"of {fleet.reporting_now} GPUs reporting"
     if fleet.silent:
         basis += f"; {fleet.silent} more stopped reporting at {format_time(fleet.silent_since)}"
-    stats = html.Div([
+    if early_basis:
+        basis += f"; {early_basis}"
+    return html.Div([
         stat("GPUs busy now", f"{now.get('busy', 0):.0f}", basis),
         stat("allocated, idle", f"{now.get('idle', 0):.0f}",
              f"{now['util_unknown']:.0f} more with utilization unknown" if now.get("util_unknown") else None),
@@ -43,9 +76,13 @@ def content(a: Analysis, search: str) -> list:
         stat("burn rate now", money(fleet.burn_now) + "/h",
              ", ".join(filter(None, [f"the {fleet.reporting_now} reporting" if fleet.silent else None, unpriced]))),
         stat("over the window", money(fleet.window_dollars, 0),
-             f"{money(fleet.window_dollars / hours if hours else None)}/h average"),
-        stat("findings", str(len(a.report.findings)), f"{money(waste)} wasted"),
+             f"{money(fleet.window_dollars / hours if hours else None)}/h average"
+             + ("" if gpu_hours is None else f"; {gpu_hours:,.1f} GPU-hours")),
+        findings,
     ], className="br-stats")
+
+
+def findings_table(a: Analysis, search: str) -> object:
     top = sorted(a.report.findings, key=lambda f: -(f.wasted_dollars or 0.0))[:TOP_FINDINGS]
     rows = finding_rows(top)
     for row in rows:
@@ -57,11 +94,4 @@ def content(a: Analysis, search: str) -> list:
                                  ("job", "training_job"), ("where", "where"), ("wasted $", "wasted_dollars"),
                                  ("evidence", "headline"))),
         style_cell={"textAlign": "left", "fontSize": 13}, style_as_list_view=True)
-    return [
-        stats,
-        html.Div([graph("fleet-state", fleet_state(fleet, sim)), graph("fleet-burn", burn_rate(fleet, sim))],
-                 className="br-row"),
-        graph("fleet-heatmap", utilization_heatmap(fleet, sim)),
-        html.H3("Top findings by wasted dollars"),
-        table if rows else html.Div("No findings in this window.", className="br-notice"),
-    ]
+    return table if rows else html.Div("No findings in this window.", className="br-notice")

@@ -1,0 +1,84 @@
+"""A page's first paint: its window read at the display's resolution, while the full
+per-GPU analysis of the window (findings, ledgers, costs) runs in the background.
+
+A heatmap of a day is at most `aggregate.MAX_BUCKETS` columns wide, so the overview asks
+Prometheus for each GPU's utilization and holders reduced to one point per column
+(`avg_over_time` over the column's step, PrometheusSource's own step-reduced queries),
+a few hundred points per series instead of thousands. GPU-hours come from the samples'
+held seconds (analyzer.grid.holding), so they are the full analysis's to the sample; what
+is averaged over a column (utilization, busy and idle counts) says so on the page.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from burnrate.analyzer.costing.accounting import Accounting, account
+from burnrate.analyzer.costing.cost import gpu_prices
+from burnrate.analyzer.costing.pricing import Catalog
+from burnrate.analyzer.detectors import DetectorConfig
+from burnrate.analyzer.grid.frames import Frames, Window
+from burnrate.analyzer.grid.views import Views
+from burnrate.analyzer.sources import PrometheusSource
+
+from . import aggregate
+
+# What the Fleet page draws: each GPU's utilization and who holds it; nodes for their prices.
+COLUMNS = {"gpu": ("gpu_util",), "alloc": ("share",), "node": ()}
+
+
+def display_step(window: Window, min_step_s: float) -> float:
+    """One heatmap column's seconds: the window over MAX_BUCKETS, rounded up to whole
+    minutes past one, so the basis reads as "5-minute means", never "288-second means"."""
+    step = max(min_step_s, (window.end - window.start) / aggregate.MAX_BUCKETS)
+    return float(math.ceil(step / 60.0) * 60.0) if step > 60.0 else float(math.ceil(step))
+
+
+@dataclass
+class Overview:
+    """The window at `step`: the Fleet page's aggregates and the GPU-hours, no findings."""
+
+    frames: Frames
+    catalog: Catalog
+    config: DetectorConfig
+
+    @property
+    def step(self) -> float:
+        return self.frames.step_s
+
+    @property
+    def empty(self) -> bool:
+        return self.frames.gpu.empty
+
+    @property
+    def simulated(self) -> bool:
+        return self.frames.simulated
+
+    @cached_property
+    def views(self) -> Views:
+        return Views(self.frames)
+
+    @cached_property
+    def fleet(self) -> aggregate.Fleet:
+        return aggregate.fleet(self.views, gpu_prices(self.views, self.catalog), self.config.idle_gpu)
+
+    @cached_property
+    def accounting(self) -> Accounting:
+        return account(self.views, self.config.idle_gpu)
+
+    @property
+    def basis(self) -> str:
+        step = self.step
+        unit = f"{step / 60:g}-minute" if step >= 60 and step % 60 == 0 else f"{step:g}-second"
+        return f"utilization at {unit} means"
+
+    def warm(self) -> Overview:
+        if not self.empty:
+            _ = self.fleet, self.accounting
+        return self
+
+
+def read(source: PrometheusSource, window: Window, catalog: Catalog, config: DetectorConfig) -> Overview:
+    frames = source.frames(window, COLUMNS, step=display_step(window, source.min_step_s))
+    return Overview(frames, catalog, config).warm()
