@@ -103,3 +103,17 @@ def test_the_needed_replicas_and_savings_match_the_demand_curve(vm, interval, da
     assert ("inference/chat: 16 replicas held, peak needs 13, autoscale 1..13, zero 00-06h UTC; saves "
             f"fixed at peak {truth['fixed_at_peak']:,.1f} GPU-h") in table
 
+
+
+def test_a_minute_of_an_hour_at_the_window_s_edge_sets_no_floor(vm):
+    """The window opens a minute before 10:00 UTC: that minute's traffic (hour 9 needs 10) is no
+    hour's, so the autoscaling floor is the quietest whole hour's (12, at 10:00 and 13:00)."""
+    fleet = serving_fleet(60.0, 4)
+    import_victoria(fleet, vm.url)
+    start = fleet.start + 10 * 3600.0 - 60.0
+    report = analyze(PrometheusSource(vm.url).frames(Window(start, fleet.start + 14 * 3600.0)),
+                     load_catalog(None))
+    [block] = to_document(report)["serving"]
+    assert list(block["needed_gpus_by_hour"].values())[0] == NEEDED[9]      # the minute is still priced
+    assert (block["autoscale_min_replicas"], block["autoscale_max_replicas"]) == (12, 13)
+    assert block["needed_gpus_by_hour_of_day"] == {"10": 12, "11": 13, "12": 13, "13": 12}

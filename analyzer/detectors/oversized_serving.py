@@ -31,6 +31,7 @@ KIND = "oversized_serving"
 SCHEDULES = ("fixed_at_peak", "autoscaled", "scale_to_zero")
 # A quotient of floats a hair above a whole number is that number, not the next replica.
 _ROUNDING = 1e-6
+_WHOLE_HOUR_H = 0.5      # an hour held at least this long speaks for the hour
 
 
 @dataclass(frozen=True)
@@ -96,11 +97,14 @@ def rightsize(v: Views, rows: np.ndarray, target_pct: float, idle_pct: float) ->
                  "scale_to_zero": lambda n: n}
     saved = {name: sum(max(held_h[h] - run(n) * present_h[h], 0.0) for h, n in needed.items())
              for name, run in schedules.items()}
+    # The floor and the quiet hours are read from hours the job held for at least half their
+    # length: a minute at the window's edge is no hour's traffic.
+    whole = {h: n for h, n in needed.items() if present_h[h] >= _WHOLE_HOUR_H} or needed
     by_hour_of_day: dict[int, list[int]] = {}
-    for hour, n in needed.items():
+    for hour, n in whole.items():
         by_hour_of_day.setdefault(hour % 24, []).append(n)
     daily = {f"{h:02d}": max(ns) for h, ns in sorted(by_hour_of_day.items())}
-    busy_hours = [n for n in needed.values() if n > 0]
+    busy_hours = [n for n in whole.values() if n > 0]
     fleet = float(held.max())
     return {
         "start": float(v.time(present[0])), "end": float(v.time(present[-1] + 1)),
