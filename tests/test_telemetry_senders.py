@@ -29,7 +29,8 @@ import pytest
 from burnrate.agent.attribution.attributor import Attributor
 from burnrate.agent.attribution.kube import PodInfo
 from burnrate.agent.telemetry import CARDINALITY, Rejection, TelemetryInbox, validate
-from burnrate.agent.telemetry.senders import IMPERSONATION, UNVERIFIED, Senders, pod_uid
+from burnrate.agent.telemetry.inbox import READER_THREAD
+from burnrate.agent.telemetry.senders import IMPERSONATION, UNPLACED, UNVERIFIED, Senders, pod_uid
 from tests.test_attribution import MIG_DEVICES, NODE, apiserver, kube_client, kubelet, socket_dir  # noqa: F401
 from tests.test_telemetry import T0, Clock, encode, message
 
@@ -309,6 +310,67 @@ def test_the_real_attributors_pod_list_decides(node, processes, kubelet, apiserv
         assert inbox.wait_idle(timeout=10)
         assert list(by_pod(inbox)) == [("ml", "llm-7b-worker-0")]
         assert inbox.relabelled == 1
+
+
+def held(path: str) -> int:
+    """How many descriptors of `path` this process holds."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == path
+        except FileNotFoundError:  # the listing's own descriptor, closed by now
+            pass
+    return count
+
+
+def test_a_placed_sender_holds_its_pid_until_it_is_reaped() -> None:
+    """On the real /proc: a placed process is held by a descriptor of its entry and
+    recognised through it while it holds its pid (until it is reaped, so as a zombie too);
+    once it is reaped the pid could be another's, and nothing is kept from it."""
+    senders = Senders(pods=None)
+    record = validate(encode(message(namespace="local", pod="rank-0")))
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        pid = process.pid
+        with open(f"/proc/{pid}/cgroup") as cgroup:
+            in_pod = pod_uid(cgroup.read())
+        placed = (record, f"pod:{in_pod}" if in_pod else "uid:0")
+        now = time.clock_gettime(time.CLOCK_BOOTTIME)
+        assert senders.check(record, pid, 0, now) == placed and held(f"/proc/{pid}") == 1
+        assert senders.check(record, pid, 0, now) == placed and held(f"/proc/{pid}") == 1
+        process.kill()
+        while open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][0] != "Z":
+            time.sleep(0.01)
+        assert senders.check(record, pid, 0, now) == placed   # a zombie still holds its pid
+        process.wait()
+        assert senders.check(record, pid, 0, time.clock_gettime(time.CLOCK_BOOTTIME)) == (record, UNPLACED)
+        assert held(f"/proc/{pid}") == 0
+    finally:
+        process.kill()
+        process.wait()
+        senders.close()
+
+
+def test_the_inbox_lets_go_of_its_senders_when_it_closes(node, processes) -> None:
+    path, proc = node
+    inbox = TelemetryInbox(path, clock=Clock(), senders=Senders(proc))
+    with inbox:
+        trainer = start(processes, node, HOST_PROCESS)
+        assert trainer.send(encode(message())) == ["sent"]
+        assert inbox.wait_idle(timeout=10) and len(inbox.ranks()) == 1
+        entry = str(trainer.cgroup.parent)
+        assert held(entry) == 1
+    assert held(entry) == 0
+
+
+def test_the_telemetry_reader_is_named_for_the_kernel(node) -> None:
+    """So that top -H, and bench/agent.py, can tell its CPU from the rest of the agent's."""
+    path, _ = node
+    with TelemetryInbox(path) as inbox:
+        deadline = time.monotonic() + 10
+        while (name := Path(f"/proc/self/task/{inbox._reader.native_id}/comm").read_text().strip()) != READER_THREAD:
+            assert time.monotonic() < deadline, name   # it names itself as it starts
+            time.sleep(0.01)
 
 
 @pytest.mark.parametrize("pods, outcome", [

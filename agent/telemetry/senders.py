@@ -24,6 +24,14 @@ then the sender, unless the pid was freed and reused between the send and the re
 which takes the node's whole pid space wrapping round in that time. Nothing is ever
 taken from what the pid was before.
 
+A placed process is held by an open descriptor of its /proc/<pid> directory, and its
+stat and cgroup are read through it, so both come from the one process. Later datagrams
+from that pid only ask whether the directory still has entries: the kernel empties it
+once its process is reaped, which is also when the pid could first go to another. While
+it has them, the process placed holds the pid, so it sent them (it started before an
+earlier datagram arrived and has held the pid since). An access() through the descriptor
+costs about half a stat of /proc/<pid>.
+
 Each sender also gets a budget key, its pod's UID, so that one pod flooding made-up
 ranks exhausts only its own share of the node's ranks, however many users its processes
 switch to. Outside Kubernetes a process outside pods is keyed by its user, and every
@@ -34,6 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import resource
 from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Mapping, Protocol
@@ -49,7 +58,11 @@ UNPLACED = "unplaced"             # outside Kubernetes, the budget key of every 
 # A pod UID in a cgroup path: the cgroupfs driver writes `pod<uid>`, the systemd driver
 # `kubepods-<qos>-pod<uid with _ for ->.slice`; static pods' UIDs are 32 hex digits.
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_]?[0-9a-f]{4}[-_]?[0-9a-f]{4}[-_]?[0-9a-f]{4}[-_]?[0-9a-f]{12})\b")
-_REMEMBERED_PIDS = 4096
+# Each placed pid holds a descriptor: at most a quarter of the agent's descriptor limit, so
+# that a node's worth of senders never starves the HTTP server or NVML of descriptors.
+_DESCRIPTORS = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+_REMEMBERED_PIDS = 4096 if _DESCRIPTORS == resource.RLIM_INFINITY else max(1, min(4096, _DESCRIPTORS // 4))
+_OPEN_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 _log = logging.getLogger(__name__)
 
@@ -80,9 +93,8 @@ class Senders:
         self.pods = pods
         self._listed: Mapping[tuple[str, str], PodLike] | None = None
         self._by_uid: dict[str, tuple[str, str]] = {}
-        # pid -> (when its /proc entry was made, its pod UID or "" outside pods). The entry's
-        # time tells the process placed before from a new one at the same pid, for a stat
-        # (2 µs) rather than reads of its stat and cgroup per datagram.
+        # pid -> (a descriptor of its /proc entry, its pod UID or "" outside pods): the
+        # process placed before, recognised without reading its stat and cgroup again.
         self._seen: OrderedDict[int, tuple[int, str]] = OrderedDict()
         self._warned = False
         self.relabelled = 0
@@ -129,25 +141,41 @@ class Senders:
     def _pod_of(self, pid: int, received: float) -> str | None:
         """The pod UID of the process at `pid`, "" if it is outside pods, None if it cannot
         have sent a datagram received at `received` (gone, or started since)."""
-        entry = f"{self._proc}/{pid}"
-        try:
-            made = os.stat(entry).st_ctime_ns
-            seen = self._seen.get(pid)
-            if seen is not None and seen[0] == made:
+        seen = self._seen.get(pid)
+        if seen is not None:
+            if os.access("stat", os.F_OK, dir_fd=seen[0]):
                 return seen[1]   # the process placed before, so it started before an earlier datagram
-            with open(f"{entry}/stat", "rb") as stat:
-                started = _start_time(stat.read())
-            if started > received:
-                return None
-            with open(f"{entry}/cgroup") as cgroup:
-                found = pod_uid(cgroup.read()) or ""
-        except (OSError, ValueError, IndexError):
+            self._forget(pid)
+        try:
+            entry = os.open(f"{self._proc}/{pid}", _OPEN_DIRECTORY)
+        except OSError:
             return None
-        self._seen[pid] = (made, found)
-        self._seen.move_to_end(pid)
+        try:
+            started = _start_time(_read(entry, "stat"))
+            found = (pod_uid(_read(entry, "cgroup").decode()) or "") if started <= received else None
+        except (OSError, ValueError, IndexError):
+            found = None
+        if found is None:
+            os.close(entry)
+            return None
+        self._seen[pid] = (entry, found)
         if len(self._seen) > _REMEMBERED_PIDS:
-            self._seen.popitem(last=False)
+            self._forget(next(iter(self._seen)))
         return found
+
+    def _forget(self, pid: int) -> None:
+        os.close(self._seen.pop(pid)[0])
+
+    def close(self) -> None:
+        """Let go of the processes placed (their descriptors); a later datagram places its sender afresh."""
+        while self._seen:
+            self._forget(next(iter(self._seen)))
+
+
+def _read(entry: int, name: str) -> bytes:
+    """A file of the /proc entry held open as `entry`: of its process, or of none."""
+    with open(name, "rb", opener=lambda path, flags: os.open(path, flags, dir_fd=entry)) as file:
+        return file.read()
 
 
 def _start_time(stat: bytes) -> float:

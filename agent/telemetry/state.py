@@ -19,6 +19,7 @@ from .schema import Record
 # The contract's deltas, summed into counters; a delta the catalog has no series for is not kept.
 COUNTER_FIELDS = tuple(f.name for f in FIELDS if f.delta and f.name in RANK_FIELDS)
 _deltas = attrgetter(*COUNTER_FIELDS)
+_identity = attrgetter("namespace", "pod", "training_job", "rank")
 
 # (namespace, pod, training_job, rank): a plain tuple hashes and compares in C, where
 # RankKey's dataclass __hash__ and __eq__ would run Python code for every message.
@@ -71,7 +72,7 @@ class RankTable:
     def add(self, record: Record, now: float, sender: str = "", pid: int = 0) -> bool:
         """Fold one message in. False when it would start a rank beyond the limits; `sender`
         is the budget key of whoever sent it, `pid` its process (0: unknown)."""
-        identity = (record.namespace, record.pod, record.training_job, record.rank)
+        identity = _identity(record)
         rank = self._ranks.get(identity)
         if rank is None or rank.last_seen <= now - self.forget_after_s:
             # Forgetting silent ranks makes room for a new one, and a rank silent that long
