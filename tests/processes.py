@@ -47,9 +47,11 @@ def stop(proc: subprocess.Popen, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def agent(tmp_path, *extra: str):
-    """`burnrate agent` as a user runs it; yields (base URL, telemetry socket path, process)."""
+def agent(tmp_path, *extra: str, context: ssl.SSLContext | None = None):
+    """`burnrate agent` as a user runs it; yields (base URL, telemetry socket path, process).
+    With `context`, it serves https (`extra` has its --web-config), asked with that context."""
     port = free_port()
+    url = f"{'https' if context else 'http'}://127.0.0.1:{port}"
     sock = str(tmp_path / "telemetry.sock")
     log = open(tmp_path / "agent.log", "wb")
     proc = subprocess.Popen(
@@ -57,8 +59,8 @@ def agent(tmp_path, *extra: str):
          "--listen", f"127.0.0.1:{port}", "--telemetry-socket", sock, "--node", "node-a", *extra],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
-        yield f"http://127.0.0.1:{port}", sock, proc
+        wait_http(f"{url}/healthz", proc=proc, context=context)
+        yield url, sock, proc
     finally:
         stop(proc, 10)
         log.close()

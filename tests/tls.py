@@ -10,11 +10,13 @@ import bcrypt
 from tests.conftest import require
 
 
-def self_signed(directory) -> tuple[str, str]:
-    """(certificate, key) paths in `directory`; the certificate is its own CA."""
+def self_signed(directory, *dns_names: str) -> tuple[str, str]:
+    """(certificate, key) paths in `directory`, for 127.0.0.1 and `dns_names`; the certificate
+    is its own CA."""
     cert, key = directory / "cert.pem", directory / "key.pem"
+    names = ",".join(["IP:127.0.0.1", *(f"DNS:{name}" for name in dns_names)])
     subprocess.run([require("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-subj", "/CN=127.0.0.1", "-addext", f"subjectAltName={names}",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
     return str(cert), str(key)
 

@@ -53,3 +53,41 @@ name: burnrate-config
 {{- $data := dict "pricing.yaml" .Values.pricing -}}
 {{- include "burnrate.configMap" (dict "name" "burnrate-pricing" "data" $data) -}}
 {{- end }}
+
+{{/*
+--web-config (docs/deploy.md#tls-and-basic-auth), from a part's webConfig values: the file
+in its Secret, mounted read-only here. Not under /etc/burnrate, where the analyzer's
+--pricing ConfigMap is mounted read-only.
+*/}}
+{{- define "burnrate.webConfigDir" -}}
+/etc/burnrate-web
+{{- end }}
+
+{{/* "true" when a part's web-config.yml sets tls_server_config: its probes ask HTTPS (the
+kubelet checks no certificate, and /healthz needs no password) and Prometheus scrapes https. */}}
+{{- define "burnrate.tls" -}}
+{{- if and .secretName .tls }}true{{ end }}
+{{- end }}
+
+{{/* How Prometheus reaches a part that serves --web-config: https, trusting the Secret's
+ca.crt for serverName, and the user and password of basicAuthSecretName. */}}
+{{- define "burnrate.scrapeSecurity" -}}
+{{- if include "burnrate.tls" . }}
+scheme: https
+tlsConfig:
+  ca:
+    secret:
+      name: {{ .secretName }}
+      key: ca.crt
+  serverName: {{ .serverName }}
+{{- end }}
+{{- with .basicAuthSecretName }}
+basicAuth:
+  username:
+    name: {{ . }}
+    key: username
+  password:
+    name: {{ . }}
+    key: password
+{{- end }}
+{{- end }}
