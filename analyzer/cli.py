@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--keep-summaries", metavar="FILE",
                        help="append each finished job's summary to FILE (JSON Lines) once, for showback past "
                             "the store's retention (docs/retention.md)")
+    serve.add_argument("--budgets", metavar="FILE",
+                       help="YAML budgets per team: also export each team's spend and forecast in the current "
+                            "period, for the budget alerts (docs/budgets.md)")
     serve.add_argument("--web-config", metavar="FILE",
                        help="TLS and basic auth for --serve's endpoint, exporter-toolkit format (as the agent's)")
 
@@ -148,6 +151,23 @@ def report_of(args: argparse.Namespace, options: SourceOptions, source, catalog:
         raise UserError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
 
 
+def period_report(args: argparse.Namespace, options: SourceOptions, source, window: Window, key: str | None,
+                  fmt: str):
+    """The analysis `burnrate analyze --start --end` runs, asked for one calendar period of a
+    showback or budgets report (the same sources, thresholds and prices): the report of
+    `window`, or None where it holds no GPU sample at all. Teams by a pod label (`key`) need
+    every pod's GPU-hours: per GPU, never from the roll-ups. `fmt` is the format whose notes
+    it takes (a table's: the store's notes go into the report)."""
+    asked = argparse.Namespace(**{**vars(args), "since": None, "start": repr(window.start), "end": repr(window.end),
+                                  "fleet": False, "per_gpu": key and f"--by {args.by}", "serve": False,
+                                  "format": fmt, "checkpoint_seconds": None, "rollup_interval": None})
+    try:
+        return report_of(asked, options, source, options.catalog(), options.detectors(), AdviceConfig(),
+                         overrides_of(args))
+    except NothingFound:
+        return None
+
+
 def forced_by(args: argparse.Namespace) -> str | None:
     """The flag that sets how a store is read, None where the store decides. Commands that
     run analyze's analysis for their own (`burnrate report`) set `fleet`, and may set `per_gpu`
@@ -217,6 +237,9 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         raise UserError("--rollup-interval must be positive")
     if args.web_config is not None and not args.serve:
         raise UserError("--web-config secures the endpoint of --serve: it needs --serve")
+    if args.budgets is not None and not args.serve:
+        raise UserError("--budgets exports the budget gauges of --serve: it needs --serve "
+                        "(`burnrate report --budgets FILE` prints them)")
     if args.keep_summaries is not None and (not args.serve or args.fleet):
         raise UserError("--keep-summaries keeps what --serve sees end, from per-GPU series: "
                         "it needs --serve, without --fleet")
@@ -231,9 +254,15 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         if options.cluster == ALL_CLUSTERS:
             raise UserError("--serve exports one report: name its cluster with --cluster NAME")
         web = _web_config(args.web_config)
+        budgets = None
+        if args.budgets is not None:
+            from .output.budget_report import served
+            budgets = served(args.budgets, options, lambda: one_source(args, options),
+                             lambda by, source, day, key: period_report(argparse.Namespace(**{**vars(args), "by": by}),
+                                                                        options, source, day, key, "json")).blocks
         # The store is opened anew for each evaluation: a rotated token file is read again.
         return serve(lambda: report_of(args, options, one_source(args, options), catalog, config, advice, overrides),
-                     args.listen, args.interval, stop, web, _keeper(args.keep_summaries, config))
+                     args.listen, args.interval, stop, web, _keeper(args.keep_summaries, config), budgets)
     render = {"table": lambda report: render_table(report, table_width()), "json": render_json,
               "csv": render_csv}[args.format]
     if options.cluster != ALL_CLUSTERS:

@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between live refreshes of a page (default 60)")
     parser.add_argument("--cache-ttl", type=float, default=30.0, metavar="S",
                         help="seconds an analysis is reused before it is recomputed (default 30)")
+    parser.add_argument("--budgets", metavar="FILE",
+                        help="YAML budgets per team: the Cost page shows each team's spend and forecast against "
+                             "its budget (docs/budgets.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
         credentials = auth.credentials(args.ui_basic_auth) if args.ui_basic_auth is not None else None
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    budgets = None
+    if args.budgets is not None:
+        from burnrate.analyzer.output.budget_report import read
+        budgets = read(args.budgets)
     catalog, config = options.catalog(), options.detectors()
     if options.recording is not None:
         source, where = options.open(), f"recording {options.recording}"
@@ -68,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
         source, where = _prometheus(options), f"Prometheus {options.prometheus}"
     app = create_app(source, catalog, ttl_s=args.cache_ttl, refresh_s=args.refresh, basic_auth=credentials,
                      config=config)
+    if budgets is not None:
+        from .budgets import install
+        install(app.server, budgets)
     app.server.extensions[SERVICE_KEY].warm_up()
     print(f"burnrate dashboard: http://{args.listen}/ ({where})", file=sys.stderr, flush=True)
     try:

@@ -47,10 +47,8 @@ class Choice:
                                       PERIOD: None if self.period == DEFAULT_PERIOD else self.period})
 
 
-def showback(service: DataService, analysis: Analysis, choice: Choice, now: float) -> dict[str, Any]:
-    """`burnrate report`'s document (docs/showback.md) for the periods of the analysis' window.
-    A period that is the whole window reuses its analysis; each other one is analysed once, in
-    the service's cache."""
+def team_key(service: DataService, choice: Choice) -> str | None:
+    """The pods' label that names the teams of `choice` (None: by namespace), once the page can show it."""
     if choice.period not in PERIODS:
         raise ShowbackError(f"period= wants {', '.join(PERIODS)}, not {choice.period!r}")
     try:
@@ -60,6 +58,14 @@ def showback(service: DataService, analysis: Analysis, choice: Choice, now: floa
     if key is not None and not isinstance(service.source, PrometheusSource):
         raise ShowbackError(f"{choice.by} reads kube-state-metrics' kube_pod_labels from Prometheus; a recording "
                             "does not carry pod labels: group by namespace")
+    return key
+
+
+def showback(service: DataService, analysis: Analysis, choice: Choice, now: float) -> dict[str, Any]:
+    """`burnrate report`'s document (docs/showback.md) for the periods of the analysis' window.
+    A period that is the whole window reuses its analysis; each other one is analysed once, in
+    the service's cache."""
+    key = team_key(service, choice)
     spans = periods(analysis.frames.window, choice.period, now)
     if len(spans) > PERIOD_ANALYSES:
         raise ShowbackError(f"the range holds {len(spans)} {choice.period}s, more than the {PERIOD_ANALYSES} "

@@ -80,3 +80,25 @@ def test_a_budgets_mistake_is_one_line(text, message, tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith(f"burnrate report: error: {path}")
     if message:
         assert err == f"burnrate report: error: {message.format(path=path)}\n"
+
+
+def test_csv_carries_the_budget_block_as_a_second_section(tmp_path, capsys):
+    import csv
+    from burnrate.simulator.simulate import Spec, simulate
+
+    recording, path = str(tmp_path / "rec"), tmp_path / "budgets.yaml"
+    simulate(recording, Spec(nodes=1, gpus_per_node=4, hours=2, step_s=15.0, seed=0, end=1_795_000_000.0))
+    path.write_text("budgets:\n  - {namespace: vision, daily_dollars: 20}\n  - {namespace: ml-research, "
+                    "daily_dollars: 1000}\n")
+    asked = ["report", "--recording", recording, "--period", "day", "--budgets", str(path), "--format"]
+    assert burnrate([*asked, "json"]) == 0
+    block = json.loads(capsys.readouterr().out)["budgets"]
+    assert burnrate([*asked, "csv"]) == 0
+    showback, budgets = capsys.readouterr().out.split("\n\n")
+    assert showback.startswith("period,start,end,")
+    rows = list(csv.DictReader(budgets.splitlines()))
+    assert [(r["budget_period"], r["as_of"], r["team"], float(r["budget_dollars"]), float(r["spent_dollars"]),
+             r["status"], float(r["forecast_expected"]), r["forecast_low"], r["crosses_on"]) for r in rows] == \
+        [(block["period"], block["as_of"], t["team"], t["budget_dollars"], t["spent_dollars"], t["status"],
+          t["forecast"]["expected"], "", t["crosses_on"] or "") for t in block["teams"]]
+    assert [r["status"] for r in rows] == ["over", "within"]

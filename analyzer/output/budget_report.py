@@ -3,7 +3,6 @@ that holds the window's end, day by day as `burnrate report --period day` counts
 its budget, and the forecast to the period's end (analyzer/costing/budgets.py)."""
 from __future__ import annotations
 
-import argparse
 import html
 from typing import Any
 
@@ -11,7 +10,8 @@ from burnrate.exporter.errors import UserError, printable
 
 from ..costing.budgets import assess
 from ..grid.frames import Window
-from ..sources.budgets_file import PERIOD_KEYS, Budget, BudgetsFileError, load_budgets
+from ..sources.budgets_file import NAMESPACE, PERIOD_KEYS, Budget, BudgetsFileError, load_budgets
+from .pod_labels import label_key, pod_labels
 from .showback import exact, period_start, periods, team_by_label, team_figures
 
 DAY = 86400.0
@@ -27,14 +27,11 @@ def read(path: str) -> list[Budget]:
         raise UserError(str(exc)) from None
 
 
-def day_dollars(args: argparse.Namespace, options, source, key: str | None, window: Window,
-                pod_labels) -> dict[str, float]:
-    """Each team's dollars in the day `window`, from the analysis `burnrate report --period day`
-    runs for it; `pod_labels(source, key, window)` reads the pods' label `key`."""
+def report_dollars(report, source, key: str | None, window: Window, pod_labels) -> dict[str, float]:
+    """Each team's dollars in one analysis of `window` (None: no GPU sample in it), the teams by
+    the pods' label `key` (None: by namespace)."""
     from ..sources import PrometheusError
-    from .period_analysis import period_report
 
-    report = period_report(args, options, source, window, key, "json")
     if report is None:
         return {}
     team_of = {}
@@ -80,7 +77,8 @@ def _money(value: float | None) -> str:
     return "-" if value is None else f"{value:,.2f}"
 
 
-def _rows(block: dict[str, Any]) -> list[list[str]]:
+def rows(block: dict[str, Any]) -> list[list[str]]:
+    """The cells of each team, as the table prints them."""
     return [[t["team"], _money(t["budget_dollars"]), _money(t["spent_dollars"]), f"{t['share_spent']:.1%}",
              _money(t["forecast"]["expected"]), _money(t["forecast"]["low"]), _money(t["forecast"]["high"]),
              t["status"], t["crosses_on"] or "-"] for t in block["teams"]]
@@ -89,10 +87,10 @@ def _rows(block: dict[str, Any]) -> list[list[str]]:
 def render_table(block: dict[str, Any]) -> str:
     lines = ["", f"budgets, {block['period']} from {block['start']} as of {block['as_of']}"]
     lines += [f"note: {n}" for n in block["notes"]]
-    rows = _rows(block)
-    if rows:
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS)]
-        for cells in [HEADERS, ["-" * w for w in widths]] + rows:
+    cells_of = rows(block)
+    if cells_of:
+        widths = [max(len(h), *(len(r[i]) for r in cells_of)) for i, h in enumerate(HEADERS)]
+        for cells in [HEADERS, ["-" * w for w in widths]] + cells_of:
             lines.append("  ".join(c.ljust(w) if i in (0, 7, 8) else c.rjust(w)
                                    for i, (c, w) in enumerate(zip(cells, widths))).rstrip())
         lines.append(f"forecast: {block['teams'][0]['forecast']['method']}")
@@ -107,7 +105,7 @@ def render_html(block: dict[str, Any]) -> str:
              f" as of {e(block['as_of'])}</h2>"]
     parts += [f"<p class='note'>{e(n)}</p>" for n in block["notes"]]
     parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr>")
-    for team, row in zip(block["teams"], _rows(block)):
+    for team, row in zip(block["teams"], rows(block)):
         parts.append(f"<tr class='budget' data-team='{e(team['team'])}' data-budget='{team['budget_dollars']}' "
                      f"data-spent='{team['spent_dollars']}' data-forecast='{team['forecast']['expected']}' "
                      f"data-status='{team['status']}'>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>")
@@ -115,3 +113,49 @@ def render_html(block: dict[str, Any]) -> str:
     if block["teams"]:
         parts.append(f"<p class='method'>forecast: {e(block['teams'][0]['forecast']['method'])}</p>")
     return "".join(parts) + "</section>"
+
+
+class ServedBudgets:
+    """The budget blocks `burnrate analyze --serve --budgets` exports: for every team grouping
+    and period the file budgets, the period holding the evaluation's time. A day that has ended
+    is analysed once and kept; only today's dollars are analysed at each evaluation (once for
+    all the periods that hold today)."""
+
+    def __init__(self, budgets: list[Budget], dollars_of_day) -> None:
+        """`dollars_of_day(by, Window)`: the `by` teams' dollars in the day `window`."""
+        self.budgets, self.dollars_of_day = budgets, dollars_of_day
+        self.groupings = list(dict.fromkeys((b.by, unit) for b in budgets for unit in b.dollars))
+        self.days: dict[tuple[str, float, float], dict[str, float]] = {}
+
+    def blocks(self, now: float) -> list[dict[str, Any]]:
+        oldest = min(period_start(now, unit) for _, unit in self.groupings)
+        # kept: whole days that ended in a current period; a day so far (its window ends at the
+        # evaluation's time) is analysed anew at each evaluation, since its dollars still grow
+        self.days = {key: dollars for key, dollars in self.days.items()
+                     if key[1] >= oldest and key[2] - key[1] >= DAY - 1 and key[2] < now}
+        return [{"by": by, "unit": unit, **budget_block(self.budgets, by, unit, now, now,
+                                          lambda day, by=by: self._day(by, day))}
+                for by, unit in self.groupings]
+
+    def _day(self, by: str, day: Window) -> dict[str, float]:
+        key = (by, day.start, day.end)
+        if key not in self.days:
+            self.days[key] = self.dollars_of_day(by, day)
+        return self.days[key]
+
+
+def served(path: str, options, open_source, report_of_day) -> ServedBudgets:
+    """`--budgets FILE` of `burnrate analyze --serve`: `report_of_day(by, source, Window, key)` is
+    the analysis `burnrate report --by BY --period day` runs for the day (None: no GPU sample),
+    in the store `open_source()` opens anew for each day (a rotated token file is read again)."""
+    budgets = read(path)
+    labelled = next((b.by for b in budgets if b.by != NAMESPACE), None)
+    if labelled is not None and options.recording is not None:
+        raise UserError(f"{path}: budgets by {labelled} read kube-state-metrics' kube_pod_labels from Prometheus; "
+                        "a recording does not carry pod labels: budget namespaces, or use --prometheus URL")
+
+    def dollars_of_day(by: str, day: Window) -> dict[str, float]:
+        key, source = label_key(by), open_source()
+        return report_dollars(report_of_day(by, source, day, key), source, key, day, pod_labels)
+
+    return ServedBudgets(budgets, dollars_of_day)

@@ -1,5 +1,6 @@
 """`burnrate analyze --serve`: re-evaluate on an interval and export the latest
-findings and job costs as Prometheus metrics, for alert rules and Grafana.
+findings and job costs as Prometheus metrics, for alert rules and Grafana; with
+`--budgets`, each team's budget, spend and forecast in the current period too.
 
 The collector renders the last finished report; scrapes never run an analysis. The
 HTTP server is the agent's, with the same `--web-config` (TLS, basic auth).
@@ -22,6 +23,7 @@ from burnrate.exporter.render import Exposition
 from burnrate.exporter.server import MetricsServer
 from burnrate.exporter.webconfig import WebConfig
 
+from ..costing import budgets as B
 from ..detectors.findings import iso
 from ..sources.summaries import RunKey, append_summary, read_summaries, run_key
 from .report import Report
@@ -38,6 +40,7 @@ class ReportCollector:
         self._finished = 0.0
         self._duration = 0.0
         self._errors = 0
+        self._budgets: list[dict] | None = None
         # A new object at each change: the exposition is rendered again only then.
         self._version = object()
 
@@ -47,6 +50,11 @@ class ReportCollector:
     def update(self, report: Report, duration: float, finished: float) -> None:
         with self._lock:
             self._report, self._duration, self._finished = report, duration, finished
+            self._version = object()
+
+    def update_budgets(self, blocks: list[dict]) -> None:
+        with self._lock:
+            self._budgets = blocks
             self._version = object()
 
     def failed(self) -> None:
@@ -66,6 +74,7 @@ class ReportCollector:
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             report, duration, finished, errors = self._report, self._duration, self._finished, self._errors
+            blocks = self._budgets
         cost = GaugeMetricFamily("burnrate_job_cost_dollars", "Cost of the job's GPUs over the analysis window.",
                                  labels=["namespace", "training_job", "capacity_type"])
         waste = GaugeMetricFamily("burnrate_job_waste_dollars", "Dollars the job wasted over the window, by cause.",
@@ -87,12 +96,35 @@ class ReportCollector:
                 if f.wasted_dollars is not None:
                     wasted.add_metric(labels, f.wasted_dollars)
         yield from (cost, waste, finding, wasted)
+        if blocks is not None:
+            yield from budget_gauges(blocks)
         if finished:
             yield GaugeMetricFamily("burnrate_analyze_last_run_timestamp_seconds",
                                     "Unix time the last analysis finished.", value=finished)
             yield GaugeMetricFamily("burnrate_analyze_duration_seconds",
                                     "Duration of the last analysis.", value=duration)
         yield CounterMetricFamily("burnrate_analyze_errors", "Analyses that failed.", value=errors)
+
+
+BUDGET_GAUGES = ((B.BUDGET, "The team's budget for the period.", lambda t: t["budget_dollars"]),
+                 (B.SPENT, "The team's spend from the period's start.", lambda t: t["spent_dollars"]),
+                 (B.FORECAST, "The team's expected spend to the period's end, at the burn rate so far.",
+                  lambda t: t["forecast"]["expected"]),
+                 (B.FORECAST_LOW, "The low end of the forecast's 95% interval.", lambda t: t["forecast"]["low"]),
+                 (B.FORECAST_HIGH, "The high end of the forecast's 95% interval.", lambda t: t["forecast"]["high"]))
+
+
+def budget_gauges(blocks: list[dict]) -> Iterator[Metric]:
+    """Each budgeted team's figures in the current period (docs/budgets.md); the forecast's
+    interval is absent while fewer than 2 whole days have elapsed."""
+    families = [(GaugeMetricFamily(name, text, labels=list(B.GAUGE_LABELS)), value)
+                for name, text, value in BUDGET_GAUGES]
+    for block in blocks:
+        for team in block["teams"]:
+            for family, value in families:
+                if value(team) is not None:
+                    family.add_metric([block["by"], team["team"], block["unit"]], value(team))
+    yield from (family for family, _ in families)
 
 
 class SummaryKeeper:
@@ -151,15 +183,20 @@ SUMMARY_FIGURES = ("class", "gpus", "gpu_hours", "capacity_type", "cost_dollars"
                    "steps", "tokens", "cost_per_billion_tokens", "mfu", "waste_dollars", "ledger", "goodput", "runs")
 
 
-def evaluate(analysis: Callable[[], Report], collector: ReportCollector, keeper: SummaryKeeper | None = None) -> None:
+def evaluate(analysis: Callable[[], Report], collector: ReportCollector, keeper: SummaryKeeper | None = None,
+             budgets: Callable[[float], list[dict]] | None = None) -> None:
+    """One evaluation; `budgets(now)`: the budget blocks of the periods holding `now`."""
     began = time.monotonic()
     try:
         report = analysis()
+        blocks = None if budgets is None else budgets(time.time())
     except UserError as exc:
         collector.failed()
         print(f"burnrate analyze: {printable(str(exc))}", file=sys.stderr)
         return
     collector.update(report, time.monotonic() - began, time.time())
+    if blocks is not None:
+        collector.update_budgets(blocks)
     if keeper is not None:
         try:
             keeper.keep_ended(report)
@@ -170,7 +207,7 @@ def evaluate(analysis: Callable[[], Report], collector: ReportCollector, keeper:
 
 def serve(analysis: Callable[[], Report], listen: str, interval_s: float,
           stop: threading.Event | None = None, web: WebConfig | None = None,
-          keeper: SummaryKeeper | None = None) -> int:
+          keeper: SummaryKeeper | None = None, budgets: Callable[[float], list[dict]] | None = None) -> int:
     """Run `analysis` every `interval_s` and export its latest report on `listen` (HOST:PORT),
     behind `web`'s TLS and basic auth where given."""
     host, port = listen_address(listen)
@@ -188,7 +225,7 @@ def serve(analysis: Callable[[], Report], listen: str, interval_s: float,
     stop = stop or threading.Event()
     try:
         while not stop.is_set():
-            evaluate(analysis, collector, keeper)
+            evaluate(analysis, collector, keeper, budgets)
             stop.wait(interval_s)
     finally:
         server.stop()

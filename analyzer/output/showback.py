@@ -23,6 +23,7 @@ PERIODS = ("month", "week", "day")
 NAMESPACE = "namespace"
 UNLABELLED = "(no label)"
 BOUNDARY_S = 0.001     # Prometheus' timestamps are whole milliseconds
+STORE = "store"
 
 
 @dataclass(frozen=True)
@@ -119,11 +120,15 @@ class PeriodFigures:
     dollars: float               # the jobs' cost, as `burnrate analyze` reports it for the window
     beyond_jobs_waste_dollars: float   # waste found outside every job (unallocated GPUs), as `analyze` says
     notes: list[str] = field(default_factory=list)
+    parts: list[tuple[str, Window]] = field(default_factory=list)   # where each part's figures came from
 
     def to_dict(self) -> dict[str, object]:
+        parts = self.parts or [(STORE, self.period.window)]
         return {"period": self.period.name, "start": exact(self.period.window.start),
                 "end": exact(self.period.window.end), "partial": self.period.partial is not None,
-                "partial_reason": self.period.partial, "dollars": self.dollars,
+                "partial_reason": self.period.partial, "basis": " and ".join(basis for basis, _ in parts),
+                "parts": [{"basis": basis, "start": exact(w.start), "end": exact(w.end)} for basis, w in parts],
+                "dollars": self.dollars,
                 "beyond_jobs_waste_dollars": round(self.beyond_jobs_waste_dollars, 2),
                 "gpu_hours": round(sum(t.gpu_hours for t in self.teams), 4),
                 "teams": [t.to_dict() for t in self.teams], "notes": self.notes}
@@ -135,23 +140,26 @@ def beyond_jobs_waste_dollars(report: Report | None) -> float:
     return 0.0 if report is None else wasted_dollars([f for f in report.findings if f.job is None])
 
 
-def team_figures(report: Report | None, team_of: dict[tuple[str, str], str]) -> tuple[list[TeamFigures], float]:
-    """Each team's figures from one period's analysis, and the fleet's dollars (to the cent).
-    `team_of` names each job's team; a job it does not name is the namespace's."""
-    if report is None:
+def team_figures(report: Report | None, team_of: dict[tuple[str, str], str],
+                 kept: list[tuple[JobCost, float]] = ()) -> tuple[list[TeamFigures], float]:
+    """Each team's figures from one period's analysis and the jobs `kept` from elsewhere (each
+    with its spot dollars), and the fleet's dollars (to the cent). `team_of` names each job's
+    team; a job it does not name is the namespace's."""
+    spot = {} if report is None else spot_dollars(report)
+    priced = [] if report is None else [(j, spot.get((j.namespace, j.training_job), 0.0)) for j in report.jobs]
+    priced += kept
+    if not priced:
         return [], 0.0
-    by_team: dict[str, list[JobCost]] = {}
-    for job in report.jobs:
-        by_team.setdefault(team_of.get((job.namespace, job.training_job), job.namespace), []).append(job)
-    spot = spot_dollars(report)
-    fleet_cents = round(jobs_dollars(report.jobs) * 100)
+    by_team: dict[str, list[tuple[JobCost, float]]] = {}
+    for job, on_spot in priced:
+        by_team.setdefault(team_of.get((job.namespace, job.training_job), job.namespace), []).append((job, on_spot))
+    fleet_cents = round(jobs_dollars([j for j, _ in priced]) * 100)
     names = sorted(by_team)
-    cents = apportion([jobs_dollars(by_team[n]) * 100 for n in names], fleet_cents)
-    spot_cents = apportion([sum(spot.get((j.namespace, j.training_job), 0.0) for j in by_team[n]) * 100
-                            for n in names], round(sum(spot.values()) * 100))
+    cents = apportion([jobs_dollars([j for j, _ in by_team[n]]) * 100 for n in names], fleet_cents)
+    spot_cents = apportion([sum(s for _, s in by_team[n]) * 100 for n in names], round(sum(s for _, s in priced) * 100))
     out = []
     for name, c, s in zip(names, cents, spot_cents):
-        jobs = by_team[name]
+        jobs = [j for j, _ in by_team[name]]
         waste: dict[str, float] = {}
         for j in jobs:
             for kind, dollars in j.waste_dollars.items():

@@ -3,7 +3,6 @@ same stores and the same analysis as `burnrate analyze`, run once per period."""
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 
@@ -14,10 +13,11 @@ from .showback import (NAMESPACE, PERIODS, Period, PeriodFigures, add_changes, b
                        period_start, periods, team_by_label, team_figures)
 from .showback_render import render_csv, render_html, render_json, render_table, to_document
 from . import budget_report
-from .period_analysis import period_report
+from ..cli import period_report
+from .pod_labels import label_key, pod_labels
+from .showback_summaries import kept_jobs, kept_runs, parts_of, store_begins
 
 FORMATS = ("table", "json", "csv")
-LABEL = "label:"
 NO_SAMPLES = "no GPU samples in the period"
 
 
@@ -39,16 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="treat every workload in NAMESPACE as CLASS, as `burnrate analyze` does; repeatable")
     parser.add_argument("--budgets", metavar="FILE", help="YAML budgets per team: add each team's spend, forecast "
                         "and status in the period holding the window's end (docs/budgets.md)")
+    parser.add_argument("--summaries", metavar="FILE", help="job summaries kept by `burnrate analyze --serve "
+                        "--keep-summaries`: count the periods, or their parts, before the store's data begins from "
+                        "them (docs/showback.md)")
 
-
-def label_key(by: str) -> str | None:
-    """The kube-state-metrics label (`label_<KEY>`, KEY sanitized as kube-state-metrics does) of
-    `--by label:KEY`, or None for `--by namespace`."""
-    if by == NAMESPACE:
-        return None
-    if not by.startswith(LABEL) or not by[len(LABEL):]:
-        raise UserError(f"--by wants namespace or label:KEY (e.g. label:team), not {by!r}")
-    return "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", by[len(LABEL):])
 
 
 def window(args: argparse.Namespace, options, now: float) -> Window:
@@ -69,24 +63,18 @@ def window(args: argparse.Namespace, options, now: float) -> Window:
     return Window(period_start(period_start(now, args.period) - 1, args.period), now)
 
 
-def pod_labels(source, key: str, period: Window) -> dict[tuple[str, str], str]:
-    """(namespace, pod) -> the pod's label value, from kube_pod_labels over the period."""
-    scope = "".join(f',{k}=~"{re.escape(v)}|"' for k, v in getattr(source, "scope", {}).items())
-    seconds = max(int(period.end - period.start), 1)
-    promql = f'max by (namespace, pod, {key}) (last_over_time(kube_pod_labels{{{key}!=""{scope}}}[{seconds}s]))'
-    return {(r["metric"].get("namespace", ""), r["metric"].get("pod", "")): r["metric"][key]
-            for r in source.query(promql, period.end)}
 
-
-def period_figures(period: Period, report, notes: list[str], source, key: str | None) -> tuple[PeriodFigures, int]:
-    """One period's figures from its analysis (None where it found no GPU samples), its teams
-    by the pods' label `key` (None: by namespace); and how many pods carried the label."""
+def period_figures(period: Period, report, notes: list[str], source, key: str | None,
+                   kept: list = (), parts: list = ()) -> tuple[PeriodFigures, int]:
+    """One period's figures from its analysis (None where it found no GPU samples) and the
+    jobs `kept` in summaries, its teams by the pods' label `key` (None: by namespace), its
+    `parts` by where their figures came from; and how many pods carried the label."""
     team_of, labelled = {}, 0
     if key is not None and report is not None:
         labels = pod_labels(source, key, period.window)
         labelled, team_of = len(labels), team_by_label(report, labels)
-    teams, dollars = team_figures(report, team_of)
-    return PeriodFigures(period, teams, dollars, beyond_jobs_waste_dollars(report), notes), labelled
+    teams, dollars = team_figures(report, team_of, list(kept))
+    return PeriodFigures(period, teams, dollars, beyond_jobs_waste_dollars(report), notes, list(parts)), labelled
 
 
 def unlabelled_note(key: str) -> str:
@@ -106,19 +94,38 @@ def run(args: argparse.Namespace) -> int:
     if key is not None and options.recording is not None:
         raise UserError(f"--by {args.by} reads kube-state-metrics' kube_pod_labels from Prometheus; a recording "
                         "does not carry pod labels: use --by namespace, or --prometheus URL")
+    if key is not None and args.summaries is not None:
+        raise UserError(f"--by {args.by} with --summaries: kept job summaries carry no pod labels; use --by namespace")
     budgets = None if args.budgets is None else budget_report.read(args.budgets)
     now = time.time()
     whole = window(args, options, now)
     source = one_source(args, options)
     figures, notes, labelled = [], [], 0
-    for period in periods(whole, args.period, now):
-        # the very analysis `burnrate analyze --start --end` runs for the period's window; as for
-        # its table, what it notes (a window older than the store's data) goes into the notes.
-        # Teams by a pod label need every pod's GPU-hours: per GPU, not from the roll-ups.
-        report = period_report(args, options, source, period.window, key, "table")
-        period_notes = [NO_SAMPLES] if report is None else list(report.notes)
+    kept = None
+    if args.summaries is not None:
         try:
-            figure, labels = period_figures(period, report, period_notes, source, key)
+            kept = kept_runs(args.summaries, store_begins(options, source, whole), whole)
+        except (PrometheusError, OSError) as exc:
+            raise UserError(f"--summaries {args.summaries}: {str(exc).splitlines()[0] or type(exc).__name__}") from None
+        if kept.torn:
+            notes.append(f"{args.summaries}: skipped {kept.torn} torn line(s)")
+    for period in periods(whole, args.period, now):
+        before, held = (None, period.window) if kept is None else kept.split(period.window)
+        # the very analysis `burnrate analyze --start --end` runs for the period's window (its
+        # part in the store); as for its table, what it notes goes into the notes. Teams by a
+        # pod label need every pod's GPU-hours: per GPU, not from the roll-ups.
+        report = None if held is None else period_report(args, options, source, held, key, "table")
+        period_notes = list(report.notes) if report is not None else [NO_SAMPLES] if held is not None else []
+        runs = [] if before is None else kept.ended_in(before)
+        if before is not None and not runs:
+            period_notes.append(kept.none_note(before))
+        in_store = 0 if held is None or before is None else kept.from_store_in(held)
+        if in_store:
+            period_notes.append(f"{in_store} kept run(s) ending in the store's span are counted from the store, "
+                                "not from their summaries")
+        try:
+            figure, labels = period_figures(period, report, period_notes, source, key,
+                                            kept_jobs(args.summaries, runs), parts_of(before, held))
         except (PrometheusError, OSError, ValueError) as exc:
             raise UserError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
         labelled += labels
@@ -130,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     if budgets is not None:
         doc["budgets"] = budget_report.budget_block(
             budgets, args.by, args.period, whole.end, now,
-            lambda day: budget_report.day_dollars(args, options, source, key, day, pod_labels))
+            lambda day: budget_report.report_dollars(period_report(args, options, source, day, key, "json"),
+                                                     source, key, day, pod_labels))
     if args.html is not None:
         try:
             with open(args.html, "w", encoding="utf-8") as fh:

@@ -12,7 +12,7 @@ from burnrate.exporter.errors import printable
 
 from .showback import PeriodFigures
 
-CSV_COLUMNS = ("period", "start", "end", "partial", "team", "jobs", "unpriced_jobs", "gpu_hours", "dollars",
+CSV_COLUMNS = ("period", "start", "end", "partial", "basis", "team", "jobs", "unpriced_jobs", "gpu_hours", "dollars",
                "spot_dollars", "on_demand_dollars", "waste_dollars", "goodput", "cost_per_billion_tokens",
                "dollars_change", "dollars_change_percent", "gpu_hours_change", "gpu_hours_change_percent",
                "change_reason")
@@ -27,7 +27,8 @@ def render_json(doc: dict[str, Any]) -> str:
 
 
 def render_csv(doc: dict[str, Any]) -> str:
-    """One row per period and team; the waste by cause as JSON text in one cell."""
+    """One row per period and team; the waste by cause as JSON text in one cell. With
+    `--budgets`, a second section after a blank line: its own header, one row per team."""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -36,12 +37,30 @@ def render_csv(doc: dict[str, Any]) -> str:
             dollars, hours = team["change"]["dollars"], team["change"]["gpu_hours"]
             writer.writerow({
                 "period": period["period"], "start": period["start"], "end": period["end"],
-                "partial": period["partial"], **{k: _cell(team[k]) for k in CSV_COLUMNS if k in team},
+                "partial": period["partial"], "basis": period["basis"],
+                **{k: _cell(team[k]) for k in CSV_COLUMNS if k in team},
                 "waste_dollars": json.dumps(team["waste_dollars"], sort_keys=True),
                 "dollars_change": _cell(dollars["absolute"]), "dollars_change_percent": _cell(dollars["percent"]),
                 "gpu_hours_change": _cell(hours["absolute"]), "gpu_hours_change_percent": _cell(hours["percent"]),
                 "change_reason": _cell(dollars["reason"])})
+    if "budgets" in doc:
+        out.write("\n")
+        writer = csv.DictWriter(out, fieldnames=BUDGET_CSV_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(budget_rows(doc["budgets"]))
     return out.getvalue()
+
+
+BUDGET_CSV_COLUMNS = ("budget_period", "start", "as_of", "team", "budget_dollars", "spent_dollars", "share_spent",
+                      "status", "forecast_low", "forecast_expected", "forecast_high", "interval_reason",
+                      "crosses_on", "crosses_on_reason")
+
+
+def budget_rows(block: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"budget_period": block["period"], "start": block["start"], "as_of": block["as_of"],
+             **{k: _cell(team[k]) for k in BUDGET_CSV_COLUMNS if k in team},
+             **{f"forecast_{k}": _cell(team["forecast"][k]) for k in ("low", "expected", "high")},
+             "interval_reason": _cell(team["forecast"]["interval_reason"])} for team in block["teams"]]
 
 
 def _cell(value: Any) -> Any:
@@ -71,6 +90,7 @@ def render_table(doc: dict[str, Any]) -> str:
         lines += ["", f"{period['period']}  {period['start']} → {period['end']}"
                   + (f"  (partial: {period['partial_reason']})" if period["partial"] else "")
                   + f"  teams ${period['dollars']:,.2f}, waste beyond the jobs ${period['beyond_jobs_waste_dollars']:,.2f}"]
+        lines.append(f"basis: {basis_words(period)}")
         lines += [f"note: {n}" for n in period["notes"]]
         rows = team_rows(period)
         if not rows:
@@ -89,6 +109,14 @@ def render_table(doc: dict[str, Any]) -> str:
     return printable("\n".join(lines), keep="\n") + "\n"
 
 
+def basis_words(period: dict[str, Any]) -> str:
+    """Where the period's figures came from; each part's span where it has several."""
+    parts = period["parts"]
+    if len(parts) == 1:
+        return parts[0]["basis"]
+    return " and ".join(f"{p['basis']} ({p['start']} → {p['end']})" for p in parts)
+
+
 def render_html(doc: dict[str, Any]) -> str:
     """The page: per period, a bar of each team's dollars (spot and on-demand) and the table;
     every figure carries its team and period so that it can be read back."""
@@ -104,6 +132,7 @@ def render_html(doc: dict[str, Any]) -> str:
                      f"<h2>{e(period['period'])}{' (partial: ' + e(period['partial_reason']) + ')' if period['partial'] else ''}"
                      f" &mdash; teams ${period['dollars']:,.2f}, waste beyond the jobs "
                      f"${period['beyond_jobs_waste_dollars']:,.2f}</h2>")
+        parts.append(f"<p class='basis'>basis: {e(basis_words(period))}</p>")
         parts += [f"<p class='note'>{e(n)}</p>" for n in period["notes"]]
         parts.append(_bars(period))
         parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr>")
