@@ -144,13 +144,13 @@ def job_table(report: Report, views: Views) -> pd.DataFrame:
         wall_h = j.gpu_hours / j.gpus if j.gpus else 0.0
         rows.append({
             "namespace": j.namespace, "training_job": j.training_job, "gpus": j.gpus,
-            "capacity_type": j.capacity_type, "cost_dollars": j.cost_dollars,
+            "capacity_type": j.capacity_type, "gpu_hours": j.gpu_hours, "cost_dollars": j.cost_dollars,
             "dollars_per_hour": j.cost_dollars / wall_h if j.cost_dollars is not None and wall_h else None,
             "mfu": j.mfu, "tokens_per_s": tokens_per_s, "findings": counts.get(key, 0),
             "waste_dollars": sum(j.waste_dollars.values()) if j.waste_dollars else 0.0,
         })
-    columns = ["namespace", "training_job", "gpus", "capacity_type", "cost_dollars", "dollars_per_hour", "mfu",
-               "tokens_per_s", "findings", "waste_dollars"]
+    columns = ["namespace", "training_job", "gpus", "capacity_type", "gpu_hours", "cost_dollars", "dollars_per_hour",
+               "mfu", "tokens_per_s", "findings", "waste_dollars"]
     return pd.DataFrame(rows, columns=columns)
 
 

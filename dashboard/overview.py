@@ -11,15 +11,18 @@ is averaged over a column (utilization, busy and idle counts) says so on the pag
 from __future__ import annotations
 
 import math
+
+import pandas as pd
 from dataclasses import dataclass
 from functools import cached_property
 
 from burnrate.analyzer.costing.accounting import Accounting, account
-from burnrate.analyzer.costing.cost import gpu_prices
+from burnrate.analyzer.costing.cost import GpuPrices, gpu_prices, job_costs
 from burnrate.analyzer.costing.pricing import Catalog
 from burnrate.analyzer.detectors import DetectorConfig
 from burnrate.analyzer.grid.frames import Frames, Window
 from burnrate.analyzer.grid.views import Views
+from burnrate.analyzer.output.report import Report
 from burnrate.analyzer.sources import PrometheusSource
 
 from . import aggregate
@@ -60,18 +63,39 @@ class Overview:
         return Views(self.frames)
 
     @cached_property
+    def prices(self) -> GpuPrices:
+        return gpu_prices(self.views, self.catalog)
+
+    @cached_property
     def fleet(self) -> aggregate.Fleet:
-        return aggregate.fleet(self.views, gpu_prices(self.views, self.catalog), self.config.idle_gpu)
+        return aggregate.fleet(self.views, self.prices, self.config.idle_gpu)
 
     @cached_property
     def accounting(self) -> Accounting:
         return account(self.views, self.config.idle_gpu)
 
+    @cached_property
+    def report(self) -> Report:
+        """The jobs' GPU-hours and dollars as a report with no findings, for the pages' tables
+        (aggregate.job_table, aggregate.cost_summary): the held seconds the full analysis
+        counts, priced alike, so the same to the sample; no MFU or tokens (no rank series read)."""
+        jobs, _ = job_costs(self.views, self.catalog, accounting=self.accounting, prices=self.prices)
+        return Report(self.frames.window, [], jobs, accounting=self.accounting, views=self.views,
+                      prices=self.prices, simulated=self.simulated)
+
+    @cached_property
+    def jobs(self) -> pd.DataFrame:
+        return aggregate.job_table(self.report, self.views)
+
+    @property
+    def step_text(self) -> str:
+        """"5-minute", "15-second": what the read's figures are means over."""
+        step = self.step
+        return f"{step / 60:g}-minute" if step >= 60 and step % 60 == 0 else f"{step:g}-second"
+
     @property
     def basis(self) -> str:
-        step = self.step
-        unit = f"{step / 60:g}-minute" if step >= 60 and step % 60 == 0 else f"{step:g}-second"
-        return f"utilization at {unit} means"
+        return f"utilization at {self.step_text} means"
 
     def warm(self) -> Overview:
         if not self.empty:

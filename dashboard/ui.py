@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable
 from urllib.parse import quote
 
 import flask
-from dash import dcc, html, no_update
+from dash import callback_context, dcc, html, no_update
 from dash.dash_table import FormatTemplate
 from dash.dash_table.Format import Format, Scheme
 from plotly.graph_objects import Figure
@@ -18,6 +18,8 @@ from .overview import Overview
 from .timerange import TimeRange, from_query, query, with_params
 
 SERVICE_KEY = "burnrate"
+# How often a page drawn from the overview asks whether its window's analysis is done.
+POLL_MS = 2000
 
 
 def current_services() -> Services:
@@ -120,6 +122,30 @@ def _built(shown: Analysis | Overview, build: Callable, search: str | None) -> A
     return build(shown, search or "")
 
 
+def early_parts(page: str) -> list:
+    """Where `render_early` says the analysis is running, and the poll that asks whether it is done:
+    `<page>-progress` and `<page>-poll`, the second and third outputs of the page's callback."""
+    return [html.Div(id=f"{page}-progress"), dcc.Interval(id=f"{page}-poll", interval=POLL_MS, disabled=True)]
+
+
+def poll_fired(page: str, polls: int | None) -> bool:
+    """Whether the callback running now was fired by the page's poll (`early_parts`)."""
+    return bool(polls) and callback_context.triggered_id == f"{page}-poll"
+
+
+def render_after(search: str | None, build: Callable[[Analysis, str], Any], waiting: str) -> Any:
+    """A section drawn from the analysis alone: `waiting` while it runs, never starting it (the
+    page's `render_early` does, after its overview). Put the page's poll's `disabled` among the
+    section's inputs: the poll stops once the analysis is kept, which draws the section."""
+    picked = _picked(search, None)
+    if isinstance(picked, html.Div):
+        return picked
+    service, time_range = picked
+    if not service.kept(time_range) and service.overview(time_range) is not None:
+        return notice(waiting)
+    return render(search, build, service)
+
+
 def render_early(search: str | None, build: Callable[[Analysis, str], Any],
                  build_early: Callable[[Overview, str], Any], polled: bool) -> tuple[Any, Any, bool]:
     """A page that draws before its analysis is done: (content, progress line, whether to stop
@@ -130,9 +156,10 @@ def render_early(search: str | None, build: Callable[[Analysis, str], Any],
         return picked, None, True
     service, time_range = picked
     try:
-        # The overview first: the analysis, started next, would share the store and the CPUs with it.
         early = None if service.kept(time_range) else service.overview(time_range)
-        analysis = service.ready(time_range)
+        # The analysis starts from the first poll, once the page has drawn the overview: started
+        # before, it would share the store and the CPUs with the overview's read and its drawing.
+        analysis = service.ready(time_range) if early is None or polled else None
     except Unavailable as exc:
         return notice(str(exc), error=True), None, True
     if analysis is None and early is None:    # a source without an early read: wait for the analysis

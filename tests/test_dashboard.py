@@ -287,22 +287,22 @@ def test_every_page_callback_renders(app, pages, recording):
     with app.server.test_request_context():
         assert "Top findings" in _text(pages["fleet"].update("", 1)[0])
         assert "jobs-table" in str(pages["jobs"].update("?range=30m", 1))
-        job = pages["job"].update({"namespace": hit["namespace"], "training_job": hit["training_job"]}, "", 1)
+        job = pages["job"].update({"namespace": hit["namespace"], "training_job": hit["training_job"]}, "", 1)[0]
         assert "straggler" in _text(job)
         assert "cost-waste" in str(pages["cost"].update("", 1))
-        missing = pages["job"].update({"namespace": "nope", "training_job": "nope"}, "", 1)
+        missing = pages["job"].update({"namespace": "nope", "training_job": "nope"}, "", 1)[0]
         assert "No job nope/nope" in _text(missing)
 
 
 def test_the_findings_filters_come_from_the_url(app, pages, recording):
     with app.server.test_request_context():
-        children, namespaces = pages["findings"].update("?kind=straggler", 1)
+        children, namespaces, *_ = pages["findings"].update("?kind=straggler", 1)
         rows = children[1].data
         assert {r["kind"] for r in rows} == {"straggler"}
         assert set(namespaces) == {t["namespace"] for t in recording[1] if t["namespace"]}
-        children, _ = pages["findings"].update("?severity=critical", 1)
+        children, *_ = pages["findings"].update("?severity=critical", 1)
         assert {r["severity"] for r in children[1].data} == {"critical"}
-        children, namespaces = pages["findings"].update("?namespace=elsewhere", 1)
+        children, namespaces, *_ = pages["findings"].update("?namespace=elsewhere", 1)
         assert "No findings match" in _text(children) and "elsewhere" in namespaces
 
 
@@ -572,12 +572,12 @@ def test_a_category_that_cannot_be_measured_is_not_a_bar_but_named_with_why(anal
 
 def test_a_job_without_a_ledger_says_why_instead_of_an_empty_figure(app, pages):
     with app.server.test_request_context():
-        page = html.Div(pages["job"].update({"namespace": "notebooks", "training_job": "jupyter-frank-1"}, "", 1))
+        page = html.Div(pages["job"].update({"namespace": "notebooks", "training_job": "jupyter-frank-1"}, "", 1)[0])
     assert _find(page, "job-waterfall") is None
     assert _text(_find(page, "job-ledger-none")) == \
         "No GPU-hour ledger for this job: a ledger is kept for training jobs; this is interactive."
     with app.server.test_request_context():
-        page = html.Div(pages["job"].update({"namespace": "ml-research", "training_job": "dlrm-1"}, "", 1))
+        page = html.Div(pages["job"].update({"namespace": "ml-research", "training_job": "dlrm-1"}, "", 1)[0])
     assert _find(page, "job-waterfall") is not None and _find(page, "job-ledger-none") is None
 
 
@@ -650,7 +650,7 @@ def test_findings_are_listed_costliest_first_with_evidence_in_units(app, pages):
     """A $57 warning is above a $0.07 critical; evidence reads "data wait share: 76.9%", not
     "data_wait_share=0.7693" or "2.149e+04"."""
     with app.server.test_request_context():
-        children, _ = pages["findings"].update("", 1)
+        children, *_ = pages["findings"].update("", 1)
     table = _find(html.Div(children), "findings-table")
     dollars = [r["wasted_dollars"] or 0.0 for r in table.data]
     assert dollars == sorted(dollars, reverse=True) and dollars[0] > 0
@@ -740,7 +740,7 @@ def test_the_job_page_keeps_a_range_the_url_names_and_else_opens_on_the_job(app,
     seen = {}
     for search in ("", "?range=1h", f"?start={window.start:.0f}&end={window.end:.0f}"):
         with app.server.test_request_context():
-            page = html.Div(pages["job"].update({"namespace": "ml-research", "training_job": "dlrm-1"}, search, 1))
+            page = html.Div(pages["job"].update({"namespace": "ml-research", "training_job": "dlrm-1"}, search, 1)[0])
         seen[search] = _x_range(_find(page, "job-timeline").figure)
     whole = [pd.Timestamp(t, unit="s") for t in (window.start, window.end)]
     assert seen["?range=1h"] == seen[f"?start={window.start:.0f}&end={window.end:.0f}"] == whole

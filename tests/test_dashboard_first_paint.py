@@ -1,7 +1,7 @@
-"""The Fleet page's first paint from a real Prometheus, in a real headless Chromium: it draws
-the window read at the display's resolution while the full analysis runs, says that the
-analysis is running (never "no findings"), then shows the findings once it is done, with the
-same GPU-hours.
+"""Each page's first paint from a real Prometheus, in a real headless Chromium: it draws the
+window read at the display's resolution while the full analysis runs, says that the analysis
+is running (never "no findings"), then draws the full page once it is done, with the same
+GPU-hours and dollars.
 
 The full analysis of a small fleet takes a second, too short to look at: the source here is
 the store's own PrometheusSource whose full read (the one without a display step) waits
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import threading
+from contextlib import contextmanager
+from urllib.parse import quote
 
 import pytest
 
@@ -28,6 +30,9 @@ from burnrate.analyzer.sources import PrometheusSource  # noqa: E402
 from burnrate.analyzer.sources.timeparse import format_time  # noqa: E402
 from burnrate.dashboard.testing import chromium, serve, wait_drawn  # noqa: E402
 
+GPUS = SPEC.nodes * SPEC.gpus_per_node
+SEARCH = f"?start={format_time(SPEC.end - SPEC.hours * 3600)}&end={format_time(SPEC.end)}"
+
 
 class HeldSource(PrometheusSource):
     """The full read waits for `release`; the overview's (with a step) goes straight to the store."""
@@ -42,41 +47,160 @@ class HeldSource(PrometheusSource):
         return super().frames(window, columns, *args, step=step, **kwargs)
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """The small simulated fleet back-filled into a real Prometheus, shared by the pages' tests."""
+    require("chromium"), require("chromedriver")
+    root = tmp_path_factory.mktemp("first-paint")
+    recording = str(root / "rec")
+    make_recording(recording)
+    with prometheus(root, storage=backfill(root, recording)) as prom:
+        yield prom.url
+
+
+@contextmanager
+def opened(url: str, path: str, tmp_path):
+    """A fresh app over the held source, and Chromium at `path` of it; the full read released at the end."""
+    from burnrate.dashboard.app import create_app
+
+    source = HeldSource(url)
+    try:
+        with serve(create_app(source, refresh_s=3600)) as base, chromium(str(tmp_path / "chromium")) as driver:
+            driver.get(base + path + SEARCH)
+            yield driver, source
+    finally:
+        source.release.set()
+
+
+def _analysing(driver, page: str) -> str:
+    progress = driver.find_element(By.ID, f"{page}-progress").text
+    assert f"analysing the window's {GPUS} GPUs…" in progress and "s so far" in progress
+    main = driver.find_element(By.TAG_NAME, "main").text
+    assert "No findings" not in main and "no findings" not in main
+    return main
+
+
+def _released(driver, source, page: str, done_css: str) -> None:
+    assert not source.release.is_set()
+    source.release.set()
+    WebDriverWait(driver, 60, poll_frequency=0.5).until(lambda d: d.find_elements(By.CSS_SELECTOR, done_css))
+    WebDriverWait(driver, 10, poll_frequency=0.5).until(
+        lambda d: d.find_element(By.ID, f"{page}-progress").text == "")
+
+
+def _number(text: str) -> float:
+    return float(re.sub(r"[$,]", "", text))
+
+
+def _stats(driver) -> dict[str, tuple[str, str]]:
+    """The number cards: label -> (value, the line under it)."""
+    return {label: (value, sub) for label, value, sub in driver.execute_script(
+        "return [...document.querySelectorAll('.br-stat')].map(s => [...s.children].map(c => c.textContent))")}
+
+
+def _cells(driver, table: str, column: str) -> list[str]:
+    return driver.execute_script(
+        f"return [...document.querySelectorAll('#{table} td[data-dash-column={column}]')].map(c => c.innerText)")
+
+
 def _gpu_hours(driver) -> float:
     text = driver.execute_script("return document.querySelector('.br-stats').innerText")
     return float(re.search(r"([\d,.]+) GPU-hours", text).group(1).replace(",", ""))
 
 
-def test_the_fleet_page_draws_before_the_analysis_and_fills_in_after(tmp_path):
-    require("chromium"), require("chromedriver")
-    from burnrate.dashboard.app import create_app
+def test_the_fleet_page_draws_before_the_analysis_and_fills_in_after(store, tmp_path):
+    with opened(store, "/", tmp_path) as (driver, source):
+        wait_drawn(driver, "#fleet-heatmap", timeout_s=30)
+        main = _analysing(driver, "fleet")
+        # An hour over the heatmap's columns is finer than the scrape: its own 15 s.
+        assert "the figures are utilization at 15-second means" in driver.find_element(By.ID, "fleet-progress").text
+        assert "Findings follow" in main
+        assert f"GPU utilization ({GPUS} GPUs)" in driver.find_element(By.ID, "fleet-heatmap").text
+        early = _gpu_hours(driver)
 
-    recording = str(tmp_path / "rec")
-    make_recording(recording)
-    gpus = SPEC.nodes * SPEC.gpus_per_node
-    with prometheus(tmp_path, storage=backfill(tmp_path, recording)) as prom:
-        source = HeldSource(prom.url)
-        search = f"?start={format_time(SPEC.end - SPEC.hours * 3600)}&end={format_time(SPEC.end)}"
-        try:
-            with serve(create_app(source, refresh_s=3600)) as base, chromium(str(tmp_path / "chromium")) as driver:
-                driver.get(base + "/" + search)
-                wait_drawn(driver, "#fleet-heatmap", timeout_s=30)
-                progress = driver.find_element(By.ID, "fleet-progress").text
-                assert f"analysing the window's {gpus} GPUs…" in progress and "s so far" in progress
-                # An hour over the heatmap's columns is finer than the scrape: its own 15 s.
-                assert "the figures are utilization at 15-second means" in progress
-                page = driver.find_element(By.TAG_NAME, "main").text
-                assert "No findings" not in page and "Findings follow" in page
-                assert f"GPU utilization ({gpus} GPUs)" in driver.find_element(By.ID, "fleet-heatmap").text
-                assert not source.release.is_set()
-                early = _gpu_hours(driver)
+        _released(driver, source, "fleet", "#fleet-findings td")
+        assert "Findings follow" not in driver.find_element(By.TAG_NAME, "main").text
+        assert early == pytest.approx(_gpu_hours(driver), abs=0.1)
+        assert early == pytest.approx(GPUS * SPEC.hours, rel=0.02)
 
-                source.release.set()
-                WebDriverWait(driver, 60, poll_frequency=0.5).until(
-                    lambda d: d.find_elements(By.CSS_SELECTOR, "#fleet-findings td"))
-                assert driver.find_element(By.ID, "fleet-progress").text == ""
-                assert "Findings follow" not in driver.find_element(By.TAG_NAME, "main").text
-                assert early == pytest.approx(_gpu_hours(driver), abs=0.1)
-                assert early == pytest.approx(gpus * SPEC.hours, rel=0.02)
-        finally:
-            source.release.set()
+
+def _job_rows(driver) -> dict[str, tuple[float, float]]:
+    """The Jobs table's rows: job -> (GPU-hours, cost)."""
+    jobs, hours, costs = (_cells(driver, "jobs-table", c) for c in ("job", "gpu_hours", "cost_dollars"))
+    return {job: (_number(h), _number(c)) for job, h, c in zip(jobs, hours, costs) if c}
+
+
+def test_the_jobs_page_lists_hours_and_dollars_before_the_analysis(store, tmp_path):
+    with opened(store, "/jobs", tmp_path) as (driver, source):
+        WebDriverWait(driver, 30, poll_frequency=0.2).until(lambda d: _cells(d, "jobs-table", "cost_dollars"))
+        _analysing(driver, "jobs")
+        assert "Until the window's analysis is done" in driver.find_element(By.ID, "jobs-hint").text
+        early = _job_rows(driver)
+        assert early and all(hours > 0 and cost > 0 for hours, cost in early.values())
+        # Findings and waste need the detectors: blank, never a 0 that would read "none".
+        assert set(_cells(driver, "jobs-table", "findings")) == {""}
+
+        _released(driver, source, "jobs", "#jobs-table td[data-dash-column=findings]")
+        WebDriverWait(driver, 10, poll_frequency=0.5).until(
+            lambda d: "Until the window's analysis" not in d.find_element(By.ID, "jobs-hint").text)
+        full = _job_rows(driver)
+        assert set(full) == set(early)
+        for job, (hours, cost) in early.items():
+            assert hours == pytest.approx(full[job][0], abs=0.1), job
+            assert cost == pytest.approx(full[job][1], rel=0.01, abs=0.01), job
+        assert any(_cells(driver, "jobs-table", "findings"))
+
+
+def test_the_findings_page_says_the_analysis_runs_never_no_findings(store, tmp_path):
+    with opened(store, "/findings", tmp_path) as (driver, source):
+        WebDriverWait(driver, 30, poll_frequency=0.2).until(lambda d: d.find_elements(By.ID, "findings-pending"))
+        main = _analysing(driver, "findings")
+        assert "Findings follow when the window's analysis is done." in main
+
+        _released(driver, source, "findings", "#findings-table td")
+        main = driver.find_element(By.TAG_NAME, "main").text
+        assert "Findings follow" not in main
+        assert re.search(r"\d+ of \d+ findings", driver.find_element(By.ID, "findings-summary").text)
+
+
+def test_the_cost_page_draws_dollars_per_namespace_before_the_analysis(store, tmp_path):
+    with opened(store, "/cost", tmp_path) as (driver, source):
+        wait_drawn(driver, "#cost-namespace", timeout_s=30)
+        main = _analysing(driver, "cost")
+        assert "The showback follows when the window's analysis is done." in main
+        assert _stats(driver)["wasted"][0] == "…"
+        early = {label: _number(value) for label, (value, _) in _stats(driver).items()
+                 if label in ("jobs' cost", "paid on spot", "fleet over the window")}
+        assert early["jobs' cost"] > 0
+        namespaces = driver.find_element(By.ID, "cost-namespace").text
+
+        _released(driver, source, "cost", "#cost-goodput")
+        assert "showback follows" not in driver.find_element(By.TAG_NAME, "main").text
+        full = _stats(driver)
+        for label, value in early.items():
+            assert value == pytest.approx(_number(full[label][0]), rel=0.01), label
+        assert driver.find_element(By.ID, "cost-namespace").text == namespaces
+
+
+def test_the_job_page_draws_its_timeline_before_the_analysis(store, tmp_path):
+    from burnrate.analyzer.costing.pricing import load_catalog
+    from burnrate.analyzer.detectors import DetectorConfig
+    from burnrate.analyzer.grid.frames import Window
+    from burnrate.dashboard import overview
+
+    window = Window(SPEC.end - SPEC.hours * 3600, SPEC.end)
+    jobs = overview.read(PrometheusSource(store), window, load_catalog(), DetectorConfig()).jobs
+    job = jobs.sort_values("cost_dollars", ascending=False).iloc[0]
+    path = f"/job/{quote(job['namespace'], safe='')}/{quote(job['training_job'], safe='')}"
+    with opened(store, path, tmp_path) as (driver, source):
+        wait_drawn(driver, "#job-timeline", timeout_s=30)
+        _analysing(driver, "job")
+        assert "the timeline is the job's GPUs at 15-second means" in driver.find_element(By.ID, "job-pending").text
+        early = _stats(driver)
+        assert early["findings"][0] == "…"
+        assert early["GPUs"][0] == f"{job['gpus']:g}"
+
+        _released(driver, source, "job", "#job-ledger")
+        full = _stats(driver)
+        assert _number(early["cost so far"][0]) == pytest.approx(_number(full["cost so far"][0]), rel=0.01)
+        assert full["findings"][0] != "…" and not driver.find_elements(By.ID, "job-pending")

@@ -32,7 +32,11 @@ def app(store):  # noqa: F811
 def page_rows(app, search: str) -> list[list[str]]:
     """The showback table's rows, as the Cost page's callback draws them for the URL's query."""
     from burnrate.dashboard.pages import cost
+    from burnrate.dashboard.timerange import from_query
+    from burnrate.dashboard.ui import current_service
     with app.server.app_context():
+        service = current_service(search)
+        service.analysis(from_query(search, service.default_range))   # the section follows the analysis
         section = cost.update_showback(search, None)
     assert isinstance(section, list), section
     body = section[0].children[1]

@@ -183,15 +183,25 @@ class BearerProxy:
 
 def jobs_page(url: str, headers: dict[str, str] | None = None) -> dict[tuple[str, str], tuple[float, float]]:
     """The Jobs page's table, through the dashboard's own callback over HTTP, as a browser
-    asks for it: (namespace, job) -> (GPUs, cost)."""
-    body = {"output": "jobs-content.children", "outputs": {"id": "jobs-content", "property": "children"},
-            "inputs": [{"id": "app-url", "property": "search", "value": "?range=6h"},
-                       {"id": "app-refresh", "property": "n_intervals", "value": 0}],
-            "changedPropIds": ["app-url.search"], "state": []}
-    request = urllib.request.Request(url + "/_dash-update-component", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-    with urllib.request.urlopen(request, timeout=120) as resp:
-        children = json.load(resp)["response"]["jobs-content"]["children"]
+    asks for it: the first answer draws from the early read while the analysis runs, and the
+    page's poll asks again until it is done. (namespace, job) -> (GPUs, cost)."""
+    outputs = [{"id": "jobs-content", "property": "children"}, {"id": "jobs-progress", "property": "children"},
+               {"id": "jobs-poll", "property": "disabled"}]
+    for polls in range(120):
+        body = {"output": "..jobs-content.children...jobs-progress.children...jobs-poll.disabled..",
+                "outputs": outputs,
+                "inputs": [{"id": "app-url", "property": "search", "value": "?range=6h"},
+                           {"id": "app-refresh", "property": "n_intervals", "value": 0},
+                           {"id": "jobs-poll", "property": "n_intervals", "value": polls}],
+                "changedPropIds": ["jobs-poll.n_intervals" if polls else "app-url.search"], "state": []}
+        request = urllib.request.Request(url + "/_dash-update-component", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json", **(headers or {})})
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            answer = json.load(resp)["response"]
+        if answer.get("jobs-poll", {}).get("disabled", True):    # the analysis is done: the full table
+            break
+        time.sleep(0.5)
+    children = answer["jobs-content"]["children"]
     tables = [c["props"]["data"] for c in children if c["props"].get("id") == "jobs-table"]
     assert tables, children        # not the page's notice of an error or of no jobs
     return {(row["namespace"], re.search(r"/job/[^/]+/([^?]+)\?", row["job"]).group(1)):

@@ -293,7 +293,7 @@ class PrometheusSource:
             now = time.time()
             window = Window(now - 3600.0, now)
         if reads is None:
-            window = within(window, self.data_range(window), self.min_step_s)
+            window = within(window, self.data_range(window, step=step), self.min_step_s)
         step = max(step or 0.0, self.step_for(window))
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         asked = QUERIES + (COUNTS if step > self.min_step_s else [])
@@ -413,12 +413,13 @@ class PrometheusSource:
         where the store has none (VictoriaMetrics answers 400)."""
         return self._get("/api/v1/status/runtimeinfo", {})
 
-    def data_range(self, window: Window, seen: Window | None = None) -> Window | None:
+    def data_range(self, window: Window, seen: Window | None = None, step: float | None = None) -> Window | None:
         """Where in the window any GPU has samples, from one query at the window's
         coarsest step: a year's window over a day of data is read at the day's step.
         `seen` (fleet mode's roll-ups): some GPU had samples in the step up to its start and
-        in the step from its end, so the stretch between is left unread: the answer is the same."""
-        step = step_for(window, self.min_step_s)
+        in the step from its end, so the stretch between is left unread: the answer is the same.
+        `step`, where coarser, is that of a read at a display's resolution: found to its step."""
+        step = max(step or 0.0, step_for(window, self.min_step_s))
         present = self.gpu_present(f"{int(step * 1000) - 1}ms")
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         if last < first:

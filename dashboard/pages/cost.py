@@ -6,28 +6,34 @@ from dash import Input, Output, State, callback, ctx, html, no_update
 
 from burnrate.analyzer.costing.accounting import COVERAGE_WARNING
 from burnrate.analyzer.output.report import Report
+from burnrate.exporter.errors import UserError
 
 from ..aggregate import CostSummary, badput_timeline, cost_summary, namespace_goodput
 from ..data import Analysis, Unavailable
 from ..figures import (TOP_JOBS, badput_over_time, cost_by_job, cost_by_namespace, cost_per_billion_tokens,
                        namespace_goodput as goodput_figure, spot_savings, waste_by_cause)
-from .. import showback_table
-from ..showback import BY, PERIOD, Choice, ShowbackError, showback
-from ..ui import current_service, graph, job_href, money, notice, render, stat
+from .. import budgets, showback_table
+from ..showback import BY, PERIOD, Choice, ShowbackError, showback, team_key
+from ..overview import Overview
+from ..ui import (current_service, early_parts, graph, job_href, money, notice, poll_fired, render_after,
+                  render_early, stat)
 
 dash.register_page(__name__, path="/cost", name="Cost", title="burnrate · cost", order=3)
 
 
 def layout(**query: str) -> html.Div:
-    return html.Div([html.H2("Cost"), html.Div(id="cost-content"),
+    return html.Div([html.H2("Cost"), *early_parts("cost"), html.Div(id="cost-content"),
                      html.H3("Showback: each team's GPUs per calendar period"),
                      showback_table.controls(Choice.of(query.get(BY), query.get(PERIOD))),
-                     html.Div(id="cost-showback")])
+                     html.Div(id="cost-showback"),
+                     html.H3("Budgets: each team's spend and forecast in the current period"),
+                     html.Div(id="cost-budgets")])
 
 
-@callback(Output("cost-content", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"))
-def update(search: str | None, _n: int | None):
-    return render(search, content)
+@callback(Output("cost-content", "children"), Output("cost-progress", "children"), Output("cost-poll", "disabled"),
+          Input("app-url", "search"), Input("app-refresh", "n_intervals"), Input("cost-poll", "n_intervals"))
+def update(search: str | None, _n: int | None, polls: int | None = None):
+    return render_early(search, content, early_content, poll_fired("cost", polls))
 
 
 @callback(Output("app-url", "search", allow_duplicate=True), Input("cost-showback-by", "value"),
@@ -38,9 +44,17 @@ def showback_to_url(by: str | None, period: str | None, search: str | None):
     return no_update if changed == (search or "") else changed
 
 
-@callback(Output("cost-showback", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"))
-def update_showback(search: str | None, _n: int | None):
-    return render(search, showback_content)
+@callback(Output("cost-showback", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"),
+          Input("cost-poll", "disabled"))
+def update_showback(search: str | None, _n: int | None, _waiting: bool | None = None):
+    """A wrong choice in the URL is said at once; the table follows the window's analysis."""
+    try:
+        team_key(current_service(search), Choice.from_query(search))
+    except ShowbackError as exc:
+        return notice(f"Showback: {exc}", error=True)
+    except KeyError:    # a cluster the store lacks: render_after says so
+        pass
+    return render_after(search, showback_content, "The showback follows when the window's analysis is done.")
 
 
 def showback_content(a: Analysis, search: str) -> list | html.Div:
@@ -49,6 +63,26 @@ def showback_content(a: Analysis, search: str) -> list | html.Div:
         return showback_table.table(showback(service, a, Choice.from_query(search), service.clock()))
     except (ShowbackError, Unavailable) as exc:
         return notice(f"Showback: {exc}", error=True)
+
+
+# --- budgets (docs/budgets.md): `burnrate dashboard --budgets FILE` -----------------------------
+
+@callback(Output("cost-budgets", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"),
+          Input("cost-poll", "disabled"))
+def update_budgets(search: str | None, _n: int | None, _waiting: bool | None = None):
+    if budgets.installed() is None:
+        return html.P("Start the dashboard with --budgets FILE to see each team's budget here (docs/budgets.md).",
+                      className="br-hint")
+    return render_after(search, budgets_content, "The budgets follow when the window's analysis is done.")
+
+
+def budgets_content(a: Analysis, search: str) -> list | html.Div:
+    service = current_service(search)
+    try:
+        return budgets.section(budgets.block(service, a, Choice.from_query(search), budgets.installed(),
+                                             service.clock()))
+    except (ShowbackError, Unavailable, UserError) as exc:
+        return notice(f"Budgets: {exc}", error=True)
 
 
 @callback(Output("app-url", "href", allow_duplicate=True), Input("cost-jobs", "clickData"),
@@ -89,6 +123,28 @@ def content(a: Analysis, _search: str) -> list:
         html.H3("Goodput: where the training jobs' GPU-hours went"),
         graph("cost-goodput", goodput_figure(namespace_goodput(a.report), sim)),
         graph("cost-badput", badput_over_time(badput_timeline(a.report, a.views), sim)),
+    ]
+
+
+def early_content(o: Overview, _search: str) -> list:
+    """The jobs' dollars from the overview's read, per namespace and capacity; waste, tokens and
+    goodput need the detectors and the rank series: they follow the analysis."""
+    summary, sim = cost_summary(o.report), o.simulated
+    basis = "from each GPU's held samples, as the analysis counts them"
+    stats = html.Div([
+        stat("jobs' cost", money(summary.total_dollars), basis),
+        stat("paid on spot", money(summary.spot_dollars)),
+        stat("spot saved", money(summary.spot_saved), "against on-demand prices"),
+        stat("wasted", "…", "when the analysis is done"),
+        stat("fleet over the window", money(o.fleet.window_dollars), f"GPUs priced at {o.step_text} steps"),
+    ], className="br-stats")
+    return [
+        stats,
+        html.Div([graph("cost-namespace", cost_by_namespace(summary, sim)),
+                  graph("cost-spot", spot_savings(summary, sim))], className="br-row"),
+        graph("cost-jobs", cost_by_job(summary, sim)),
+        html.Div("Where the GPU-hours went, waste by cause, cost per billion tokens and goodput follow when the window's analysis is done.",
+                 className="br-notice", id="cost-pending"),
     ]
 
 

@@ -10,7 +10,7 @@ from burnrate.analyzer.output.report import SEVERITY_ORDER
 from ..aggregate import finding_rows
 from ..data import Analysis
 from ..filters import FindingFilters
-from ..ui import finding_columns, job_link, money, render
+from ..ui import early_parts, finding_columns, job_link, money, poll_fired, render_early
 
 dash.register_page(__name__, path="/findings", name="Findings", title="burnrate · findings", order=2)
 
@@ -33,6 +33,7 @@ def layout(**query: str | list[str]) -> html.Div:
                   picker("findings-namespace", "namespace", list(chosen.namespaces), chosen.namespaces),
                   picker("findings-severity", "severity", list(SEVERITIES), chosen.severities)],
                  className="br-filters"),
+        *early_parts("findings"),
         html.Div(id="findings-content"),
     ])
 
@@ -48,8 +49,9 @@ def filters_to_url(kinds: list[str] | None, namespaces: list[str] | None, severi
 
 
 @callback(Output("findings-content", "children"), Output("findings-namespace", "options"),
-          Input("app-url", "search"), Input("app-refresh", "n_intervals"))
-def update(search: str | None, _n: int | None):
+          Output("findings-progress", "children"), Output("findings-poll", "disabled"),
+          Input("app-url", "search"), Input("app-refresh", "n_intervals"), Input("findings-poll", "n_intervals"))
+def update(search: str | None, _n: int | None, polls: int | None = None):
     filters = FindingFilters.from_query(search)
     namespaces = set(filters.namespaces)
 
@@ -57,8 +59,14 @@ def update(search: str | None, _n: int | None):
         namespaces.update(f.namespace for f in a.report.findings if f.namespace)
         return content(a, s, filters)
 
-    children = render(search, build)
-    return children, sorted(namespaces)
+    children, progress, done = render_early(search, build, pending, poll_fired("findings", polls))
+    return children, sorted(namespaces), progress, done
+
+
+def pending(_o: object, _search: str) -> html.Div:
+    """While the analysis runs there is nothing to list yet, which is not the same as no findings."""
+    return html.Div("Findings follow when the window's analysis is done.", className="br-notice",
+                    id="findings-pending")
 
 
 def select(findings: list, filters: FindingFilters) -> list:

@@ -9,8 +9,9 @@ from burnrate.analyzer.costing.cost import JobCost
 from ..aggregate import job_detail, unmeasured
 from ..data import Analysis
 from ..figures import SEVERITY_COLORS, job_timeline, ledger_waterfall, rank_breakdown
+from ..overview import Overview
 from ..timerange import names_range
-from ..ui import graph, money, notice, render, stat
+from ..ui import early_parts, graph, money, notice, poll_fired, render_early, stat
 
 dash.register_page(__name__, path_template="/job/<namespace>/<training_job>", name="Job",
                    title="burnrate · job", order=9)
@@ -20,16 +21,47 @@ def layout(namespace: str | None = None, training_job: str | None = None, **_que
     return html.Div([
         html.H2(f"{namespace}/{training_job}"),
         dcc.Store(id="job-key", data={"namespace": namespace, "training_job": training_job}),
+        *early_parts("job"),
         html.Div(id="job-content"),
     ])
 
 
-@callback(Output("job-content", "children"), Input("job-key", "data"), Input("app-url", "search"),
-          Input("app-refresh", "n_intervals"))
-def update(key: dict | None, search: str | None, _n: int | None):
+@callback(Output("job-content", "children"), Output("job-progress", "children"), Output("job-poll", "disabled"),
+          Input("job-key", "data"), Input("app-url", "search"), Input("app-refresh", "n_intervals"),
+          Input("job-poll", "n_intervals"))
+def update(key: dict | None, search: str | None, _n: int | None, polls: int | None = None):
     if not key or not key.get("namespace") or not key.get("training_job"):
-        return notice("No job named in the URL (expected /job/<namespace>/<training_job>).", error=True)
-    return render(search, lambda a, s: content(a, key["namespace"], key["training_job"], s))
+        return notice("No job named in the URL (expected /job/<namespace>/<training_job>).", error=True), None, True
+    ns, name = key["namespace"], key["training_job"]
+    return render_early(search, lambda a, s: content(a, ns, name, s), lambda o, s: early_content(o, ns, name, s),
+                        poll_fired("job", polls))
+
+
+def _shown(shown: Analysis | Overview, search: str) -> tuple[float, float] | None:
+    """A range the URL names is the user's: keep it. The default range opens on the job's own life."""
+    return (shown.frames.window.start, shown.frames.window.end) if names_range(search) else None
+
+
+def early_content(o: Overview, namespace: str, training_job: str, search: str) -> list:
+    """The job's GPUs, hours and dollars from the overview's read, and its GPUs over its life at the
+    read's steps; the ledger, findings and training series follow the analysis."""
+    match = o.jobs[(o.jobs["namespace"] == namespace) & (o.jobs["training_job"] == training_job)]
+    if match.empty:
+        return [notice(f"No job {namespace}/{training_job} held GPUs in this window.")]
+    row = match.iloc[0]
+    detail = job_detail(o.views, o.report, namespace, training_job)
+    stats = html.Div([
+        stat("GPUs", f"{row['gpus']:g}", row["capacity_type"]),
+        stat("cost so far", money(row["cost_dollars"]), f"{money(row['dollars_per_hour'])}/h"),
+        stat("GPU-hours", f"{row['gpu_hours']:,.1f}", "from the GPUs' held samples, as the analysis counts them"),
+        stat("findings", "…", "when the analysis is done"),
+    ], className="br-stats")
+    return [
+        html.Div(f"The ledger, findings, MFU and tokens follow when the window's analysis is done; the timeline "
+                 f"is the job's GPUs at {o.step_text} means.", className="br-notice", id="job-pending"),
+        stats,
+        graph("job-timeline", job_timeline(detail, o.simulated, _shown(o, search))),
+    ]
 
 
 def content(a: Analysis, namespace: str, training_job: str, search: str) -> list:
@@ -41,8 +73,7 @@ def content(a: Analysis, namespace: str, training_job: str, search: str) -> list
     job = next(j for j in a.report.jobs if (j.namespace, j.training_job) == (namespace, training_job))
     detail = job_detail(a.views, a.report, namespace, training_job)
     sim = a.simulated
-    # A range the URL names is the user's: keep it. The default range opens on the job's own life.
-    shown = (a.frames.window.start, a.frames.window.end) if names_range(search) else None
+    shown = _shown(a, search)
     mfu, tps = row["mfu"], row["tokens_per_s"]
     stats = html.Div([
         stat("GPUs", f"{row['gpus']:g}", row["capacity_type"]),

@@ -6,7 +6,8 @@ from dash import Input, Output, callback, dash_table, html
 from dash.dash_table.Format import Format, Group, Scheme, Symbol
 
 from ..data import Analysis
-from ..ui import job_link, render
+from ..overview import Overview
+from ..ui import early_parts, job_link, poll_fired, render_early
 
 dash.register_page(__name__, path="/jobs", name="Jobs", title="burnrate · jobs", order=1)
 
@@ -16,6 +17,7 @@ COLUMNS = [
     {"name": "namespace", "id": "namespace"},
     {"name": "GPUs", "id": "gpus", "type": "numeric"},
     {"name": "capacity", "id": "capacity_type"},
+    {"name": "GPU-hours", "id": "gpu_hours", "type": "numeric", "format": Format(precision=1, scheme=Scheme.fixed)},
     {"name": "cost so far", "id": "cost_dollars", "type": "numeric", "format": _MONEY},
     {"name": "$/h", "id": "dollars_per_hour", "type": "numeric", "format": _MONEY},
     {"name": "MFU", "id": "mfu", "type": "numeric", "format": Format(precision=1, scheme=Scheme.percentage)},
@@ -27,15 +29,16 @@ COLUMNS = [
 
 
 def layout(**_query: str) -> html.Div:
-    return html.Div([html.H2("Jobs"), html.Div(id="jobs-content")])
+    return html.Div([html.H2("Jobs"), *early_parts("jobs"), html.Div(id="jobs-content")])
 
 
-@callback(Output("jobs-content", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"))
-def update(search: str | None, _n: int | None):
-    return render(search, content)
+@callback(Output("jobs-content", "children"), Output("jobs-progress", "children"), Output("jobs-poll", "disabled"),
+          Input("app-url", "search"), Input("app-refresh", "n_intervals"), Input("jobs-poll", "n_intervals"))
+def update(search: str | None, _n: int | None, polls: int | None = None):
+    return render_early(search, content, early_content, poll_fired("jobs", polls))
 
 
-def rows(a: Analysis, search: str) -> list[dict]:
+def rows(a: Analysis | Overview, search: str) -> list[dict]:
     table = a.jobs.sort_values("cost_dollars", ascending=False, na_position="last")
     out = []
     for record in table.to_dict("records"):
@@ -45,13 +48,25 @@ def rows(a: Analysis, search: str) -> list[dict]:
 
 
 def content(a: Analysis, search: str) -> list:
-    data = rows(a, search)
+    return _table(rows(a, search), a.simulated, "")
+
+
+def early_content(o: Overview, search: str) -> list:
+    """The jobs' GPU-hours and dollars from the overview's read; what needs the rank series or the
+    detectors (MFU, tokens, findings, waste) stays blank until the analysis is done."""
+    data = [row | {"findings": None, "waste_dollars": None} for row in rows(o, search)]
+    basis = (f"Until the window's analysis is done: GPU-hours and cost from each GPU's held samples, as the "
+             f"analysis counts them; GPUs at {o.step_text} means; MFU, tokens, findings and waste follow. ")
+    return _table(data, o.simulated, basis)
+
+
+def _table(data: list[dict], simulated: bool, basis: str) -> list:
     if not data:
         return [html.Div("No jobs held GPUs in this window.", className="br-notice")]
-    note = "simulated data · " if a.simulated else ""
+    note = "simulated data · " if simulated else ""
     return [
-        html.P(f"{note}{len(data)} jobs. Click a column to sort; type in the row under the headers to filter "
-               "(e.g. `> 100` under cost, `spot` under capacity).", className="br-hint"),
+        html.P(f"{note}{len(data)} jobs. {basis}Click a column to sort; type in the row under the headers to filter "
+               "(e.g. `> 100` under cost, `spot` under capacity).", className="br-hint", id="jobs-hint"),
         dash_table.DataTable(id="jobs-table", data=data, columns=COLUMNS, sort_action="native",
                              filter_action="native", page_size=25, markdown_options={"link_target": "_self"},
                              sort_by=[{"column_id": "cost_dollars", "direction": "desc"}],
