@@ -86,6 +86,8 @@ def _released(driver, source, page: str, done_css: str) -> None:
     WebDriverWait(driver, 60, poll_frequency=0.5).until(lambda d: d.find_elements(By.CSS_SELECTOR, done_css))
     WebDriverWait(driver, 10, poll_frequency=0.5).until(
         lambda d: d.find_element(By.ID, f"{page}-progress").text == "")
+    # neither drawing raised an error in the browser (a callback wired to a graph the early page lacks)
+    assert [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
 def _number(text: str) -> float:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dash
-from dash import Input, Output, State, callback, ctx, html, no_update
+from dash import Input, Output, State, callback, html, no_update
 
 from burnrate.analyzer.costing.accounting import COVERAGE_WARNING
 from burnrate.analyzer.output.report import Report
@@ -85,12 +85,19 @@ def budgets_content(a: Analysis, search: str) -> list | html.Div:
         return notice(f"Budgets: {exc}", error=True)
 
 
+# One callback a graph: the early page has the cost chart without the tokens chart, and a
+# callback whose inputs are only partly on the page is an error in the browser.
 @callback(Output("app-url", "href", allow_duplicate=True), Input("cost-jobs", "clickData"),
-          Input("cost-tokens", "clickData"), State("app-url", "search"), prevent_initial_call=True)
-def open_job(by_cost: dict | None, by_tokens: dict | None, search: str | None):
+          State("app-url", "search"), prevent_initial_call=True)
+def open_job(click: dict | None, search: str | None):
     """A click on a job's bar opens the job's page, inside the app (the URL changes, the document stays)."""
-    click = by_cost if ctx.triggered_id == "cost-jobs" else by_tokens
     return clicked_job_href(click, search) or no_update
+
+
+@callback(Output("app-url", "href", allow_duplicate=True), Input("cost-tokens", "clickData"),
+          State("app-url", "search"), prevent_initial_call=True)
+def open_job_by_tokens(click: dict | None, search: str | None):
+    return open_job(click, search)
 
 
 def clicked_job_href(click: dict | None, search: str | None) -> str | None:
