@@ -130,3 +130,14 @@ def test_the_report_block_counts_the_period_from_its_start_day_by_day():
     assert lines[1] == "budgets, 2026-11 from 2026-11-01T00:00:00.000Z as of 2026-11-12T23:59:59.999Z"
     assert lines[2].startswith("note: ") and lines[5].split() == ["team-a", "24,500.00", "12,000.00", "49.0%", "30,000.00", "30,000.00",
                                 "30,000.00", "forecast_over", "2026-11-25"]
+
+
+def test_a_window_ending_at_a_period_s_first_instant_is_the_period_before_s():
+    """A window up to 00:00 UTC holds none of the new day: its daily budget is yesterday's."""
+    from burnrate.analyzer.output.budget_report import budget_block
+
+    file = budgets({"budgets": [{"namespace": "team-a", "daily_dollars": 100}]})
+    block = budget_block(file, "namespace", "day", NOV + 3 * DAY, NOV + 3 * DAY, lambda w: {"team-a": 150.0})
+    assert block["period"] == "2026-11-03"
+    [team] = block["teams"]
+    assert (team["spent_dollars"], team["status"]) == (150.0, "over")

@@ -12,7 +12,7 @@ from ..costing.budgets import assess
 from ..grid.frames import Window
 from ..sources.budgets_file import NAMESPACE, PERIOD_KEYS, Budget, BudgetsFileError, load_budgets
 from .pod_labels import label_key, pod_labels
-from .showback import exact, period_start, periods, team_by_label, team_figures
+from .showback import BOUNDARY_S, exact, period_start, periods, team_by_label, team_figures
 
 DAY = 86400.0
 # a time past the period's end and before the next one's: month 28-31 days, week 7, day 1
@@ -46,8 +46,9 @@ def report_dollars(report, source, key: str | None, window: Window, pod_labels) 
 def budget_block(budgets: list[Budget], by: str, unit: str, end: float, now: float,
                  dollars_of_day) -> dict[str, Any]:
     """The budgets of the `by` teams for the `unit` period holding `end` (the window's end),
-    with `dollars_of_day(Window)` the teams' dollars in each day of it so far."""
-    start = period_start(end, unit)
+    with `dollars_of_day(Window)` the teams' dollars in each day of it so far. A window that
+    ends at a period's first instant holds none of it: its period is the one before."""
+    start = period_start(end - BOUNDARY_S, unit)
     period = periods(Window(start, end), unit, now)[-1]
     days = [dollars_of_day(p.window) for p in periods(Window(start, end), "day", now)]
     period_end = period_start(start + PAST_THE_END[unit], unit)
