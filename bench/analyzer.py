@@ -23,7 +23,7 @@ import time
 from fleets import cached_fleet  # bench/ is on sys.path when run as a script
 
 TARGET_SECONDS = 10.0
-TARGET_RSS_GB = 4.0
+TARGET_RSS_GB = 2.0
 
 
 def measure(root: str, max_points: int | None) -> dict[str, float]:

@@ -121,7 +121,7 @@ ROWS = (
         share_of_step("monitor, every step", "monitor alone us/step", "plain", "median ms/step"), "%", 0.5),
     Row("MFU, tiny model on CPU (the target, 45%, is for an H100)", "MFU", cell("tiny", "MFU"), "%"),
     Row("analyze 1,024 GPUs x 7 days: time", "Analyzer", cell("1024", "total s"), "s", 10),
-    Row("analyze 1,024 GPUs x 7 days: peak memory", "Analyzer", cell("1024", "peak RSS GB"), "GB", 4),
+    Row("analyze 1,024 GPUs x 7 days: peak memory", "Analyzer", cell("1024", "peak RSS GB"), "GB", 2),
     Row("1,024 GPUs x 24 h from Prometheus, per-GPU path: time", "Fleet mode",
         cell("per-GPU, 1024 GPUs × 24 h", "total s"), "s"),
     Row("1,024 GPUs x 24 h from Prometheus, fleet mode: time", "Fleet mode",

@@ -14,7 +14,7 @@ node that stopped reporting for an hour lowers it; one that joined late does not
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from ..detectors.idle_gpu import Config as IdleConfig
 from ..grid.views import Views
 
 COVERAGE_WARNING = 0.99
+ROWS_AT_ONCE = 128
 
 
 @dataclass(frozen=True)
@@ -61,33 +62,42 @@ def account(v: Views, idle: IdleConfig = IdleConfig()) -> Accounting:
     """`idle` is the config in effect: the idle GPU-hours count what the idle_gpu finding does."""
     # Held seconds are sums of samples (analyzer.grid.holding): zero, never NaN, where none fell.
     gpu, alloc = v.gpu, v.alloc
-    observed = gpu.values["held_s"].copy() if "held_s" in gpu.values else np.zeros((gpu.size, v.n))
+    # Seconds may be held in float32 (analyzer.grid.views.build_grid): sums and products in float64.
+    observed = gpu.values["held_s"].astype(np.float64) if "held_s" in gpu.values else np.zeros((gpu.size, v.n))
     rows = alloc.keys["gpu_row"].to_numpy() if alloc.size else np.zeros(0, np.int64)
     row_held = alloc.values["held_s"] if alloc.size else np.zeros((0, v.n))
     share = np.where(row_held > 0, alloc.values["share"], 0.0) if alloc.size else np.zeros((0, v.n))
     known = rows >= 0
     total = np.zeros((gpu.size, v.n))
     by_gpu, gpus, starts = v.holders_by_gpu
-    if len(by_gpu):
-        total[gpus] = np.add.reduceat(share[by_gpu], starts, axis=0)
-        # A GPU is observed while any of its series has a sample: its holders' too.
-        observed[gpus] = np.maximum(observed[gpus], np.maximum.reduceat(row_held[by_gpu], starts, axis=0))
     row_seconds = np.zeros(len(rows))
-    # Shares adding up to more than a GPU split it: each holder's part of the observed time.
-    part = observed / np.maximum(total, 1.0)
-    if known.any():
-        row_seconds[known] = np.einsum("rt,rt->r", share[known], part[rows[known]])
+    # A block of GPUs at a time, as below: each (gpu, time) temporary of a week of a
+    # thousand GPUs is 90 MB.
+    for first, holders, begins in _gpu_blocks(by_gpu, starts):
+        block = gpus[first:first + len(begins)]
+        total[block] = np.add.reduceat(share[holders], begins, axis=0)
+        # A GPU is observed while any of its series has a sample: its holders' too.
+        observed[block] = np.maximum(observed[block], np.maximum.reduceat(row_held[holders], begins, axis=0))
+        # Shares adding up to more than a GPU split it: each holder's part of the observed time.
+        part = observed[block] / np.maximum(total[block], 1.0)
+        group = np.repeat(np.arange(len(begins)), np.diff(begins, append=len(holders)))
+        row_seconds[holders] = np.einsum("rt,rt->r", share[holders], part[group])
+    cell_seconds = np.empty(observed.shape, np.float32)
+    for at in range(0, len(observed), ROWS_AT_ONCE):
+        some = slice(at, at + ROWS_AT_ONCE)
+        cell_seconds[some] = observed[some] / np.maximum(total[some], 1.0)
     # Holders of GPUs that have no device series at all stand for their own time.
-    orphan_seconds = (np.minimum(share[~known], 1.0) * row_held[~known]).sum(axis=1)
+    orphan_seconds = np.multiply(np.minimum(share[~known], 1.0), row_held[~known], dtype=np.float64).sum(axis=1)
     row_seconds[~known] = orphan_seconds
+    del share
     np.minimum(total, 1.0, out=total)
     allocated_s = np.multiply(total, observed, out=total)      # per cell, the share held times the time seen
     util = gpu.values.get("gpu_util")
     if util is None:
         util = np.full(observed.shape, np.nan, np.float32)
     per_gpu = {"observed": observed.sum(axis=1), "allocated": allocated_s.sum(axis=1),
-               "idle": np.where(util <= idle.util_max_pct, allocated_s, 0.0).sum(axis=1),
-               "unknown": np.where(np.isnan(util), allocated_s, 0.0).sum(axis=1),
+               "idle": _sums_where(util <= idle.util_max_pct, allocated_s),
+               "unknown": _sums_where(np.isnan(util), allocated_s),
                "lifetime": _lifetime(observed > 0) * v.step}
     hosts = gpu.keys["Hostname"].to_numpy() if gpu.size else np.zeros(0, object)
     names, host_of = np.unique(hosts.astype(str), return_inverse=True)
@@ -104,7 +114,26 @@ def account(v: Views, idle: IdleConfig = IdleConfig()) -> Accounting:
         util_unknown_gpu_hours=(float(per_gpu["unknown"].sum()) + orphan) / 3600,
         coverage=covered(observed_s, life),
         row_gpu_hours=row_seconds / 3600, per_node=per_node,
-        cell_seconds=part.astype(np.float32), idle_util_pct=idle.util_max_pct)
+        cell_seconds=cell_seconds, idle_util_pct=idle.util_max_pct)
+
+
+def _gpu_blocks(by_gpu: np.ndarray, starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """The holders grouped by GPU (Views.holders_by_gpu) a block of GPUs at a time: the
+    block's first group, its holder rows and where each group starts among them."""
+    for first in range(0, len(starts), ROWS_AT_ONCE):
+        begins = starts[first:first + ROWS_AT_ONCE]
+        end = starts[first + ROWS_AT_ONCE] if first + ROWS_AT_ONCE < len(starts) else len(by_gpu)
+        yield first, by_gpu[begins[0]:end], begins - begins[0]
+
+
+def _sums_where(where: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """np.where(where, values, 0).sum(axis=1), a block of rows at a time: the same sums
+    without a whole-grid temporary."""
+    out = np.zeros(len(values))
+    for at in range(0, len(values), ROWS_AT_ONCE):
+        rows = slice(at, at + ROWS_AT_ONCE)
+        out[rows] = np.where(where[rows], values[rows], 0.0).sum(axis=1)
+    return out
 
 
 def holder_seconds(v: Views, accounting: Accounting, rows: np.ndarray) -> np.ndarray:
@@ -119,7 +148,7 @@ def holder_seconds(v: Views, accounting: Accounting, rows: np.ndarray) -> np.nda
     share = np.where(row_held > 0, alloc.values["share"][rows], 0.0)
     known = gpu_rows >= 0
     held += (share[known] * accounting.cell_seconds[gpu_rows[known]]).sum(axis=0)
-    held += (np.minimum(share[~known], 1.0) * row_held[~known]).sum(axis=0)
+    held += np.multiply(np.minimum(share[~known], 1.0), row_held[~known], dtype=np.float64).sum(axis=0)
     return held
 
 

@@ -107,10 +107,10 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
         return unfilled(frame.drop(columns="sample_count"))
     codes = series_numbers(frame, keys)
     if "sample_count" in frame:
-        held = _on_grid(frame["t"].to_numpy(), codes, frame["sample_count"].to_numpy(np.float64), step)
+        held = _on_grid(frame["t"].to_numpy(), codes, frame["sample_count"].to_numpy(), step)
         if held is not None:
             out = frame.drop(columns="sample_count")
-            return unfilled(out.assign(held_s=held.astype(np.float32)) if with_held else out)
+            return unfilled(out.assign(held_s=held) if with_held else out)
     # Frames are time-sorted, so a stable sort by series gives (series, t) order; numpy
     # radix-sorts 16-bit integers.
     narrow = np.int16 if len(codes) and codes.max() < 2 ** 15 else np.int32
@@ -160,15 +160,18 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
 
 
 def _on_grid(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, step: float) -> np.ndarray | None:
-    """`held_s` of a reduced frame (one row per series and grid point, several samples
+    """`held_s` of a reduced frame, float32 (one row per series and grid point, several samples
     per step) without sorting: a run's inner steps stand for the whole step, its first
     and last for their samples; each row stands for the step before its time, so
     none reaches past the window. None where a series is sampled slower than the step
     (it needs filling: the general path) or rows are off the grid. Whole-length passes
     are few: a week of a thousand GPUs is eleven million rows, and only run edges
-    need more than the step."""
+    need more than the step. Row-long temporaries are few and made in place: two tables
+    are held side by side, and this was the peak of a week's read."""
     first = float(t[0])
-    col = np.rint((t - first) / step).astype(np.int64)
+    col = np.subtract(t, first)
+    col /= step
+    col = np.rint(col, out=col).astype(np.int64)
     probe = np.linspace(0, len(t) - 1, min(len(t), 4096)).astype(np.int64)
     if np.abs(first + col[probe] * step - t[probe]).max() > 1e-6 * step:
         return None
@@ -176,10 +179,17 @@ def _on_grid(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, step: float)
     # Time-major cells, as the rows come: the look-ups walk memory in order. A spare
     # point at the end, so that no run reads past the grid.
     present = np.zeros((int(col.max()) + 2) * series, bool)
-    cell = col * series + codes
+    cell = col * series
+    cell += codes
     present[cell] = True
-    after, before = present[cell + series], present[np.maximum(cell - series, 0)] & (col > 0)
+    near = np.add(cell, series)
+    after = present[near]
+    np.subtract(cell, series, out=near)
+    before = present[np.maximum(near, 0, out=near)]
+    del near, cell
+    before &= col > 0
     edge = np.flatnonzero(~(after & before))
+    del col
     samples = np.fmax(samples, 1.0)             # NaN (a point no count answered for) is one sample
     if (~(after[edge] | before[edge]) & (samples[edge] <= 1)).any():
         return None     # a lone sample between steps without any: a series slower than the step in part
@@ -193,6 +203,6 @@ def _on_grid(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, step: float)
     if not known.any() or (interval[known] >= COARSE * step).any():
         return None
     interval[~known] = np.median(interval[known])
-    held = np.full(len(t), step)
+    held = np.full(len(t), step, np.float32)    # seconds: float32 holds them to the millisecond
     held[edge] = np.minimum(samples[edge] * interval[codes[edge]], step)
     return held

@@ -8,8 +8,8 @@ import pandas as pd
 
 
 def category_codes(column: pd.Series) -> tuple[np.ndarray, int]:
-    cat = column if column.dtype == "category" else column.astype("category")
-    return cat.cat.codes.to_numpy().astype(np.int64), len(cat.cat.categories)
+    codes, size = _narrow_codes(column)
+    return codes.astype(np.int64), size
 
 
 def text(column: pd.Series) -> np.ndarray:
@@ -47,14 +47,26 @@ def series_numbers(frame: pd.DataFrame, by: tuple[str, ...]) -> np.ndarray:
         return np.zeros(0, np.int64)
     if len(by) == 1:
         # One categorical key: its codes already number the series; drop unused categories.
-        raw, size = category_codes(frame[by[0]])
-        used = np.bincount(raw + 1, minlength=size + 1) > 0
-        return (np.cumsum(used) - 1)[raw + 1]
+        # Indexed by the narrow codes themselves (a missing label's -1 reads the table's last
+        # entry): no int64 copy of every row's code, which a week of 11 M rows makes 88 MB.
+        codes, size = _narrow_codes(frame[by[0]])
+        used = np.zeros(size + 1, bool)
+        used[codes] = True
+        number = np.cumsum(np.roll(used, 1)) - 1          # a missing label first, as it sorts
+        return np.roll(number, -1)[codes]
     combined = np.zeros(len(frame), np.int64)
     for col in by:
-        raw, size = category_codes(frame[col])
-        combined = combined * (size + 1) + (raw + 1)
-    return pd.factorize(combined)[0].astype(np.int64)
+        codes, size = _narrow_codes(frame[col])
+        combined *= size + 1         # in place: one row-long array, not three per key
+        combined += codes
+        combined += 1
+    return pd.factorize(combined)[0].astype(np.int64, copy=False)
+
+
+def _narrow_codes(column: pd.Series) -> tuple[np.ndarray, int]:
+    """A label column's categorical codes as stored (int8 or int16 for a fleet's labels), -1 where missing."""
+    cat = column if column.dtype == "category" else column.astype("category")
+    return cat.cat.codes.to_numpy(), len(cat.cat.categories)
 
 
 def series_codes(frame: pd.DataFrame, by: tuple[str, ...], labels: tuple[str, ...] = ()

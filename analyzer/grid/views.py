@@ -91,18 +91,27 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
     """`counters` become per-bin increases (counter_delta), spread over the bins their
     sample stands for where the frame says which rows are held over (`spread`);
     `summed` columns add up the rows that fall in one bin (time held,
-    analyzer.grid.holding) where others keep the last; float64 columns stay float64 only
+    analyzer.grid.holding) where others keep the last, in float32 where that holds every
+    sum exactly (readers widen them before they multiply); float64 columns stay float64 only
     when named in `wide` (all of them when it is None): a week of timestamps needs the
     precision, a loss or an increase does not."""
     codes, keys = series_codes(frame, by, labels)
     # Half up, not to even: samples a store aligned half a step off the window's start would
     # otherwise pair up in every other bin, and no two bins in a row would hold a counter.
-    col = np.floor((frame["t"].to_numpy() - start) / step + 0.5).astype(np.int64) if len(frame) else codes
+    # Row-long arrays are made in place: the rank and gpu grids are built side by side.
+    col = codes
+    if len(frame):
+        col = np.subtract(frame["t"].to_numpy(), start)
+        col /= step
+        col += 0.5
+        col = np.floor(col, out=col).astype(np.int64)
     keep = (col >= 0) & (col < n)
     if not keep.all():
         codes, col = codes[keep], col[keep]
     s = len(keys)
-    cell = codes * n + col                 # one flat index, computed once for every column
+    cell = codes * n                       # one flat index, computed once for every column
+    cell += col
+    del codes, col
     present = np.zeros((s, n), bool)
     present.ravel()[cell] = True
     sampled = None
@@ -113,12 +122,17 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
     owner = _owners(present, sampled) if counters and sampled is not None and not sampled[present].all() else None
     values = {}
     cumulative = np.empty((s, n)) if counters else None     # one buffer for every counter
-    for name in columns:
+    # Sums first: their float64 bincount is briefly beside its float32 copy, before the other grids exist.
+    for name in sorted(columns, key=lambda c: c not in summed):
         data = frame[name].to_numpy()
         if not keep.all():
             data = data[keep]
         if name in summed:
-            values[name] = np.bincount(cell, weights=data, minlength=s * n).reshape(s, n)
+            total = np.bincount(cell, weights=data, minlength=s * n)
+            # A reduced read has one row a cell: its float32 seconds, exact in half the memory.
+            narrow = total.astype(np.float32)
+            values[name] = (narrow if _same(narrow, total) else total).reshape(s, n)
+            del total, narrow
             continue
         if name in counters:
             cumulative.fill(np.nan)
@@ -129,7 +143,12 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         arr = np.full((s, n), np.nan, dtype=np.float64 if exact else np.float32)
         arr.ravel()[cell] = data
         values[name] = arr
-    return Grid(keys, values, present, sampled)
+    return Grid(keys, {name: values[name] for name in columns}, present, sampled)
+
+
+def _same(narrow: np.ndarray, wide: np.ndarray, at_once: int = 1 << 20) -> bool:
+    """np.array_equal of two flat arrays, a slice at a time: no widened copy of the whole."""
+    return all(np.array_equal(narrow[at:at + at_once], wide[at:at + at_once]) for at in range(0, len(wide), at_once))
 
 
 def _owners(present: np.ndarray, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,0 +1,83 @@
+"""A long window's analysis makes few temporaries the size of a table or a grid.
+
+A week of a thousand GPUs is 11 M rows a table and 90 MB a (gpu, time) float64 grid:
+every whole-size copy shows in the peak RSS (docs/benchmarks.md). numpy reports its
+allocations to tracemalloc, so the peak of each step is measured here on a small fleet,
+in units of its own rows or cells; the bounds sit between the step's in-place code and
+the copies it made before.
+"""
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from burnrate.analyzer.costing import accounting
+from burnrate.analyzer.grid import resample
+from burnrate.analyzer.grid.holding import hold_table
+from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS, Views
+from burnrate.analyzer.sources import RecordingSource
+from burnrate.analyzer.sources.recording_tables import Span, load_table
+from burnrate.simulator.simulate import Spec, simulate
+
+POINTS = 360     # 12 hours at 15 s read at 120 s steps: several samples a step, as a week is read
+
+
+def peak_bytes(fn) -> int:
+    """The most memory `fn` held at once beyond what was allocated before it."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        fn()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("memory") / "rec")
+    simulate(root, Spec(nodes=2, gpus_per_node=8, hours=12.0, step_s=15.0, seed=1, end=1_800_000_000.0))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(resample, "MAX_POINTS", POINTS)
+        frames = RecordingSource(root).frames(columns=ANALYSIS_COLUMNS)
+    assert frames.step_s == 120.0
+    return root, frames
+
+
+def test_holding_a_reduced_table_copies_its_rows_few_times(reduced):
+    root, frames = reduced
+    first, points = resample.grid_points(frames.window, frames.step_s)
+    span = Span(frames.window.start, first + (points - 1) * frames.step_s, first, frames.step_s)
+    table = load_table(root, "gpu", ["gpu_util"], span)
+    assert len(table) > 5000 and table["sample_count"].min() > 1
+    rows = len(table) * 8
+    # 5.1 rows of float64 at once; 7.0 before the time and cell indices were made in place.
+    assert peak_bytes(lambda: hold_table(table, ("UUID",), frames.step_s, frames.window.end)) < 6 * rows
+
+
+def test_building_the_gpu_grid_copies_few_grids(reduced):
+    _, frames = reduced
+    views = Views(frames)
+    cells = 16 * views.n * 8
+    # 4.1 float64 grids at once; 7.5 before its row indices were made in place.
+    assert peak_bytes(lambda: views.gpu) < 5.5 * cells
+    assert views.gpu.size == 16
+    # Four float32 signals and the held seconds, float32 too where that holds them exactly
+    # (three float64 grids' size before).
+    assert sum(values.nbytes for values in views.gpu.values.values()) == 2.5 * cells
+    np.testing.assert_array_equal(views.gpu.values["held_s"].sum(axis=1, dtype=np.float64),
+                                  frames.gpu.groupby("UUID", observed=True)["held_s"].sum().to_numpy(np.float64))
+
+
+def test_the_accounting_holds_few_grids_at_once(reduced, monkeypatch):
+    _, frames = reduced
+    views = Views(frames).build()
+    before = accounting.account(views)
+    monkeypatch.setattr(accounting, "ROWS_AT_ONCE", 4, raising=False)
+    cells = views.gpu.size * views.n * 8
+    # 3.6 float64 grids at once; 5.7 before the holders were gathered a block of GPUs at a time.
+    assert peak_bytes(lambda: accounting.account(views)) < 4.5 * cells
+    after = accounting.account(views)
+    assert after.to_dict() == before.to_dict()
+    np.testing.assert_array_equal(after.row_gpu_hours, before.row_gpu_hours)
+    np.testing.assert_array_equal(after.cell_seconds, before.cell_seconds)
