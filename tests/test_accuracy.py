@@ -63,10 +63,12 @@ def default_fleets(tmp_path_factory) -> list[tuple[list[Finding], list[dict], fl
 
 
 # `burnrate simulate` runs training fleets; serving and notebooks' own kinds are scored on
-# fleets written from the contract (tests/test_real_clusters.py) and in test_detectors.py.
-# The simulator plants no restarts or checkpoints: the ledger's findings are checked against
-# runs with known restarts in test_ledger, test_contract_ledger and test_ledger_torchrun.
-SIMULATED_KINDS = tuple(k for k in KINDS if k != "underused_gpu" and k not in ledger_findings.KINDS)
+# fleets written from the contract (tests/test_real_clusters.py, test_serving_rightsizing.py)
+# and in test_detectors.py. The simulator plants no restarts or checkpoints: the ledger's
+# findings are checked against runs with known restarts in test_ledger, test_contract_ledger
+# and test_ledger_torchrun.
+SIMULATED_KINDS = tuple(k for k in KINDS if k not in ("underused_gpu", "oversized_serving")
+                        and k not in ledger_findings.KINDS)
 
 
 def test_precision_and_recall_per_detector(default_fleets):

@@ -96,11 +96,11 @@ def test_the_dashboard_shows_each_cluster_apart(two_clusters, tmp_path):
     from burnrate.dashboard.pages import jobs   # registered by create_app
     with app.server.test_request_context():
         for search, kept in (("?range=1h", "?range=1h"), ("?cluster=us-2&range=1h", "?cluster=us-2&range=1h")):
-            page = jobs.update(search, 1)
+            page, _, _ = jobs.update(search, 1)      # the table, the progress line, the poll's state
             (table,) = [c for c in page if getattr(c, "id", None) == "jobs-table"]
             (llm,) = [r for r in table.data if r["job"].startswith("[llm]")]
             assert llm["gpus"] == 2 and llm["job"] == f"[llm](/job/ml/llm{kept})", search
-        unknown = str(jobs.update("?cluster=ap-3", 1))
+        unknown = str(jobs.update("?cluster=ap-3", 1)[0])
         assert "No cluster 'ap-3' in this store (it holds eu-1, us-2)." in unknown
     assert range_search("?cluster=us-2&range=1h&kind=idle_gpu") == "?cluster=us-2&range=1h"
     # The picker writes the URL; the first cluster needs no parameter.

@@ -27,11 +27,17 @@ DAY = 86400.0
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """An hour of a fleet ending two minutes ago in a Prometheus keeping 15 days, and the
+    """An hour of a fleet ending two minutes ago (or, just after midnight UTC, ten minutes
+    before it) in a Prometheus keeping 15 days, and the
     summaries kept of another fleet's hour the day before; the report's window starts two
     days before the store's."""
     tmp = tmp_path_factory.mktemp("showback-summaries")
-    spec = Spec(nodes=1, gpus_per_node=2, hours=1.0, step_s=STEP, seed=3, end=time.time() // STEP * STEP - 120)
+    end = time.time() // STEP * STEP - 120
+    # The store's hour lies within one UTC day, which the test reads as "today": just after
+    # midnight, the hour before it.
+    midnight = period_start(end, "day")
+    end = end if end - 3600 - 300 >= midnight else midnight - 600
+    spec = Spec(nodes=1, gpus_per_node=2, hours=1.0, step_s=STEP, seed=3, end=end)
     simulate(str(tmp / "rec"), spec)
     first, end = spec.start_end()
     today = period_start(first, "day")

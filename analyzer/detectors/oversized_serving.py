@@ -53,7 +53,8 @@ def detect(data: Frames | Views, config: Config = Config(), underused: underused
         if kind is None or kind.name != SERVING:
             continue
         sized = rightsize(v, rows, underused.target_util_pct, idle.util_max_pct)
-        if sized is None or sized["present_hours"] < underused.min_hours:
+        # A fleet without any traffic in the window is idle (idle_gpu's), not one to size.
+        if sized is None or sized["present_hours"] < underused.min_hours or not sized["peak_gpus"]:
             continue
         saved = sized["saved_gpu_hours"]["scale_to_zero"]
         if saved < config.min_saved_pct / 100 * sized["fleet_gpu_hours"]:

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         runs = [] if before is None else kept.ended_in(before)
         if before is not None and not runs:
             period_notes.append(kept.none_note(before))
-        in_store = 0 if held is None or before is None else kept.from_store_in(held)
+        in_store = 0 if held is None or kept is None else kept.from_store_in(held)
         if in_store:
             period_notes.append(f"{in_store} kept run(s) ending in the store's span are counted from the store, "
                                 "not from their summaries")
