@@ -49,3 +49,11 @@ def _every_report_keeps_its_waste_within_its_cost():
     from tests.invariants import every_report_checked
     with every_report_checked():
         yield
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory):
+    """The showback tests' fleet in a real Prometheus (tests/test_showback.py), built once for
+    the modules that read it."""
+    from tests.test_showback import serve_fleet
+    yield from serve_fleet(tmp_path_factory)

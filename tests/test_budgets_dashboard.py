@@ -18,7 +18,7 @@ from burnrate.dashboard.ui import current_service
 from tests.conftest import require
 from tests.test_budgets_report import BUDGETS, END
 from tests.test_dashboard_showback import app  # noqa: F401  (the page over the fleet's Prometheus, a fixture)
-from tests.test_showback import START, store  # noqa: F401  (the fleet's Prometheus, a fixture)
+from tests.test_showback import START
 
 SEARCH = with_params(f"?start={START!r}&end={END - 0.001!r}", period="week")
 
@@ -30,7 +30,7 @@ def budgets_app(app):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def reported(store, tmp_path_factory):  # noqa: F811
+def reported(store, tmp_path_factory):
     """`burnrate report --budgets --format json`'s block for the page's window."""
     import contextlib
     import io

@@ -12,7 +12,7 @@ import statistics
 import pytest
 
 from burnrate.cli import main as burnrate
-from tests.test_showback import CAPACITY, DAY, RATE, START, WORKLOADS, store  # noqa: F401  (the fixture)
+from tests.test_showback import CAPACITY, DAY, RATE, START, WORKLOADS
 
 END = START + 2.5 * DAY
 WEEK_START = START - 4 * DAY
@@ -35,7 +35,7 @@ def spent(namespace: str, start: float, end: float) -> float:
 
 
 @pytest.mark.slow
-def test_spent_and_forecast_meet_the_arithmetic(store, capsys, tmp_path):  # noqa: F811
+def test_spent_and_forecast_meet_the_arithmetic(store, capsys, tmp_path):
     path = tmp_path / "budgets.yaml"
     path.write_text(BUDGETS)
     html = tmp_path / "page.html"

@@ -16,13 +16,13 @@ from burnrate.dashboard.timerange import with_params
 from burnrate.dashboard.ui import current_service
 from burnrate.simulator.simulate import Spec, simulate
 from tests.conftest import require
-from tests.test_showback import END, START, report, store  # noqa: F401  (the fleet's Prometheus, a fixture)
+from tests.test_showback import END, START, report
 
 WINDOW = f"?start={START!r}&end={END - 0.001!r}"
 
 
 @pytest.fixture(scope="module")
-def app(store):  # noqa: F811
+def app(store):
     parser = argparse.ArgumentParser()
     add_source_arguments(parser, "")
     options = source_options(parser.parse_args(["--prometheus", store]))   # the store as `burnrate report` opens it
@@ -52,7 +52,7 @@ def expected_rows(doc: dict) -> list[tuple[str, str, str, str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("by", ["namespace", "label:team"])
-def test_the_showback_table_holds_the_reports_dollars_and_change(app, store, capsys, by):  # noqa: F811
+def test_the_showback_table_holds_the_reports_dollars_and_change(app, store, capsys, by):
     doc = json.loads(report(capsys, store, "--by", by, "--format", "json"))
     rows = page_rows(app, with_params(WINDOW, by=by, period="day"))
     assert [(r[0], r[1], r[3], r[9]) for r in rows] == expected_rows(doc)
@@ -68,7 +68,7 @@ def test_the_showback_table_holds_the_reports_dollars_and_change(app, store, cap
 
 
 @pytest.mark.slow
-def test_a_range_within_one_period_reuses_the_pages_analysis(app, store, capsys):  # noqa: F811
+def test_a_range_within_one_period_reuses_the_pages_analysis(app, store, capsys):
     doc = json.loads(report(capsys, store, "--format", "json", "--period", "month"))
     rows = page_rows(app, with_params(WINDOW, period="month"))
     assert [(r[0].split(" ")[0], r[1], r[3], r[9]) for r in rows] == expected_rows(doc)
@@ -107,7 +107,7 @@ def test_the_choice_lives_in_the_url():
 
 
 @pytest.mark.slow
-def test_the_browser_shows_the_reports_rows(app, store, capsys, tmp_path):  # noqa: F811
+def test_the_browser_shows_the_reports_rows(app, store, capsys, tmp_path):
     pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait

@@ -67,8 +67,9 @@ def pod_labels(fleet) -> list[Series]:
     return out
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def serve_fleet(tmp_path_factory):
+    """The teams' fleet, with its pods' labels, in a real Prometheus: its URL. One for the
+    session (tests/conftest.py's `store`): the showback, budgets and Cost page tests read it."""
     require("prometheus")
     tmp = tmp_path_factory.mktemp("showback")
     fleet = generate(NODES, WORKLOADS, START, END, seed=3)
