@@ -368,10 +368,12 @@ def test_fleet_needs_a_store():
                                                 "it needs --prometheus URL"]
 
 
-def test_a_simulated_fleet_is_found_and_costed_alike(tmp_path):
-    end = START + 3 * 3600.0
+def simulated_store(tmp_path, nodes: int, end: float, ruler_from: float) -> tuple[str, str]:
+    """Three simulated hours of `nodes` 8-GPU nodes at 15 s up to `end`, with the agent's
+    GPU-second counters, back-filled into a TSDB, and the roll-ups a ruler running since
+    `ruler_from` kept there: the TSDB's path and the rules file's."""
     recording = str(tmp_path / "rec")
-    simulate(recording, Spec(nodes=8, gpus_per_node=8, hours=3.0, step_s=15.0, seed=7, end=end))
+    simulate(recording, Spec(nodes=nodes, gpus_per_node=8, hours=3.0, step_s=15.0, seed=7, end=end))
     text = tmp_path / "fleet.om"
     with open(text, "w", encoding="utf-8") as fh:
         write_openmetrics(recording, fh, columns=ANALYSIS_COLUMNS, end=False)
@@ -381,7 +383,13 @@ def test_a_simulated_fleet_is_found_and_costed_alike(tmp_path):
     subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(text), data],
                    check=True, capture_output=True, timeout=300)
     rules = rollup_rules(tmp_path)
-    evaluate_in_prometheus(tmp_path, data, rules, end - 3 * 3600.0, end)
+    evaluate_in_prometheus(tmp_path, data, rules, ruler_from, end)
+    return data, rules
+
+
+def test_a_simulated_fleet_is_found_and_costed_alike(tmp_path):
+    end = START + 3 * 3600.0
+    data, rules = simulated_store(tmp_path, 8, end, end - 3 * 3600.0)
     with prometheus(tmp_path, storage=data, config=f"rule_files: [{rules!r}]\n") as prom:
         source = PrometheusSource(prom.url, min_step_s=15.0)
         window = Window(end - 4 * 3600.0, end + 600.0)
@@ -396,18 +404,7 @@ def test_roll_ups_over_part_of_the_data_are_read_only_by_a_window_they_cover(tmp
     is read per GPU (fleet mode would read every node per GPU for the hours before), the
     last hour by the roll-ups."""
     end = START + 3 * 3600.0
-    recording = str(tmp_path / "rec")
-    simulate(recording, Spec(nodes=2, gpus_per_node=8, hours=3.0, step_s=15.0, seed=7, end=end))
-    text = tmp_path / "fleet.om"
-    with open(text, "w", encoding="utf-8") as fh:
-        write_openmetrics(recording, fh, columns=ANALYSIS_COLUMNS, end=False)
-        write_gpu_time(recording, fh, 15.0)
-        fh.write("# EOF\n")
-    data = str(tmp_path / "tsdb")
-    subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(text), data],
-                   check=True, capture_output=True, timeout=300)
-    rules = rollup_rules(tmp_path)
-    evaluate_in_prometheus(tmp_path, data, rules, end - 5400.0, end)
+    data, rules = simulated_store(tmp_path, 2, end, end - 5400.0)
     with prometheus(tmp_path, storage=data, config=f"rule_files: [{rules!r}]\n") as prom:
         source = PrometheusSource(prom.url, min_step_s=15.0)
         whole = choose(source, Window(end - 4 * 3600.0, end + 600.0))
