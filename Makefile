@@ -33,10 +33,12 @@ demo: $(DEMO_STAMP)
 	$(PY) -m burnrate demo --duration $(DEMO_SECONDS)
 
 # The Debian tools the tests drive for real (tests/tools.py): named, with the line that installs
-# them, before anything runs; .ci/run installs them.
+# them, before anything runs; .ci/run installs them. Two workers, then the timed modules alone
+# (tests/conftest.py SERIAL).
 test: $(STAMP)
 	$(PY) tests/tools.py --check
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not serial"
+	$(PY) -m pytest -q -m serial
 
 bench: $(STAMP)
 	$(PY) bench/agent.py

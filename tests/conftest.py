@@ -29,6 +29,19 @@ def pytest_configure(config):
         atexit.register(shutil.rmtree, config.option.basetemp, ignore_errors=True)
 
 
+# Modules whose assertions rest on time measured under real load (a starved loader's share of
+# a step, a stall, an alert's `for:`, a thread or memory bound under a flood): `make test` runs
+# them alone after the others, which share the cores two at a time.
+SERIAL = {"test_demo", "test_alert_delivery", "test_trainer_ddp", "test_ledger_torchrun", "test_trainer_agent",
+          "test_server_slow_clients", "test_agent_memory", "test_recording_full_disk", "test_budgets_serve"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rpartition(".")[2] in SERIAL:
+            item.add_marker(pytest.mark.serial)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

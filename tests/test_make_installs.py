@@ -56,7 +56,9 @@ def test_make_test_installs_everything_the_tests_use(tmp_path, demo_first):
     lines = dry_run("test", venv)
     assert installs(lines) == ([".[all]"] if demo_first else [".[demo]", ".[all]"])
     assert sum(" -m venv " in line for line in lines) == (0 if demo_first else 1)
-    assert lines[-1].endswith("-m pytest -q")
+    # the suite on two workers, then the timed modules alone
+    assert [line.split(" -m pytest ", 1)[1] for line in lines[-2:]] == ['-q -n 2 --dist loadfile -m "not serial"',
+                                                                         "-q -m serial"]
     venv.mkdir(exist_ok=True)
     for stamp in (".installed-demo", ".installed"):   # both built: neither target installs again
         (venv / stamp).touch()
