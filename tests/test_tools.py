@@ -38,7 +38,9 @@ def test_with_them_all_installed_nothing_is_missing():
 def test_make_test_checks_them_before_pytest():
     with open(os.path.join(ROOT, "Makefile")) as fh:
         recipe = fh.read().split("\ntest: ", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
-    assert [line.strip() for line in recipe] == ["$(PY) tests/tools.py --check", "$(PY) -m pytest -q"]
+    assert [line.strip() for line in recipe] == ["$(PY) tests/tools.py --check",
+                                                 '$(PY) -m pytest -q -n 2 --dist loadfile -m "not serial"',
+                                                 "$(PY) -m pytest -q -m serial"]
 
 
 def test_a_test_whose_tool_is_missing_fails_naming_its_package(monkeypatch, tmp_path):
