@@ -2,6 +2,7 @@
 end of the period against figures worked out by hand."""
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
 import pytest
@@ -141,3 +142,21 @@ def test_a_window_ending_at_a_period_s_first_instant_is_the_period_before_s():
     assert block["period"] == "2026-11-03"
     [team] = block["teams"]
     assert (team["spent_dollars"], team["status"]) == (150.0, "over")
+
+
+def test_a_daily_report_with_budgets_analyses_each_day_once(tmp_path, monkeypatch, capsys):
+    """With `--period day`, the budgets' days are the report's periods: one analysis each."""
+    from burnrate.analyzer.output import showback_command
+    from burnrate.cli import main as burnrate
+    from burnrate.simulator.simulate import Spec, simulate
+
+    simulate(str(tmp_path / "rec"), Spec(nodes=1, gpus_per_node=2, hours=30.0, seed=3, end=NOV + 2 * DAY + 3600))
+    (tmp_path / "b.yaml").write_text("budgets:\n  - {namespace: nlp, daily_dollars: 100}\n")
+    asked = []
+    real = showback_command.period_report
+    monkeypatch.setattr(showback_command, "period_report", lambda *a: asked.append(a[3]) or real(*a))
+    assert burnrate(["report", "--recording", str(tmp_path / "rec"), "--period", "day", "--format", "json",
+                     "--budgets", str(tmp_path / "b.yaml")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["periods"]) == 3 and doc["budgets"]["period"] == "2026-11-03"
+    assert len(asked) == len(set(asked)) == 3

@@ -109,12 +109,20 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--summaries {args.summaries}: {str(exc).splitlines()[0] or type(exc).__name__}") from None
         if kept.torn:
             notes.append(f"{args.summaries}: skipped {kept.torn} torn line(s)")
+    reports: dict[Window, object] = {}
+
+    def analysed(part: Window):
+        """A part's report, analysed once: with `--period day`, the budgets' days are the periods'."""
+        if part not in reports:
+            reports[part] = period_report(args, options, source, part, key, "table")
+        return reports[part]
+
     for period in periods(whole, args.period, now):
         before, held = (None, period.window) if kept is None else kept.split(period.window)
         # the very analysis `burnrate analyze --start --end` runs for the period's window (its
         # part in the store); as for its table, what it notes goes into the notes. Teams by a
         # pod label need every pod's GPU-hours: per GPU, not from the roll-ups.
-        report = None if held is None else period_report(args, options, source, held, key, "table")
+        report = None if held is None else analysed(held)
         period_notes = list(report.notes) if report is not None else [NO_SAMPLES] if held is not None else []
         runs = [] if before is None else kept.ended_in(before)
         if before is not None and not runs:
@@ -137,8 +145,7 @@ def run(args: argparse.Namespace) -> int:
     if budgets is not None:
         doc["budgets"] = budget_report.budget_block(
             budgets, args.by, args.period, whole.end, now,
-            lambda day: budget_report.report_dollars(period_report(args, options, source, day, key, "json"),
-                                                     source, key, day, pod_labels))
+            lambda day: budget_report.report_dollars(analysed(day), source, key, day, pod_labels))
     if args.html is not None:
         try:
             with open(args.html, "w", encoding="utf-8") as fh:
