@@ -35,6 +35,8 @@ from burnrate.exporter.snapshot import NodeInfo, Snapshot
 log = logging.getLogger("burnrate.agent")
 
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+# --once on real GPUs: the interval its first read opens, as `nvidia-smi dmon` samples every second.
+ONCE_INTERVAL_S = 1.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,7 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="dcgm-exporter counters file (field, type, help per line) choosing the DCGM series "
                    "exported (default: dcgm-exporter's default set)")
     p.add_argument("--once", action="store_true",
-                   help="take one sample (after draining pending telemetry), print the exposition, exit")
+                   help="take one sample (after draining pending telemetry), print the exposition, exit; on real GPUs "
+                   "two samples a second apart, since activity and rates cover the time between two")
 
 
 def _cluster(name: str | None, label: str) -> dict[str, str]:
@@ -230,6 +233,10 @@ def run(args: argparse.Namespace) -> int:
                 telemetry.wait_idle(timeout=2.0)
             if isinstance(attribution, Attributor):
                 attribution.refresh()
+            if reader.needs_interval:
+                # The first read only starts the intervals that GPM activity and the rates cover.
+                sampler.collect()
+                time.sleep(ONCE_INTERVAL_S)
             sampler.collect()
             sys.stdout.buffer.write(exposition.plain())
             return 0

@@ -144,13 +144,15 @@ def test_full_hopper_gpu_reports_every_catalog_field(make: MakeReader) -> None:
 def test_utilization_is_the_mean_of_the_samples_since_the_last_read(make: MakeReader) -> None:
     gpu = FakeGpu(util_samples=[(1_000, 10), (2_000, 20), (3_000, 60)],
                   mem_util_samples=[(1_000, 4), (2_000, 8)], util_rates=(99, 99))
-    nvml, reader = make(gpu)
+    clock = FakeClock()
+    nvml, reader = make(gpu, clock=clock)
     (first,) = reader.read()
     assert first.fields["gpu_util"] == pytest.approx(30.0)
     assert first.fields["mem_copy_util"] == pytest.approx(6.0)
 
     gpu.util_samples += [(4_000, 100), (5_000, 50)]
     gpu.mem_util_samples += [(3_000, 30)]
+    clock.now += 10.0   # an interval longer than the driver's sample period
     (second,) = reader.read()
     assert second.fields["gpu_util"] == pytest.approx(75.0)   # only the two new samples
     assert second.fields["mem_copy_util"] == pytest.approx(30.0)
@@ -158,9 +160,34 @@ def test_utilization_is_the_mean_of_the_samples_since_the_last_read(make: MakeRe
 
     # An idle GPU's sample buffer runs dry (NOT_FOUND): the instant rate stands in.
     gpu.util_rates = (0, 0)
+    clock.now += 10.0
     (idle,) = reader.read()
     assert idle.fields["gpu_util"] == 0
     assert idle.fields["mem_copy_util"] == 0
+
+
+def test_at_one_second_the_rate_stands_for_the_interval_and_costly_counters_are_held(make: MakeReader) -> None:
+    # Measured on an H200 (bench/RESULTS.md): the samples cost 2.5 ms of CPU each, total
+    # energy 4 ms, a violation counter 0.8 ms, a maximum clock 1.6 ms; a plain field 2 us.
+    gpu = FakeGpu(util_samples=[(1_000, 10)], mem_util_samples=[(1_000, 3)], util_rates=(42, 7), energy_mj=1_000)
+    clock = FakeClock()
+    nvml, reader = make(gpu, clock=clock)
+    reader.read()
+    energies = []
+    for _ in range(25):
+        clock.now += 1.0
+        gpu.energy_mj += 700_000   # 700 W
+        (reading,) = reader.read()
+        energies.append(reading.fields["energy_mj"])
+        assert (reading.fields["gpu_util"], reading.fields["mem_copy_util"]) == (42, 7)
+    assert nvml.calls[(0, "nvmlDeviceGetSamples")] == 2            # the first read's, once per type
+    assert nvml.calls[(0, "nvmlDeviceGetUtilizationRates")] == 25
+    assert nvml.calls[(0, "nvmlDeviceGetTotalEnergyConsumption")] == 3   # at 0, 10 and 20 s
+    assert nvml.calls[(0, "nvmlDeviceGetViolationStatus")] == 2 * 3      # power and thermal
+    assert nvml.calls[(0, "nvmlDeviceGetMaxClockInfo")] == 2             # SM and memory, once
+    # The counter is held, never made up: each value is one the driver gave, at most 10 s old.
+    assert energies[:9] == [1_000] * 9 and energies[9] == 1_000 + 10 * 700_000
+    assert energies[19] == 1_000 + 20 * 700_000
 
 
 def test_samples_not_supported_falls_back_to_instant_rates_without_retrying(make: MakeReader) -> None:

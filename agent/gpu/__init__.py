@@ -7,6 +7,10 @@ from burnrate.exporter.snapshot import GpuReading
 
 
 class GpuReader(Protocol):
+    # True where some values cover the time between two reads (sampled utilization, NVML GPM
+    # activity, NVLink and PCIe rates), so the first read alone leaves them out.
+    needs_interval: bool
+
     def read(self) -> list[GpuReading]:
         """One reading per GPU. A failing GPU yields a reading with up=False; it
         never raises for one GPU's sake."""

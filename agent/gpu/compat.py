@@ -5,7 +5,7 @@ same numbers; a field the GPU does not have stays absent.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 _MIB = 1024 * 1024
 # NVML's PCIe throughput sensor answers in KiB/s, over a 20 ms window.
@@ -14,11 +14,19 @@ _KIB = 1024
 OptionalCall = Callable[..., Any]   # NvmlReader._optional bound to one GPU
 
 
-def read(nvml: Any, handle: Any, optional: OptionalCall, value: Callable[[int, Any], float],
+class Calls(NamedTuple):
+    """How one GPU's NVML is asked, each as `call(key, fn, *args)`: None when unsupported
+    (remembered) or failing this time."""
+    every_read: OptionalCall
+    slow: OptionalCall     # held between reads for NvmlReader's SLOW_EVERY_S
+    fixed: OptionalCall    # asked once
+
+
+def read(nvml: Any, handle: Any, calls: Calls, value: Callable[[int, Any], float],
          fields: dict[str, float], gpm: bool) -> None:
-    """Add what this GPU gives of the compatibility fields to `fields`. `optional(key, fn,
-    *args)` calls NVML, None when unsupported (remembered) or failing this time; `value`
-    reads an NVML value union by its type; `gpm` says the GPM sampler supplies the PCIe rates."""
+    """Add what this GPU gives of the compatibility fields to `fields`. `value` reads an NVML
+    value union by its type; `gpm` says the GPM sampler supplies the PCIe rates."""
+    optional = calls.every_read
     temps = optional("memory_temp", nvml.nvmlDeviceGetFieldValues, handle, [nvml.NVML_FI_DEV_MEMORY_TEMP])
     if temps is not None and temps[0].nvmlReturn == nvml.NVML_SUCCESS:
         fields["memory_temp_c"] = value(temps[0].valueType, temps[0].value)
@@ -35,11 +43,11 @@ def read(nvml: Any, handle: Any, optional: OptionalCall, value: Callable[[int, A
             put(fields, key, optional("pcie_throughput", nvml.nvmlDeviceGetPcieThroughput, handle, counter), _KIB)
     for key, policy in (("power_violation_ns", nvml.NVML_PERF_POLICY_POWER),
                         ("thermal_violation_ns", nvml.NVML_PERF_POLICY_THERMAL)):
-        status = optional("violation", nvml.nvmlDeviceGetViolationStatus, handle, policy)
+        status = calls.slow("violation", nvml.nvmlDeviceGetViolationStatus, handle, policy)
         if status is not None:
             fields[key] = status.violationTime
     for key, clock in (("max_sm_clock_mhz", nvml.NVML_CLOCK_SM), ("max_mem_clock_mhz", nvml.NVML_CLOCK_MEM)):
-        put(fields, key, optional("max_clock", nvml.nvmlDeviceGetMaxClockInfo, handle, clock))
+        put(fields, key, calls.fixed("max_clock", nvml.nvmlDeviceGetMaxClockInfo, handle, clock))
     put(fields, "enforced_power_limit_w", optional("power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle),
          1e-3)
 

@@ -79,6 +79,8 @@ class SimulatedReader:
     `hot_gpus` cool badly and reach thermal slowdown under load.
     """
 
+    needs_interval = False
+
     def __init__(
         self,
         gpus: int = 8,

@@ -9,6 +9,8 @@ import ctypes
 import threading
 from typing import Any
 
+from ..thread_names import name_thread
+
 
 def handle_key(handle: Any) -> int:
     """A device handle's address. NVML handles are ctypes pointers: two pointer objects
@@ -64,6 +66,7 @@ class XidWatcher:
             return dict(self._counts.get(key, {})), self._last.get(key)
 
     def _run(self) -> None:
+        name_thread("nvml-xid")
         nvml = self._nvml
         while not self._stop.is_set():
             try:

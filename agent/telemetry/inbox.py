@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from burnrate.exporter.snapshot import RankState
+from ..thread_names import name_thread
 from .schema import MAX_MESSAGE_BYTES, Rejection, validate
 from .senders import Senders
 from .state import RankTable
@@ -161,7 +162,7 @@ class TelemetryInbox:
         self.close()
 
     def _read_loop(self) -> None:
-        _name_thread(READER_THREAD)
+        name_thread(READER_THREAD)
         receive = self._sock.recvmsg
         while True:
             try:
@@ -218,16 +219,6 @@ class TelemetryInbox:
         except OSError:  # closed: nothing more will be read
             return False
         return struct.unpack("i", answer)[0] > 0
-
-
-def _name_thread(name: str) -> None:
-    """Name the calling thread for the kernel, so that its CPU can be told from the rest of
-    the agent's (Python names threads only for itself)."""
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as comm:
-            comm.write(name)
-    except OSError:
-        pass   # a /proc that does not allow it: the name is only for people looking
 
 
 def _sender(ancillary: list) -> tuple[int, int]:
