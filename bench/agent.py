@@ -6,7 +6,10 @@ and gzip), collection time, the agent's RSS and CPU share of one core. The idle 
 first loaded phase are scraped every second, an upper bound; the last one at the
 interval the ServiceMonitor deploys (15 s), which is what a node pays in production.
 
-    .venv/bin/python bench/agent.py [--seconds 30] [--scrape-interval 15]
+    .venv/bin/python bench/agent.py [--seconds 30] [--scrape-interval 15] [--backend nvml]
+
+With `--backend nvml` the agent reads the machine's real GPUs through NVML instead, and the
+table adds the collection time per GPU.
 
 CPU is split by thread: the main thread (the sampler), the telemetry reader (its kernel
 name, READER_THREAD), and the rest (the HTTP server, which renders on the first scrape
@@ -136,10 +139,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
     parser.add_argument("--scrape-interval", type=float, default=15.0,
                         help="scrape interval of the last phase (default 15 s, the ServiceMonitor's)")
+    parser.add_argument("--backend", choices=("simulated", "nvml"), default="simulated",
+                        help="8 simulated GPUs (default), or the machine's own through NVML")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="burnrate-bench-")
     sock, port = os.path.join(tmp, "telemetry.sock"), free_port()
-    agent = subprocess.Popen([sys.executable, "-m", "burnrate", "agent", "--backend", "simulated", "--gpus", "8",
+    gpus = ["--gpus", "8"] if args.backend == "simulated" else []
+    agent = subprocess.Popen([sys.executable, "-m", "burnrate", "agent", "--backend", args.backend, *gpus,
                               "--interval", "1", "--listen", f"127.0.0.1:{port}", "--telemetry-socket", sock],
                              cwd=ROOT, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/metrics"
@@ -164,12 +170,16 @@ def main() -> int:
             text = resp.read().decode()
         received = metric(text, "burnrate_agent_telemetry_received_total")
         series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+        gpu_count = text.count("burnrate_gpu_up{")
     finally:
         agent.terminate()
         agent.wait(10)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"burnrate agent: 8 simulated GPUs, 1 s interval, {args.seconds:.0f} s per phase, "
+    if gpu_count:
+        for columns in results.values():
+            columns["collection per GPU (ms)"] = columns["collection (ms)"] / gpu_count
+    print(f"burnrate agent: {gpu_count} {'simulated' if args.backend == 'simulated' else 'NVML'} GPU(s), 1 s interval, {args.seconds:.0f} s per phase, "
           f"{os.cpu_count()} CPUs; {series} series; {received:.0f} telemetry messages received; "
           f"'{LOADED_DEPLOYED}' scrapes every {args.scrape_interval:g} s\n")
     columns = list(results)

@@ -4,7 +4,12 @@
 Blocks of steps rotate through the three loops in one process on one model, so that clock
 boosts, thermal drift and allocator state hit every side alike; reports go to a socket
 nobody reads. Target: at the default cadence the overhead stays within 0.5% of step time,
-with no added synchronization.
+with no added synchronization outside report steps.
+
+On a GPU, two checks of that last claim: the monitored loop runs with synchronizing CUDA
+calls made errors while no report is due, and the PyTorch profiler counts the
+synchronizing CUDA runtime calls of the plain and the default-cadence loop, next to the
+reports the monitor sent meanwhile.
 
     python bench/monitor_overhead.py [--model tiny] [--blocks 10] [--block-steps 20]
 """
@@ -17,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -45,8 +51,12 @@ def main() -> int:
     batch = torch.randint(0, cfg.vocab_size, (args.batch_size, cfg.block_size), device=device)
     scratch = tempfile.TemporaryDirectory()
     sock = str(Path(scratch.name) / "nobody.sock")
-    monitors = {"default": Monitor(model, seq_len=cfg.block_size, socket_path=sock),
-                "every step": Monitor(model, seq_len=cfg.block_size, every_steps=1, socket_path=sock)}
+    reports: Counter[str] = Counter()
+    monitors = {"default": Monitor(model, seq_len=cfg.block_size, socket_path=sock,
+                                   on_report=lambda _: reports.update(["default"])),
+                "every step": Monitor(model, seq_len=cfg.block_size, every_steps=1, socket_path=sock),
+                # never due within a run: every step is one between reports
+                "no report due": Monitor(model, seq_len=cfg.block_size, every_s=1e9, socket_path=sock)}
 
     def train_step() -> torch.Tensor:
         with autocast:
@@ -77,7 +87,7 @@ def main() -> int:
             torch.cuda.synchronize()
         return (time.perf_counter() - t0) / n
 
-    loops = {"plain": plain, **{f"monitor, {cadence}": monitored(mon) for cadence, mon in monitors.items()}}
+    loops = {"plain": plain, **{f"monitor, {cadence}": monitored(monitors[cadence]) for cadence in ("default", "every step")}}
     for loop in loops.values():
         loop(5)   # warm-up, every path
     times: dict[str, list[float]] = {label: [] for label in loops}
@@ -89,7 +99,7 @@ def main() -> int:
     # The monitor's own cost, without the training step's noise around it: the same calls
     # around an empty step, many times.
     empty = {}
-    for cadence in monitors:
+    for cadence in ("default", "every step"):
         mon = Monitor(flops_per_token=1.0, seq_len=cfg.block_size, socket_path=sock,
                       every_steps=1 if cadence == "every step" else 0)
         n = 20_000
@@ -100,7 +110,13 @@ def main() -> int:
             mon.step(samples=args.batch_size)
         empty[cadence] = (time.perf_counter() - t0) / n
         mon.close()
-    syncs = added_synchronizations(plain, loops["monitor, every step"], args.block_steps) if cuda else None
+    syncs = added_synchronizations(plain, monitored(monitors["no report due"]), args.block_steps) if cuda else None
+    profiled = None
+    if cuda:
+        steps = 5 * args.block_steps
+        before = reports["default"]
+        profiled = {"plain": sync_calls(plain, steps), "monitor, default": sync_calls(loops["monitor, default"], steps)}
+        profiled_reports = reports["default"] - before
     for mon in monitors.values():
         mon.close()
     scratch.cleanup()
@@ -116,15 +132,33 @@ def main() -> int:
         print(f"monitor alone, {cadence}: {cost * 1e6:.1f} us per step = {cost / base_median:.2%} of the plain median step")
     print("target: <= 0.5% at the default cadence")
     if syncs is not None:
-        print(f"device synchronizations added by the monitor (a report every step, "
-              f"torch.cuda.set_sync_debug_mode('error')): {syncs}")
+        print(f"synchronizing calls of the monitor between reports (torch.cuda.set_sync_debug_mode('error')): {syncs}")
+    if profiled is not None:
+        print(f"synchronizing CUDA runtime calls in {steps} steps (PyTorch profiler); the monitor sent "
+              f"{profiled_reports} report(s) meanwhile:")
+        for label, counts in profiled.items():
+            print(f"  {label:<18} {sum(counts.values()):>5}  {dict(sorted(counts.items())) or ''}")
     return 0
 
 
+# The CUDA runtime calls that wait for the device; a cudaMemcpy that is not Async waits too.
+SYNCHRONIZING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def sync_calls(loop, steps: int) -> Counter[str]:
+    """How many synchronizing CUDA runtime calls `loop` makes in `steps` steps, by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        loop(steps)
+    return Counter(e.name for e in prof.events() if e.name in SYNCHRONIZING)
+
+
 def added_synchronizations(plain, monitored, steps: int) -> str:
-    """'none' where the monitored loop runs with synchronizing CUDA calls made errors, else the
-    first such call; the plain loop is run so first, so that a step that synchronizes by itself
-    is not blamed on the monitor."""
+    """'none' where `monitored` (a loop with no report due) runs with synchronizing CUDA calls
+    made errors, else the first such call; the plain loop is run so first, so that a step that
+    synchronizes by itself is not blamed on the monitor."""
     for label, loop in (("the training step itself", plain), ("the monitor", monitored)):
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
