@@ -29,10 +29,11 @@ def pytest_configure(config):
         atexit.register(shutil.rmtree, config.option.basetemp, ignore_errors=True)
 
 
-# Modules whose assertions rest on time measured under real load (a starved loader's share of
-# a step, a stall, an alert's `for:`, a thread or memory bound under a flood): `make test` runs
-# them alone after the others, which share the cores two at a time.
-SERIAL = {"test_demo", "test_alert_delivery", "test_trainer_ddp", "test_ledger_torchrun", "test_trainer_agent",
+# Modules whose assertions rest on time measured under real load (an alert's `for:`, a ledger
+# read at the agent's interval, a thread or memory bound under a flood): `make test` runs them
+# alone after the others, which share the cores two at a time. A module whose other tests do
+# not time anything marks its timed tests `serial` one by one instead (test_trainer_ddp).
+SERIAL = {"test_demo", "test_alert_delivery", "test_ledger_torchrun", "test_trainer_agent",
           "test_server_slow_clients", "test_agent_memory", "test_recording_full_disk", "test_budgets_serve"}
 
 

@@ -179,32 +179,37 @@ def test_a_stalled_and_a_diverging_run_are_paged_and_resolved(tmp_path):
                              for name in ("training.log", "agent.log", "prometheus.log", "alertmanager.log")) + \
                 f"\n--- delivered ---\n{json.dumps(hook.notifications)[-3000:]}"
 
-        # A run whose ranks hang before step 20: alive, holding their GPUs, silent.
-        run = train(sock, "llm-stalls", "--fault", "stall:at=20", log=log)
+        # Two runs at once: one whose ranks hang before step 20 (alive, holding their GPUs,
+        # silent), one with a learning rate far too high for it, whose loss turns NaN.
+        runs = {"llm-stalls": train(sock, "llm-stalls", "--fault", "stall:at=20", log=log),
+                "llm-diverges": train(sock, "llm-diverges", "--lr", "1", "--fault", "diverge:at=5", log=log)}
+        stopped: dict[str, float] = {}
         try:
-            notification, firing = hook.wait("TrainingStalled", "llm-stalls", "firing", 150, why)
+            fired = {}
+            for name, job in (("TrainingDiverging", "llm-diverges"), ("TrainingStalled", "llm-stalls")):
+                fired[job] = hook.wait(name, job, "firing", 150, why)
+                stopped[job] = stop_training(runs[job])
         finally:
-            stopped = stop_training(run)
+            for job, run in runs.items():
+                if job not in stopped:
+                    stop_training(run)
+
+        notification, firing = fired["llm-stalls"]
         check_delivered(notification, firing, "TrainingStalled", "llm-stalls")
         # It fired because the steps stopped: not before the floor had passed since the last one.
         assert seconds(firing["startsAt"]) >= last_step(prom, "llm-stalls") + FLOOR_S
         assert re.search(r"made no step for \d+(\.\d+)?s\.", firing["annotations"]["summary"])
-        notification, resolved = hook.wait("TrainingStalled", "llm-stalls", "resolved", 60, why)
-        check_delivered(notification, resolved, "TrainingStalled", "llm-stalls")
-        assert seconds(resolved["endsAt"]) >= stopped - 1
-
-        # A run with a learning rate far too high for it, whose loss turns NaN.
-        run = train(sock, "llm-diverges", "--lr", "1", "--fault", "diverge:at=5", log=log)
-        try:
-            notification, firing = hook.wait("TrainingDiverging", "llm-diverges", "firing", 150, why)
-        finally:
-            stopped = stop_training(run)
+        notification, firing = fired["llm-diverges"]
         check_delivered(notification, firing, "TrainingDiverging", "llm-diverges")
         assert firing["labels"]["signal"] == "non_finite"
         assert "non-finite loss or gradient norm on 2 rank(s)" in firing["annotations"]["summary"]
+
+        notification, resolved = hook.wait("TrainingStalled", "llm-stalls", "resolved", 60, why)
+        check_delivered(notification, resolved, "TrainingStalled", "llm-stalls")
+        assert seconds(resolved["endsAt"]) >= stopped["llm-stalls"] - 1
         notification, resolved = hook.wait("TrainingDiverging", "llm-diverges", "resolved", FORGET_AFTER_S + 60, why)
         check_delivered(notification, resolved, "TrainingDiverging", "llm-diverges")
-        assert seconds(resolved["endsAt"]) >= stopped
+        assert seconds(resolved["endsAt"]) >= stopped["llm-diverges"]
         # Neither run was ever paged for the other's problem.
         assert not hook.alerts("TrainingDiverging", "llm-stalls", "firing")
         assert not hook.alerts("TrainingStalled", "llm-diverges", "firing")

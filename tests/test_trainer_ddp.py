@@ -251,6 +251,7 @@ def test_ranks_end_with_a_killed_launcher_and_one_writer_holds_the_directory(tmp
     assert f"resumed from step-{manifest['step']:08d}.pt (step {manifest['step']})" in resumed.stdout
 
 
+@pytest.mark.serial   # a share of measured compute time: run alone (tests/conftest.py SERIAL)
 def test_straggler_has_the_longest_compute(tmp_path):
     _train(tmp_path, "--steps", "25", "--fault", "straggler:rank=1,factor=2")
     records = _records(tmp_path)
@@ -261,6 +262,7 @@ def test_straggler_has_the_longest_compute(tmp_path):
     assert step[0] == pytest.approx(step[1], rel=0.25)
 
 
+@pytest.mark.serial   # a share of measured step time: run alone (tests/conftest.py SERIAL)
 def test_starved_loader_shows_as_data_wait(tmp_path):
     # A delay well above a tiny step's compute, so that the share holds on a busy machine
     # too (the loader's prefetching hides as much of the delay as the compute takes).
