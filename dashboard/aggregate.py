@@ -70,16 +70,11 @@ class Fleet:
     burn_now: float | None          # $/h at the last sample
     window_dollars: float           # the fleet's cost over the window
     unpriced_gpus: int              # GPUs no catalog price covers (left out of the dollars)
+    # busy, idle, util_unknown and unallocated GPUs at the last time any GPU reported
+    now: dict[str, float] = field(default_factory=dict)
     reporting_now: int = 0          # GPUs reporting at the last sample: the basis of every "now"
     silent: int = 0                 # GPUs seen in the window that no longer report
     silent_since: float | None = None   # when the last of them stopped
-
-    @property
-    def now(self) -> dict[str, float]:
-        last = len(self.busy) - 1
-        return {"busy": float(self.busy[last]), "idle": float(self.idle[last]),
-                "util_unknown": float(self.util_unknown[last]),
-                "unallocated": float(self.unallocated[last])} if last >= 0 else {}
 
 
 def fleet(views: Views, prices: GpuPrices, idle_config: idle_gpu.Config = idle_gpu.Config(),
@@ -106,19 +101,29 @@ def fleet(views: Views, prices: GpuPrices, idle_config: idle_gpu.Config = idle_g
     held_s = gpu.values.get("held_s")
     window_dollars = float((np.nan_to_num(held_s) * rate).sum() / 3600 if held_s is not None
                            else burn.sum() * views.step / 3600)
-    seen = np.nonzero(reporting.any(axis=0))[0]
+    any_reporting = reporting.any(axis=0)
+    seen = np.nonzero(any_reporting)[0]
     # A GPU that stopped reporting (a node gone, an agent down, a recording that ended
     # for part of the fleet) is not in "now": say how many, or "now" reads as a lost fleet.
     gone = reporting.any(axis=1) & ~reporting[:, seen[-1]] if len(seen) else np.zeros(gpu.size, bool)
     last_seen = [int(np.flatnonzero(row).max()) for row in reporting[gone]]
+
+    def counted(per_gpu: np.ndarray) -> np.ndarray:
+        """GPUs per time bin; unknown (NaN), not 0, where no GPU reported at all: a window
+        that ends after the last sample (a live "last hour"), a gap in the store."""
+        return np.where(any_reporting, per_gpu.sum(axis=0), np.nan)
+
+    counts = {"busy": counted(busy), "idle": counted(idle), "util_unknown": counted(allocated & ~busy & ~idle),
+              "unallocated": counted(reporting & ~held)}
     return Fleet(
         times=bucket_times(views, k), gpu_labels=labels,
         util=bucket_mean(util[order], k).astype(np.float32) if gpu.size else np.zeros((0, -(-views.n // k))),
-        busy=bucket_mean(busy.sum(axis=0), k)[0], idle=bucket_mean(idle.sum(axis=0), k)[0],
-        util_unknown=bucket_mean((allocated & ~busy & ~idle).sum(axis=0), k)[0],
-        unallocated=bucket_mean((reporting & ~held).sum(axis=0), k)[0],
-        burn=bucket_mean(burn, k)[0], burn_unallocated=bucket_mean(burn_free, k)[0],
+        busy=bucket_mean(counts["busy"], k)[0], idle=bucket_mean(counts["idle"], k)[0],
+        util_unknown=bucket_mean(counts["util_unknown"], k)[0], unallocated=bucket_mean(counts["unallocated"], k)[0],
+        burn=bucket_mean(np.where(any_reporting, burn, np.nan), k)[0],
+        burn_unallocated=bucket_mean(np.where(any_reporting, burn_free, np.nan), k)[0],
         burn_now=float(burn[seen[-1]]) if len(seen) else None,
+        now={name: float(values[seen[-1]]) for name, values in counts.items()} if len(seen) else {},
         window_dollars=window_dollars,
         unpriced_gpus=int(np.isnan(prices.actual).sum()),
         reporting_now=int(reporting[:, seen[-1]].sum()) if len(seen) else 0,

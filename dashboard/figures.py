@@ -78,10 +78,12 @@ def fleet_state(fleet: Fleet, simulated: bool) -> go.Figure:
         return empty_figure("no GPU data in this window")
     fig = go.Figure()
     states = [("busy", fleet.busy), ("idle", fleet.idle), ("unallocated", fleet.unallocated)]
-    if fleet.util_unknown.any():
+    if np.nansum(fleet.util_unknown) > 0:
         states.insert(2, ("utilization unknown", fleet.util_unknown))
+    # Only the buckets where some GPU reported: a stacked area would draw the others as 0 GPUs.
+    known = np.isfinite(fleet.busy)
     for name, values in states:
-        fig.add_trace(go.Scatter(x=fleet.times, y=np.round(values, 2), name=name, stackgroup="gpus",
+        fig.add_trace(go.Scatter(x=fleet.times[known], y=np.round(values[known], 2), name=name, stackgroup="gpus",
                                  line={"width": 0.5, "color": STATE_COLORS[name]}))
     fig.update_yaxes(title="GPUs", rangemode="tozero")
     return _layout(fig, "Allocated (busy, idle) vs unallocated GPUs", simulated)

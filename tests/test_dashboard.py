@@ -185,6 +185,25 @@ def test_fleet_counts_add_up_to_every_gpu(analysis, recording):
     assert fleet.burn_now > 0 and fleet.window_dollars > 0 and fleet.unpriced_gpus == 0
 
 
+def test_a_window_ending_after_the_last_sample_draws_no_zero_fleet(analysis, app):
+    """A live "last hour" ends after the store's newest sample: those minutes are unknown,
+    never 0 GPUs at $0/h (the Fleet page read 0 busy, 0 idle, 0 unallocated "now" beside a
+    burn rate of $123/h, and both charts fell to 0 at the end)."""
+    window = analysis.frames.window
+    with app.server.app_context():
+        service = current_service()
+        later = service.analysis(TimeRange(start=window.start, end=window.end + 120.0))
+    fleet, whole = later.fleet, analysis.fleet
+    assert fleet.now == whole.now and fleet.now["busy"] > 0
+    assert fleet.reporting_now == whole.reporting_now and fleet.burn_now == whole.burn_now
+    empty = ~np.isfinite(fleet.busy)
+    assert empty[-1] and np.isnan(fleet.burn[empty]).all() and np.isnan(fleet.unallocated[empty]).all()
+    state = figures.fleet_state(fleet, simulated=True)
+    top = sum(np.asarray(trace.y, float)[-1] for trace in state.data)
+    assert top == pytest.approx(whole.busy[-1] + whole.idle[-1] + whole.util_unknown[-1] + whole.unallocated[-1])
+    assert [trace.name for trace in state.data] == [trace.name for trace in figures.fleet_state(whole, True).data]
+
+
 def test_the_straggler_rank_has_the_longest_compute(analysis, recording):
     hit = next(t for t in recording[1] if t["kind"] == "straggler")
     detail = aggregate.job_detail(analysis.views, analysis.report, hit["namespace"], hit["training_job"])
