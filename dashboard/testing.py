@@ -75,3 +75,18 @@ def wait_drawn(driver: webdriver.Chrome, ready_css: str, timeout_s: float = 30.0
     load; navigation inside the app keeps the document) to when that was seen."""
     return WebDriverWait(driver, timeout_s, poll_frequency=poll_s).until(
         lambda d: d.execute_script(_DRAWN_AT, ready_css))
+
+
+def screenshot(driver: webdriver.Chrome, name: str) -> None:
+    """The whole page as `name`.png in $BURNRATE_SCREENSHOTS, when that is set: what a user
+    sees, to be looked at, beside the tests' assertions on it."""
+    out = os.environ.get("BURNRATE_SCREENSHOTS")
+    if not out:
+        return
+    os.makedirs(out, exist_ok=True)
+    # The window's height holds the browser's own bars too: the page's, plus theirs, shows all of it.
+    height, bars = driver.execute_script("return [document.documentElement.scrollHeight, "
+                                         "window.outerHeight - window.innerHeight]")
+    driver.set_window_size(WIDTH, min(max(height, 800), 4000) + bars)
+    driver.save_screenshot(os.path.join(out, f"{name}.png"))
+    driver.set_window_size(WIDTH, HEIGHT)

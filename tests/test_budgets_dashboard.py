@@ -77,7 +77,7 @@ def test_the_browser_shows_the_reports_budget_rows(budgets_app, reported, tmp_pa
     pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
-    from burnrate.dashboard.testing import chromium, serve
+    from burnrate.dashboard.testing import chromium, screenshot, serve
     require("chromium"), require("chromedriver")
     with serve(budgets_app) as base, chromium(str(tmp_path / "profile")) as driver:
         driver.get(base + "/cost" + SEARCH)
@@ -88,6 +88,7 @@ def test_the_browser_shows_the_reports_budget_rows(budgets_app, reported, tmp_pa
         assert [(r.get_attribute("data-team"), r.get_attribute("data-status")) for r in found] == \
             [(t["team"], t["status"]) for t in reported["teams"]]
         assert driver.find_elements(By.CSS_SELECTOR, "#cost-budgets-bars .js-plotly-plot")
+        screenshot(driver, "cost-budgets")
         assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
 
 

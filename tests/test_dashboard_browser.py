@@ -6,7 +6,6 @@ navigate inside the app. Screenshots go to $BURNRATE_SCREENSHOTS when set
 .venv/bin/python -m pytest tests/test_dashboard_browser.py` makes them again)."""
 from __future__ import annotations
 
-import os
 import re
 from urllib.parse import unquote, urlsplit
 
@@ -23,7 +22,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from burnrate.dashboard.testing import HEIGHT, WIDTH, chromium, serve, wait_drawn  # noqa: E402
+from burnrate.dashboard.testing import WIDTH, chromium, screenshot, serve, wait_drawn  # noqa: E402
 
 # The recording's directory name is what the status line shows (and the screenshots).
 RECORDING_NAME = "example-fleet"
@@ -54,19 +53,6 @@ def _load(driver, url: str, ready_css: str) -> None:
 
 def _errors(driver) -> list[str]:
     return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-
-
-def _screenshot(driver, name: str) -> None:
-    out = os.environ.get("BURNRATE_SCREENSHOTS")
-    if not out:
-        return
-    os.makedirs(out, exist_ok=True)
-    # The window's height holds the browser's own bars too: the page's, plus theirs, shows all of it.
-    height, bars = driver.execute_script("return [document.documentElement.scrollHeight, "
-                                         "window.outerHeight - window.innerHeight]")
-    driver.set_window_size(WIDTH, min(max(height, 800), 4000) + bars)
-    driver.save_screenshot(os.path.join(out, f"{name}.png"))
-    driver.set_window_size(WIDTH, HEIGHT)
 
 
 def _straggler_job(truth: list[dict]) -> tuple[str, str]:
@@ -104,7 +90,7 @@ def test_every_page_renders_without_browser_errors(served, browser):
         assert browser.find_element(By.ID, "app-simulated").text == "SIMULATED DATA"
         status = browser.find_element(By.ID, "app-status").text
         assert f"UTC · recording {RECORDING_NAME}" in status and root not in status
-        _screenshot(browser, name)
+        screenshot(browser, name)
 
 
 def test_the_cost_page_shows_where_every_gpu_hour_went(served, browser):

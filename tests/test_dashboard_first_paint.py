@@ -28,7 +28,7 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from burnrate.analyzer.sources import PrometheusSource  # noqa: E402
 from burnrate.analyzer.sources.timeparse import format_time  # noqa: E402
-from burnrate.dashboard.testing import chromium, serve, wait_drawn  # noqa: E402
+from burnrate.dashboard.testing import chromium, screenshot, serve, wait_drawn  # noqa: E402
 
 GPUS = SPEC.nodes * SPEC.gpus_per_node
 SEARCH = f"?start={format_time(SPEC.end - SPEC.hours * 3600)}&end={format_time(SPEC.end)}"
@@ -119,6 +119,7 @@ def test_the_fleet_page_draws_before_the_analysis_and_fills_in_after(store, tmp_
         assert "Findings follow" in main
         assert f"GPU utilization ({GPUS} GPUs)" in driver.find_element(By.ID, "fleet-heatmap").text
         early = _gpu_hours(driver)
+        screenshot(driver, "first-paint-fleet")
 
         _released(driver, source, "fleet", "#fleet-findings td")
         assert "Findings follow" not in driver.find_element(By.TAG_NAME, "main").text
@@ -141,6 +142,7 @@ def test_the_jobs_page_lists_hours_and_dollars_before_the_analysis(store, tmp_pa
         assert early and all(hours > 0 and cost > 0 for hours, cost in early.values())
         # Findings and waste need the detectors: blank, never a 0 that would read "none".
         assert set(_cells(driver, "jobs-table", "findings")) == {""}
+        screenshot(driver, "first-paint-jobs")
 
         _released(driver, source, "jobs", "#jobs-table td[data-dash-column=findings]")
         WebDriverWait(driver, 10, poll_frequency=0.5).until(
@@ -175,6 +177,7 @@ def test_the_cost_page_draws_dollars_per_namespace_before_the_analysis(store, tm
                  if label in ("jobs' cost", "paid on spot", "fleet over the window")}
         assert early["jobs' cost"] > 0
         namespaces = driver.find_element(By.ID, "cost-namespace").text
+        screenshot(driver, "first-paint-cost")
 
         _released(driver, source, "cost", "#cost-goodput")
         assert "showback follows" not in driver.find_element(By.TAG_NAME, "main").text
@@ -201,6 +204,7 @@ def test_the_job_page_draws_its_timeline_before_the_analysis(store, tmp_path):
         early = _stats(driver)
         assert early["findings"][0] == "…"
         assert early["GPUs"][0] == f"{job['gpus']:g}"
+        screenshot(driver, "first-paint-job")
 
         _released(driver, source, "job", "#job-ledger")
         full = _stats(driver)

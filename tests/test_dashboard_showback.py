@@ -111,7 +111,7 @@ def test_the_browser_shows_the_reports_rows(app, store, capsys, tmp_path):
     pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
-    from burnrate.dashboard.testing import chromium, serve
+    from burnrate.dashboard.testing import chromium, screenshot, serve
     require("chromium"), require("chromedriver")
     doc = json.loads(report(capsys, store, "--by", "label:team", "--format", "json"))
     with serve(app) as base, chromium(str(tmp_path / "profile")) as driver:
@@ -122,6 +122,7 @@ def test_the_browser_shows_the_reports_rows(app, store, capsys, tmp_path):
         assert [(r[0], r[1], r[3], r[9]) for r in seen] == expected_rows(doc)
         assert [(r.get_attribute("data-period"), r.get_attribute("data-team")) for r in rows] == \
             [(r[0], r[1]) for r in expected_rows(doc)]
+        screenshot(driver, "cost-showback")
         # the period chosen on the page goes into the URL, and the table follows it
         driver.find_element(By.ID, "cost-showback-period").click()
         WebDriverWait(driver, 10).until(lambda d: d.find_element(
