@@ -115,10 +115,25 @@ def rank_breakdown(steps: RankSteps, simulated: bool) -> go.Figure:
     return _layout(fig, "Step time by rank", simulated)
 
 
-def job_timeline(detail: JobDetail, simulated: bool, shown: tuple[float, float] | None = None) -> go.Figure:
+def _any_finite(*series: np.ndarray) -> bool:
+    return any(np.isfinite(np.asarray(v, float)).any() for v in series if v is not None and len(v))
+
+
+def _say_in_panel(fig: go.Figure, row: int, text: str) -> None:
+    """Said in the panel, on no axis: an empty row of gridlines reads as a chart that failed,
+    and an empty axis's default range (0 to 400%) as figures that are not there."""
+    fig.add_annotation(text=text, showarrow=False, xref="x domain", yref="y domain",
+                       x=0.5, y=0.5, row=row, col=1, font={"size": 14, "color": "#636e72"})
+    fig.update_yaxes(visible=False, row=row, col=1, secondary_y=False)
+    fig.update_yaxes(visible=False, row=row, col=1, secondary_y=True)
+
+
+def job_timeline(detail: JobDetail, simulated: bool, shown: tuple[float, float] | None = None,
+                 pending: str | None = None) -> go.Figure:
     """The job's GPUs, training progress and findings on one shared time axis,
     with checkpoints as vertical lines through every panel. The axis opens on `shown`
-    (unix seconds: a range the user picked) or else on the job's own life."""
+    (unix seconds: a range the user picked) or else on the job's own life. `pending` says,
+    in the training and findings panels, that their figures are still to come."""
     panels = [("GPU util %", "util"), ("memory used MiB", "memory"), ("power W", "power"),
               ("NVLink MB/s", "nvlink")]
     panels = [(t, key) for t, key in panels if key in detail.gpu_series]
@@ -144,10 +159,14 @@ def job_timeline(detail: JobDetail, simulated: bool, shown: tuple[float, float] 
     # Two significant digits: a CPU run's 0.4% and a GPU run's 41% both read as themselves,
     # where a fixed ".0%" repeats "0%" down a small axis.
     fig.update_yaxes(tickformat=".2~p", row=row, col=1, secondary_y=False)
+    if pending or not _any_finite(detail.mfu, detail.throughput):
+        _say_in_panel(fig, row, pending or f"no MFU or {detail.throughput_unit} reported by this job's ranks")
     row += 1
     fig.add_trace(go.Scatter(x=detail.times, y=detail.loss, name="loss", line={"color": "#d63031"}), row=row, col=1)
     fig.add_trace(go.Scatter(x=detail.times, y=detail.grad_norm, name="grad norm", line={"color": "#636e72"}),
                   row=row, col=1, secondary_y=True)
+    if pending or not _any_finite(detail.loss, detail.grad_norm):
+        _say_in_panel(fig, row, pending or "no loss or grad norm reported by this job's ranks")
     row += 1
     for f in detail.findings:
         start, end = _datetimes([f.start, f.end])
@@ -155,11 +174,10 @@ def job_timeline(detail: JobDetail, simulated: bool, shown: tuple[float, float] 
             x=[start, end], y=[f.kind, f.kind], mode="lines+markers", name=f.kind, showlegend=False,
             line={"width": 10, "color": SEVERITY_COLORS[f.severity]},
             hovertext=f"{f.kind} ({f.severity}) {_money(f.wasted_dollars)}", hoverinfo="text"), row=row, col=1)
-    if not detail.findings:
-        # Said in the panel, on no axis: an empty row of gridlines reads as a chart that failed.
-        fig.add_annotation(text=NO_FINDINGS, showarrow=False, xref="x domain", yref="y domain",
-                           x=0.5, y=0.5, row=row, col=1, font={"size": 14, "color": "#636e72"})
-        fig.update_yaxes(visible=False, row=row, col=1)
+    if pending or not detail.findings:
+        # A row without a trace is not drawn at all, its note with it: an empty one holds it.
+        fig.add_trace(go.Scatter(x=detail.times[:1], y=[None], showlegend=False, hoverinfo="skip"), row=row, col=1)
+        _say_in_panel(fig, row, pending or NO_FINDINGS)
     # All rows share one x range and domain, so one paper-high line per checkpoint
     # crosses every panel (add_vline per panel costs seconds at a day of checkpoints).
     fig.update_layout(shapes=[{"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,

@@ -786,6 +786,31 @@ def test_a_job_without_findings_says_so_in_its_findings_panel(analysis):
                 (f"x{last_y // 2 + 1} domain", f"y{last_y} domain", 0.5, 0.5)
 
 
+def _panel_notes(fig) -> list[tuple[str, bool, bool]]:
+    """Each note said in a panel, with whether that panel's y axes (left, right) are hidden."""
+    out = []
+    for note in fig.layout.annotations:
+        if note.yref and note.yref.endswith(" domain"):
+            left = int(note.yref[1:-7] or 1)
+            out.append((note.text, fig.layout[f"yaxis{left}"].visible is False,
+                        fig.layout[f"yaxis{left + 1}"].visible is False))
+    return out
+
+
+def test_training_panels_without_figures_say_why_on_no_axis(analysis):
+    """An empty panel's axis defaulted to 0-400%, as if it had MFU figures to show."""
+    detail = aggregate.job_detail(analysis.views, analysis.report, "ml-research", "dlrm-1")
+    assert np.isfinite(detail.mfu).any() and np.isfinite(detail.loss).any() and detail.findings
+    assert _panel_notes(figures.job_timeline(detail, False)) == []
+    nan = np.full(len(detail.times), np.nan)
+    untold = replace(detail, mfu=nan, throughput=nan, loss=nan, grad_norm=nan)
+    assert _panel_notes(figures.job_timeline(untold, False)) == [
+        (f"no MFU or {detail.throughput_unit} reported by this job's ranks", True, True),
+        ("no loss or grad norm reported by this job's ranks", True, True)]
+    # The page's first paint: the training figures and findings are to come, not missing.
+    assert _panel_notes(figures.job_timeline(detail, False, pending="follows")) == [("follows", True, True)] * 3
+
+
 def test_the_range_picker_says_custom_range_briefly(app):
     picker = _find(app.layout, "app-range")
     assert [o["label"] for o in picker.options if o["value"] == "custom"] == ["custom range"]

@@ -288,6 +288,11 @@ def test_a_jobs_panels_span_its_own_time_with_or_without_findings(served, browse
             margin = 0.05 * (last - first)
             for _, _, (start, end) in seen["axes"]:
                 assert (start, end) == pytest.approx((first - margin, last + margin), abs=1), url
+        # The quiet job's findings panel says so where a user looks (a panel with no trace
+        # was not drawn at all, its note with it).
+        notes = browser.execute_script(
+            "return [...document.querySelectorAll('#job-timeline .annotation-text')].map(e => e.textContent)")
+        assert "No findings for this job" in notes
         start, end = report.window.start - 1800, report.window.end
         url = healthy_base + "/job/{}/{}?start={:.0f}&end={:.0f}".format(*quiet, start, end)
         _load(browser, url, "#job-timeline")

@@ -60,7 +60,8 @@ def early_content(o: Overview, namespace: str, training_job: str, search: str) -
         html.Div(f"The ledger, findings, MFU and tokens follow when the window's analysis is done; the timeline "
                  f"is the job's GPUs at {o.step_text} means.", className="br-notice", id="job-pending"),
         stats,
-        graph("job-timeline", job_timeline(detail, o.simulated, _shown(o, search))),
+        graph("job-timeline", job_timeline(detail, o.simulated, _shown(o, search),
+                                           pending="follows when the window's analysis is done")),
     ]
 
 
