@@ -17,7 +17,7 @@ import pytest
 
 from burnrate.exporter.recording import TABLES
 from burnrate.analyzer.grid import resample
-from burnrate.analyzer.grid.frames import Window
+from burnrate.analyzer.grid.frames import Window, frame_dtypes
 from burnrate.analyzer.sources.openmetrics import write_openmetrics
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import PrometheusError, PrometheusSource, RecordingSource
@@ -66,7 +66,7 @@ def assert_same_tables(a, b, rtol: float = 1e-12) -> None:
         assert list(x.columns) == list(y.columns), table
         pd.testing.assert_frame_equal(x[["t", *labels]], y[["t", *labels]], obj=table)
         for column in x.columns.intersection(list(columns)):
-            assert x[column].dtype == y[column].dtype == np.dtype(columns[column]), (table, column)
+            assert x[column].dtype == y[column].dtype == np.dtype(frame_dtypes(table, [column])[column]), (table, column)
             np.testing.assert_allclose(x[column].to_numpy(np.float64), y[column].to_numpy(np.float64),
                                        rtol=rtol, equal_nan=True, err_msg=f"{table}.{column}")
 

@@ -66,7 +66,13 @@ def account(v: Views, idle: IdleConfig = IdleConfig()) -> Accounting:
     observed = gpu.values["held_s"].astype(np.float64) if "held_s" in gpu.values else np.zeros((gpu.size, v.n))
     rows = alloc.keys["gpu_row"].to_numpy() if alloc.size else np.zeros(0, np.int64)
     row_held = alloc.values["held_s"] if alloc.size else np.zeros((0, v.n))
-    share = np.where(row_held > 0, alloc.values["share"], 0.0) if alloc.size else np.zeros((0, v.n))
+    def share(holders: np.ndarray) -> np.ndarray:
+        """The holders' shares where they hold time: taken for a few rows at a time, as the
+        alloc grid of a week of a thousand GPUs is 140 MB in float32."""
+        if not alloc.size:
+            return np.zeros((0, v.n))
+        return np.where(row_held[holders] > 0, alloc.values["share"][holders], 0.0)
+
     known = rows >= 0
     total = np.zeros((gpu.size, v.n))
     by_gpu, gpus, starts = v.holders_by_gpu
@@ -75,21 +81,22 @@ def account(v: Views, idle: IdleConfig = IdleConfig()) -> Accounting:
     # thousand GPUs is 90 MB.
     for first, holders, begins in _gpu_blocks(by_gpu, starts):
         block = gpus[first:first + len(begins)]
-        total[block] = np.add.reduceat(share[holders], begins, axis=0)
+        shares = share(holders)
+        total[block] = np.add.reduceat(shares, begins, axis=0)
         # A GPU is observed while any of its series has a sample: its holders' too.
         observed[block] = np.maximum(observed[block], np.maximum.reduceat(row_held[holders], begins, axis=0))
         # Shares adding up to more than a GPU split it: each holder's part of the observed time.
         part = observed[block] / np.maximum(total[block], 1.0)
         group = np.repeat(np.arange(len(begins)), np.diff(begins, append=len(holders)))
-        row_seconds[holders] = np.einsum("rt,rt->r", share[holders], part[group])
+        row_seconds[holders] = np.einsum("rt,rt->r", shares, part[group])
     cell_seconds = np.empty(observed.shape, np.float32)
     for at in range(0, len(observed), ROWS_AT_ONCE):
         some = slice(at, at + ROWS_AT_ONCE)
         cell_seconds[some] = observed[some] / np.maximum(total[some], 1.0)
     # Holders of GPUs that have no device series at all stand for their own time.
-    orphan_seconds = np.multiply(np.minimum(share[~known], 1.0), row_held[~known], dtype=np.float64).sum(axis=1)
-    row_seconds[~known] = orphan_seconds
-    del share
+    orphans = np.flatnonzero(~known)
+    orphan_seconds = np.multiply(np.minimum(share(orphans), 1.0), row_held[orphans], dtype=np.float64).sum(axis=1)
+    row_seconds[orphans] = orphan_seconds
     np.minimum(total, 1.0, out=total)
     allocated_s = np.multiply(total, observed, out=total)      # per cell, the share held times the time seen
     util = gpu.values.get("gpu_util")

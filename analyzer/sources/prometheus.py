@@ -35,7 +35,7 @@ from burnrate.exporter.recording import TABLES
 from burnrate.exporter import catalog as C
 from burnrate.exporter import labels as L
 
-from ..grid.frames import OWNER_COLUMNS, Frames, Window, empty_owners
+from ..grid.frames import OWNER_COLUMNS, Frames, Window, empty_owners, frame_dtypes
 from .recording_tables import empty_table
 from ..grid.holding import hold
 from ..grid.resample import MAX_POINTS, reduction, step_for
@@ -600,8 +600,7 @@ def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: 
         if columns is not None and name not in columns:
             return empty_table(name)
         chosen = [c for c in TABLES[name][1] if columns is None or c in columns[name]]
-        frame = frame_of(chosen) if frame_of else points[name].frame({c: "<" + TABLES[name][1][c] for c in chosen},
-                                                                     n_times)
+        frame = frame_of(chosen) if frame_of else points[name].frame(frame_dtypes(name, chosen), n_times)
         return frame[column_order(name, chosen)]
 
     counted = ["sample_count"] if results.get(("gpu", "sample_count")) else []

@@ -25,6 +25,7 @@ import pandas as pd
 
 from burnrate.exporter.recording import FORMAT, TABLES
 
+from ..grid.frames import frame_dtypes
 from ..grid.resample import reduce_rows
 from .timeparse import format_time
 
@@ -265,7 +266,7 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
     capacity = sum(hi - lo for lo, hi in chunks)
     reducing = span is not None and span.step is not None
     out = {"t": np.empty(capacity), "series": np.empty(capacity, np.int64),
-           **{c: np.empty(capacity, "<" + d) for c, d in columns.items()},
+           **{c: np.empty(capacity, d) for c, d in frame_dtypes(table, columns).items()},
            **({"sample_count": np.empty(capacity, np.float32)} if reducing else {})}
     filled = 0
     for lo, hi in chunks:
@@ -298,7 +299,7 @@ def empty_table(table: str, columns: Iterable[str] | None = None) -> pd.DataFram
     """A table with no rows and the columns (in order) load_table gives it."""
     label_names, all_columns = TABLES[table]
     wanted = list(all_columns) if columns is None else list(columns)
-    empty = {"t": pd.Series(dtype="f8"), **{c: pd.Series(dtype=all_columns[c]) for c in wanted},
+    empty = {"t": pd.Series(dtype="f8"), **{c: pd.Series(dtype=d) for c, d in frame_dtypes(table, wanted).items()},
              **{n: pd.Categorical([]) for n in label_names}}
     return pd.DataFrame(empty)
 
