@@ -55,8 +55,10 @@ def palm_flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int
 
 
 def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
-    """PaLM FLOPs per token for any module: the matmuls torch's FlopCounterMode counts in a
-    forward and backward pass (nanoGPT and torchtitan count the same, plus the norm gains).
+    """PaLM FLOPs per token for any module: the matmuls of a forward and backward pass
+    (nanoGPT and torchtitan count the same, plus the norm gains). torch's FlopCounterMode
+    counts these too, and also what flash attention computes again in its backward pass,
+    which MFU does not credit (2.2% more for GPT-2 124M on an H200, bench/RESULTS.md).
 
     N is every weight a matmul uses: the parameters of two or more dimensions but the
     `nn.Embedding` tables, which are looked up rather than multiplied, plus the output
