@@ -89,3 +89,49 @@ def test_a_simulated_agent_exports_the_whole_default_set_and_a_missing_series_is
     assert result["missing"] == ["DCGM_FI_DEV_MEM_CLOCK"]
     assert f"| dcgm-exporter default series exported, on 2 GPU(s) | {len(defaults) - 1} of {len(defaults)} |" in \
         dcgm_defaults.rows(result, 2)
+
+
+# Recorded on one NVIDIA H200 (driver 580.159.04): `nvidia-smi -q -x` under a bf16 matrix load,
+# the agent's NvmlReader on the same GPU a moment before it, and `--query-gpu` on another
+# H200 under the same load (bench/RESULTS.md, "GPU").
+H200 = os.path.join(ROOT, "tests", "data", "nvidia-smi")
+
+
+def test_the_detailed_fields_are_read_from_a_real_h200s_xml():
+    import smi_xml
+
+    with open(os.path.join(H200, "h200-q.xml")) as fh:
+        (uuid, values), = smi_xml.parse(fh.read()).items()
+    assert uuid == "GPU-02aecaaf-0ddc-d055-54cd-dced9167d30d"
+    assert values == {
+        "max_clocks/sm_clock": 1980.0, "max_clocks/mem_clock": 3201.0,
+        "gpu_power_readings/current_power_limit": 700.0,
+        "clocks_event_reasons_counters/clocks_event_reasons_counters_sw_power_cap": 168_480_000.0,   # ns
+        "clocks_event_reasons": 4.0,   # "SW Power Cap: Active", NVML's nvmlClocksEventReasonSwPowerCap
+        "ecc_errors/volatile (correctable)": 0.0, "ecc_errors/volatile (uncorrectable)": 0.0,
+        "remapped_rows/remapped_row_corr": 0.0, "remapped_rows/remapped_row_unc": 0.0,
+        "remapped_rows/remapped_row_failure": 0.0, "pci/replay_counter": 0.0}
+
+
+def test_the_readers_fixed_fields_agree_with_that_xml():
+    import json
+    import smi_xml
+
+    with open(os.path.join(H200, "h200-q.xml")) as fh:
+        theirs = smi_xml.parse(fh.read())
+    with open(os.path.join(H200, "h200-reader-fields.json")) as fh:
+        ours = json.load(fh)
+    checks = smi.compare(ours["fields"], theirs[ours["uuid"]], smi_xml.PAIRS, ours["uuid"])
+    verdicts = {c.field: c.verdict for c in checks}
+    # The reader read before the load began (power 144 W), nvidia-smi after (SW power cap
+    # active): the event reasons differ by when, not by what; everything else agrees.
+    assert verdicts.pop("throttle_reasons") == "DIFFERS"
+    assert set(verdicts.values()) == {"ok"}, verdicts
+
+
+def test_a_real_h200s_query_row_is_read_in_the_query_order():
+    with open(os.path.join(H200, "h200-query-gpu-under-load.csv")) as fh:
+        (row,) = smi.parse(fh.read())
+    assert (row["uuid"], row["utilization.gpu"], row["memory.reserved"], row["power.draw"], row["clocks.sm"],
+            row["temperature.memory"]) == ("GPU-f53a57c1-ba66-3d67-8dcd-7c80979db7ac", 100.0, 616.0, 691.54,
+                                           1485.0, 48.0)

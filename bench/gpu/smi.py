@@ -86,14 +86,15 @@ class Check:
         return "ok" if abs(self.reader - self.nvidia_smi) <= self.allowed else "DIFFERS"
 
 
-def compare(reader: dict[str, float], smi: dict[str, float | str | None]) -> list[Check]:
-    """One GPU's reader fields against its nvidia-smi row."""
+def compare(reader: dict[str, float], smi: dict[str, float | str | None], pairs: tuple[Pair, ...] = PAIRS,
+            uuid: str | None = None) -> list[Check]:
+    """One GPU's reader fields against its nvidia-smi row (or `-q -x` values: smi_xml.py)."""
     out = []
-    for p in PAIRS:
+    for p in pairs:
         theirs = smi.get(p.smi)
         theirs = theirs if isinstance(theirs, float) else None
         allowed = max(p.absolute, p.relative * abs(theirs or 0.0))
-        out.append(Check(str(smi.get("uuid", "")), p.field, p.smi, reader.get(p.field), theirs, allowed))
+        out.append(Check(uuid or str(smi.get("uuid", "")), p.field, p.smi, reader.get(p.field), theirs, allowed))
     return out
 
 
