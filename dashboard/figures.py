@@ -260,9 +260,10 @@ def cost_by_namespace(summary: CostSummary, simulated: bool) -> go.Figure:
     # no bar to see, and its legend entry would name nothing on the chart.
     totals = summary.by_namespace.groupby("namespace", sort=True)["cost_dollars"].sum()
     fig.add_trace(go.Scatter(x=_plain(totals.index), y=totals.round(2), mode="text", text=[_money(v) for v in totals],
-                             textposition="top center", showlegend=False, hoverinfo="skip"))
+                             textposition="top center", showlegend=False, hoverinfo="skip", cliponaxis=False))
     fig.update_layout(barmode="stack", hovermode="x")
-    fig.update_yaxes(title="$", tickprefix="$")
+    # Room above the tallest stack for its total: autorange fits the bars, not the text over them.
+    fig.update_yaxes(title="$", tickprefix="$", range=[0, max(float(totals.max()), 0.01) * 1.15])
     return _layout(fig, "Cost by namespace and capacity type", simulated)
 
 

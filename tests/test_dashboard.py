@@ -413,6 +413,8 @@ def test_every_namespace_s_cost_is_written_over_its_stack_however_small():
     [written] = [t for t in fig.data if t.type == "scatter"]
     assert dict(zip(written.x, written.text)) == {"demo": "$0.20", "ml": "$200.00"}
     assert written.mode == "text" and not written.showlegend
+    # The tallest stack's total sits inside the axis, not cut off at its top.
+    assert fig.layout.yaxis.range[1] >= 200.0 * 1.1 and written.cliponaxis is False
 
 
 def test_the_app_only_reads(app):
