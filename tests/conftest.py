@@ -1,4 +1,5 @@
 import atexit
+import fcntl
 import os
 import shutil
 import socket
@@ -63,6 +64,23 @@ def _every_report_keeps_its_waste_within_its_cost():
     from tests.invariants import every_report_checked
     with every_report_checked():
         yield
+
+
+def built_once(tmp_path_factory, name: str, build) -> str:
+    """A directory `build(dir)` fills, built once per `make test` rather than once per worker:
+    under pytest-xdist the workers' temporary directories share a parent, and the first worker
+    to get there builds it while the others wait. Read-only for its users: copy before writing."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / f"built-{name}"
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not shared.exists():
+            building = shared.with_name(shared.name + ".partial")
+            shutil.rmtree(building, ignore_errors=True)
+            building.mkdir()
+            build(building)
+            building.rename(shared)
+    return str(shared)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ import pytest
 from burnrate.analyzer.grid.frames import Window
 from burnrate.analyzer.output.showback import apportion, periods
 from burnrate.cli import main as burnrate
-from tests.conftest import require
+from tests.conftest import built_once, require
 from tests.contract_fleet import (BASE_TIME, KSM_SCRAPE_S, Node, Series, Workload, backfill_prometheus, generate,
                                   pod_names)
 from tests.processes import prometheus
@@ -71,10 +73,17 @@ def serve_fleet(tmp_path_factory):
     """The teams' fleet, with its pods' labels, in a real Prometheus: its URL. One for the
     session (tests/conftest.py's `store`): the showback, budgets and Cost page tests read it."""
     require("prometheus")
+
+    def build(directory) -> None:
+        fleet = generate(NODES, WORKLOADS, START, END, seed=3)
+        fleet.series += pod_labels(fleet)
+        backfill_prometheus(fleet, directory)   # its blocks, and the OpenMetrics they came from
+        (directory / "fleet.om").unlink()
+
     tmp = tmp_path_factory.mktemp("showback")
-    fleet = generate(NODES, WORKLOADS, START, END, seed=3)
-    fleet.series += pod_labels(fleet)
-    with prometheus(tmp, storage=backfill_prometheus(fleet, tmp)) as prom:
+    storage = tmp / "tsdb"   # this Prometheus's own copy: it writes beside the blocks
+    shutil.copytree(os.path.join(built_once(tmp_path_factory, "showback", build), "blocks"), storage)
+    with prometheus(tmp, storage=str(storage)) as prom:
         yield prom.url
 
 
