@@ -139,7 +139,8 @@ def report_of(args: argparse.Namespace, options: SourceOptions, source, catalog:
             frames = load_frames(args, options, source)
             if frames.gpu.empty and not args.serve:
                 raise NothingFound(nothing_found(options, source, window_of(args, options)))
-            report = analyze(frames, catalog, config, advice, overrides)
+            # Nothing reads the frames' values after: their grids take them (analyzer.grid.views).
+            report = analyze(frames, catalog, config, advice, overrides, release_frames=True)
         else:
             from .fleet.mode import analyze_fleet
             report = analyze_fleet(source, window_of(args, options), catalog, config, advice, overrides,

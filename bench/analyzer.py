@@ -40,7 +40,7 @@ def measure(root: str, max_points: int | None) -> dict[str, float]:
     began = time.monotonic()
     frames = RecordingSource(root).frames(columns=ANALYSIS_COLUMNS)
     loaded = time.monotonic()
-    report = analyze(frames, load_catalog())
+    report = analyze(frames, load_catalog(), release_frames=True)    # as `burnrate analyze` does
     analyzed = time.monotonic()
     render_json(report)
     done = time.monotonic()

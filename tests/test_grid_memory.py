@@ -14,7 +14,7 @@ import pytest
 from burnrate.analyzer.costing import accounting
 from burnrate.analyzer.costing.pricing import load_catalog
 from burnrate.analyzer.grid import frames as frames_module, resample
-from burnrate.analyzer.grid.holding import hold_table
+from burnrate.analyzer.grid.holding import _on_grid, hold_table
 from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS, Views
 from burnrate.analyzer.output.report import analyze, render_json
 from burnrate.analyzer.sources import RecordingSource
@@ -55,6 +55,19 @@ def test_holding_a_reduced_table_copies_its_rows_few_times(reduced):
     rows = len(table) * 8
     # 5.1 rows of float64 at once; 7.0 before the time and cell indices were made in place.
     assert peak_bytes(lambda: hold_table(table, ("UUID",), frames.step_s, frames.window.end)) < 6 * rows
+
+
+def test_the_held_seconds_of_a_reduced_table_number_its_cells_in_int32():
+    # A week-long series on the grid: its run edges are few, so the cell numbers are the peak.
+    series, points, step = 64, 4000, 60.0
+    t = np.repeat(1.8e9 + step * np.arange(points), series)
+    codes = np.tile(np.arange(series), points)
+    samples = np.full(len(t), 4.0, np.float32)
+    held = []
+    # 1.9 rows of float64 at once; 3.4 with int64 cell numbers.
+    assert peak_bytes(lambda: held.append(_on_grid(t, codes, samples, step))) < 2.5 * len(t) * 8
+    # Four samples of 15 s a step: every row stands for its whole step, the runs' ends too.
+    assert held[0].dtype == np.float32 and held[0].sum(dtype=np.float64) == len(t) * step
 
 
 def test_building_the_gpu_grid_copies_few_grids(reduced):
@@ -102,3 +115,31 @@ def test_the_rank_gauges_are_read_in_float32_with_the_same_analysis(reduced, mon
     for c in narrow:
         np.testing.assert_array_equal(narrow_report.views.rank.values[c], wide_report.views.rank.values[c])
     assert render_json(narrow_report) == render_json(wide_report)
+
+
+def test_an_analysis_handed_the_frames_holds_its_grids_instead_of_the_frames_too(reduced, monkeypatch):
+    root, _ = reduced
+    monkeypatch.setattr(resample, "MAX_POINTS", POINTS)
+    catalog = load_catalog()
+
+    def analysed(release: bool):
+        """The bytes an analysis and its frames hold once it is done, its JSON and its frames."""
+        tracemalloc.start()
+        try:
+            frames = RecordingSource(root).frames(columns=ANALYSIS_COLUMNS)
+            report = analyze(frames, catalog, release_frames=release)
+            return tracemalloc.get_traced_memory()[0], render_json(report), frames
+        finally:
+            tracemalloc.stop()
+
+    kept, kept_json, whole = analysed(False)
+    held, released_json, handed = analysed(True)
+    assert released_json == kept_json
+    tables = ("gpu", "alloc", "rank")
+    values = sum(getattr(whole, t).select_dtypes(exclude="category").memory_usage(index=False).sum() for t in tables)
+    # The times, values and held seconds the grids were made of are gone; the labels stay.
+    for t in tables:
+        assert list(getattr(handed, t).select_dtypes(exclude="category").columns) == []
+        assert len(getattr(handed, t)) == len(getattr(whole, t))
+    assert values > 0.7 * sum(getattr(whole, t).memory_usage(index=False).sum() for t in tables)
+    assert held < kept - 0.9 * values

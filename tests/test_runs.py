@@ -4,7 +4,8 @@ import pytest
 
 from burnrate.analyzer.detectors.findings import iso
 from burnrate.analyzer.costing.pricing import load_catalog
-from burnrate.analyzer.output.report import analyze
+from burnrate.analyzer.grid.holding import hold
+from burnrate.analyzer.output.report import analyze, render_json
 from test_detectors import N, STEP, T0, Fleet
 
 
@@ -53,3 +54,17 @@ def test_a_new_world_is_a_new_run():
     f.rank("sweep", 0, "node-a", mask=later)
     f.rows["rank"][-1]["world_size"] = 1.0          # the job came back on one rank
     assert set(jobs(f)) == {f"sweep@{iso(T0)}", f"sweep@{iso(T0 + 160 * STEP)}"}
+
+
+def test_frames_handed_to_the_analysis_are_renamed_in_place_with_the_same_runs_and_costs():
+    # Held as a source holds them: the analysis renames these very tables rather than copies.
+    kept, handed = hold(two_runs(gap_minutes=20).frames()), hold(two_runs(gap_minutes=20).frames())
+    catalog = load_catalog(None)
+    expected, report = analyze(kept, catalog), analyze(handed, catalog, release_frames=True)
+    assert render_json(report) == render_json(expected)
+    second = T0 + (160 + 80) * STEP
+    assert {j.training_job for j in report.jobs} == {f"sweep@{iso(T0)}", f"sweep@{iso(second)}"}
+    for table in (handed.rank, handed.alloc):
+        assert set(table["training_job"].astype(str)) == {f"sweep@{iso(T0)}", f"sweep@{iso(second)}"}
+    assert not {"t", "steps", "mfu", "share", "held_s", "gpu_util"} & {*handed.rank, *handed.alloc, *handed.gpu}
+    assert set(kept.rank["training_job"].astype(str)) == {"sweep"} and "t" in kept.rank.columns

@@ -26,12 +26,13 @@ from .series import series_numbers
 RENAMED = ("rank", "alloc", "gpu")
 
 
-def label_runs(frames: Frames, staleness_s: float = STALENESS_S) -> Frames:
-    """The frames with every multi-run job's rows named after their run."""
+def label_runs(frames: Frames, staleness_s: float = STALENESS_S, in_place: bool = False) -> Frames:
+    """The frames with every multi-run job's rows named after their run; `in_place` renames
+    them in the frames' own tables, which then share no column with a copy."""
     starts = run_starts(frames.rank, staleness_s)
     if not starts:
         return frames
-    tables = {name: _relabel(getattr(frames, name), starts) for name in RENAMED}
+    tables = {name: _relabel(getattr(frames, name), starts, in_place) for name in RENAMED}
     return replace(frames, **tables)
 
 
@@ -59,7 +60,7 @@ def run_starts(rank: pd.DataFrame, staleness_s: float = STALENESS_S) -> dict[tup
     return out
 
 
-def _relabel(frame: pd.DataFrame, starts: dict[tuple[str, str], np.ndarray]) -> pd.DataFrame:
+def _relabel(frame: pd.DataFrame, starts: dict[tuple[str, str], np.ndarray], in_place: bool) -> pd.DataFrame:
     if not len(frame) or "training_job" not in frame:
         return frame
     names = frame["training_job"].astype(str).to_numpy().copy()
@@ -73,4 +74,7 @@ def _relabel(frame: pd.DataFrame, starts: dict[tuple[str, str], np.ndarray]) -> 
         run = np.maximum(np.searchsorted(begins, t[mine], side="right") - 1, 0)
         labels = np.array([f"{name}@{iso(b)}" for b in begins], dtype=object)
         names[mine] = labels[run]
-    return frame.assign(training_job=pd.Categorical(names))
+    if not in_place:
+        return frame.assign(training_job=pd.Categorical(names))
+    frame["training_job"] = pd.Categorical(names)
+    return frame

@@ -51,8 +51,10 @@ class Report:
 
 
 def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorConfig(),
-            advice: AdviceConfig = AdviceConfig(), class_overrides: Mapping[str, str] | None = None) -> Report:
-    views = Views(frames, class_overrides)
+            advice: AdviceConfig = AdviceConfig(), class_overrides: Mapping[str, str] | None = None,
+            release_frames: bool = False) -> Report:
+    """`release_frames`: the frames are the analysis's to take apart (Views' `release`)."""
+    views = Views(frames, class_overrides, release=release_frames)
     findings = detect_all(views, config)
     accounting = account(views, config.idle_gpu)
     prices = gpu_prices(views, catalog)
