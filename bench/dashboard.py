@@ -24,6 +24,7 @@ figures (the findings table, after the full per-GPU analysis: what every page wa
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -130,6 +131,8 @@ def main() -> int:
     parser.add_argument("--browser-gpus", type=int, metavar="N",
                         help="a smaller fleet for the browser part (default: the same fleet)")
     parser.add_argument("--no-browser", action="store_true", help="leave out the browser part")
+    parser.add_argument("--full-timeout", type=float, default=1200.0, metavar="S",
+                        help="with --prometheus: how long to wait for the full analysis's findings")
     parser.add_argument("--prometheus", action="store_true",
                         help="a cold start from a real Prometheus: first paint vs full analysis")
     args = parser.parse_args()
@@ -188,6 +191,7 @@ def prometheus_first_paint(args: argparse.Namespace) -> int:
     from burnrate.analyzer.sources.timeparse import format_time
     from burnrate.dashboard.app import create_app
     from burnrate.dashboard.testing import chromium, serve, wait_drawn
+    from selenium.common.exceptions import TimeoutException
 
     data = fleet_mode.stored_fleet(args.cache, args.gpus, args.hours)
     proc, url = fleet_mode.prometheus(data.parent, data)
@@ -201,7 +205,14 @@ def prometheus_first_paint(args: argparse.Namespace) -> int:
                 driver.get(base + "/" + search)
                 first = wait_drawn(driver, "#fleet-heatmap", timeout_s=600, poll_s=0.05)
                 progress = driver.find_element("id", "fleet-progress").text
-                full = wait_drawn(driver, "#fleet-findings", timeout_s=1200, poll_s=0.2)
+                print(f"  first paint {first / 1000:.1f} s", file=sys.stderr, flush=True)
+                try:
+                    full = wait_drawn(driver, "#fleet-findings", timeout_s=args.full_timeout, poll_s=0.2)
+                except TimeoutException:
+                    # What the page says instead: the analysis still running, or why it failed.
+                    main = driver.find_element("tag name", "main").text
+                    print(f"\nno findings within {args.full_timeout:g} s; the page said: {main[:600]}")
+                    full = math.nan
                 rows.append((first, full))
     finally:
         fleet_mode.stop(proc)

@@ -14,14 +14,14 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
 
 from burnrate.analyzer.costing.cost import GpuPrices
 from burnrate.analyzer.detectors import DetectorConfig
-from burnrate.analyzer.grid.views import Views
+from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS, Views
 from burnrate.analyzer.grid.frames import Frames, Window
 from burnrate.analyzer.costing.pricing import Catalog
 from burnrate.analyzer.sources.recording_tables import RecordingError
@@ -32,13 +32,19 @@ from burnrate.analyzer.sources.timeparse import format_time
 from . import aggregate, overview
 from .timerange import ALL, TimeRange, from_query
 
+# What the pages read of a window: what `burnrate analyze` reads (the detectors, the cost, the
+# ledger), plus the GPU series a job's page draws; not every GPU field the agent exports, each
+# of which is one more query over every GPU of the window.
+PAGE_COLUMNS = {**ANALYSIS_COLUMNS,
+                "gpu": tuple(dict.fromkeys(ANALYSIS_COLUMNS["gpu"] + tuple(aggregate.GPU_SERIES.values())))}
+
 
 # The most calendar periods the Cost page's showback analyses for one range: a month of days.
 PERIOD_ANALYSES = 32
 
 
 class Source(Protocol):
-    def frames(self, window: Window | None = None) -> Frames: ...
+    def frames(self, window: Window | None = None, columns: Mapping[str, Sequence[str]] | None = None) -> Frames: ...
 
 
 class Unavailable(Exception):
@@ -183,14 +189,14 @@ class DataService:
     def _frames(self, r: TimeRange) -> Frames:
         if isinstance(self.source, RecordingSource) and r.start is None:
             # One read: the whole recording, then the range cut from its end in memory.
-            whole = self.source.frames(None)
+            whole = self.source.frames(None, PAGE_COLUMNS)
             if r.is_all:
                 return whole
             # No earlier than the recording: a range of centuries is the whole of it, at its own
             # resolution, not a grid of points reaching back to before it began.
             end = whole.window.end
             return cut(whole, Window(max(end - r.last, whole.window.start), end))
-        return self.source.frames(self._window(r))
+        return self.source.frames(self._window(r), PAGE_COLUMNS)
 
 
 class Services:

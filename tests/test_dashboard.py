@@ -813,6 +813,31 @@ def test_training_panels_without_figures_say_why_on_no_axis(analysis):
     assert _panel_notes(figures.job_timeline(detail, False, pending="follows")) == [("follows", True, True)] * 3
 
 
+def test_the_pages_read_what_the_analysis_and_the_job_page_use_and_nothing_more(recording):
+    """The pages asked for every GPU field the agent exports, each one more query over every
+    GPU of the window, where they draw four beside what the analysis reads."""
+    from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS
+    from burnrate.dashboard.data import PAGE_COLUMNS
+
+    asked = []
+
+    class Asked(RecordingSource):
+        def frames(self, window=None, columns=None, *args, **kwargs):
+            asked.append(columns)
+            return super().frames(window, columns, *args, **kwargs)
+
+    app = create_app(Asked(recording[0]), refresh_s=3600)
+    with app.server.app_context():
+        service = current_service()
+        analysis = service.analysis(from_query("", service.default_range))
+    assert asked == [PAGE_COLUMNS]
+    assert set(PAGE_COLUMNS["gpu"]) == set(ANALYSIS_COLUMNS["gpu"]) | set(aggregate.GPU_SERIES.values())
+    assert {t: c for t, c in PAGE_COLUMNS.items() if t != "gpu"} == {t: c for t, c in ANALYSIS_COLUMNS.items() if t != "gpu"}
+    detail = aggregate.job_detail(analysis.views, analysis.report, "ml-research", "dlrm-1")
+    assert set(detail.gpu_series) == set(aggregate.GPU_SERIES)
+    assert all(np.isfinite(series).any() for series in detail.gpu_series.values())
+
+
 def test_the_range_picker_says_custom_range_briefly(app):
     picker = _find(app.layout, "app-range")
     assert [o["label"] for o in picker.options if o["value"] == "custom"] == ["custom range"]
