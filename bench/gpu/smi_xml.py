@@ -32,7 +32,7 @@ PAIRS = (
     Pair("max_mem_clock_mhz", "max_clocks/mem_clock", 0.0),
     Pair("enforced_power_limit_w", "gpu_power_readings/current_power_limit", 0.5),
     Pair("power_violation_ns", "clocks_event_reasons_counters/clocks_event_reasons_counters_sw_power_cap", 2e9),
-    Pair("throttle_reasons", "clocks_event_reasons", 0.0),
+    Pair("throttle_reasons", "clocks_event_reasons", 0.0),   # REASONS' bits of the reasons "Active"
     Pair("ecc_sbe_volatile", "ecc_errors/volatile (correctable)", 0.0),
     Pair("ecc_dbe_volatile", "ecc_errors/volatile (uncorrectable)", 0.0),
     Pair("remapped_rows_correctable", "remapped_rows/remapped_row_corr", 0.0),
@@ -43,23 +43,26 @@ PAIRS = (
 assert not {p.field for p in PAIRS} & {p.field for p in QUERY_PAIRS}, "each field is compared once"
 
 _SCALE = {"MHz": 1.0, "W": 1.0, "us": 1e3}   # to the reader's MHz, W and ns
+REASONS_PATH = "clocks_event_reasons"
+# NVML's volatile totals, as the sums of what nvidia-smi lists under <ecc_errors><volatile>.
+ECC = {"ecc_errors/volatile (correctable)": ("sram_correctable", "dram_correctable"),
+       "ecc_errors/volatile (uncorrectable)": ("sram_uncorrectable_parity", "sram_uncorrectable_secded",
+                                               "dram_uncorrectable")}
 
 
 def parse(text: str) -> dict[str, dict[str, float | None]]:
     """GPU UUID -> {PAIRS' nvidia-smi name: value in the reader's unit, None where N/A}."""
     out = {}
     for gpu in ET.fromstring(text).iter("gpu"):
-        values: dict[str, float | None] = {p.smi: _value(gpu.findtext(p.smi)) for p in PAIRS if "(" not in p.smi
-                                           and p.smi != "clocks_event_reasons"}
-        reasons = gpu.find("clocks_event_reasons")
-        values["clocks_event_reasons"] = None if reasons is None else float(sum(
+        values: dict[str, float | None] = {p.smi: _value(gpu.findtext(p.smi)) for p in PAIRS
+                                           if p.smi != REASONS_PATH and p.smi not in ECC}
+        reasons = gpu.find(REASONS_PATH)
+        values[REASONS_PATH] = None if reasons is None else float(sum(
             bit for tag, bit in REASONS.items() if (reasons.findtext(tag) or "").strip() == "Active"))
         volatile = gpu.find("ecc_errors/volatile")
-        for kind, tags in (("correctable", ("sram_correctable", "dram_correctable")),
-                           ("uncorrectable", ("sram_uncorrectable_parity", "sram_uncorrectable_secded",
-                                              "dram_uncorrectable"))):
+        for name, tags in ECC.items():
             counts = [_value(volatile.findtext(t)) if volatile is not None else None for t in tags]
-            values[f"ecc_errors/volatile ({kind})"] = None if None in counts else sum(counts)
+            values[name] = None if None in counts else sum(counts)
         out[(gpu.findtext("uuid") or "").strip()] = values
     return out
 
