@@ -11,6 +11,7 @@ from typing import Iterator
 
 import dash
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.support.ui import WebDriverWait
 from werkzeug.serving import WSGIRequestHandler, make_server
@@ -25,6 +26,13 @@ _DRAWN_AT = """
     const drawn = document.querySelector(arguments[0])
         && [...document.querySelectorAll('.dash-graph')].every(g => g.querySelector('.main-svg'));
     return drawn ? performance.now() : null;
+"""
+
+# Each row's cell texts and the named attributes of the row.
+_ROWS = """
+    return [...document.querySelectorAll(arguments[0])].map(r => [
+        [...r.querySelectorAll('td')].map(c => c.innerText.trim()),
+        arguments[1].map(a => r.getAttribute(a))]);
 """
 
 
@@ -69,12 +77,24 @@ def chromium(profile_dir: str) -> Iterator[webdriver.Chrome]:
         driver.quit()
 
 
+def wait(driver: webdriver.Chrome, timeout_s: float = 30.0, poll_frequency: float = 0.5) -> WebDriverWait:
+    """A wait that polls again, rather than fails, when Dash redraws an element between
+    the condition finding it and reading it (a stale element)."""
+    return WebDriverWait(driver, timeout_s, poll_frequency=poll_frequency,
+                         ignored_exceptions=(StaleElementReferenceException,))
+
+
+def table_rows(driver: webdriver.Chrome, row_css: str, attributes: tuple[str, ...] = ()) -> list:
+    """[cell texts, attribute values] for each row `row_css`, read in one step, so a redraw
+    cannot leave some of them read from the old table and some from the new."""
+    return driver.execute_script(_ROWS, row_css, list(attributes))
+
+
 def wait_drawn(driver: webdriver.Chrome, ready_css: str, timeout_s: float = 30.0, poll_s: float = 0.5) -> float:
     """Wait until the element `ready_css` is on the page and every graph is drawn;
     returns the milliseconds from the start of the document's navigation (a full
     load; navigation inside the app keeps the document) to when that was seen."""
-    return WebDriverWait(driver, timeout_s, poll_frequency=poll_s).until(
-        lambda d: d.execute_script(_DRAWN_AT, ready_css))
+    return wait(driver, timeout_s, poll_s).until(lambda d: d.execute_script(_DRAWN_AT, ready_css))
 
 
 def screenshot(driver: webdriver.Chrome, name: str) -> None:

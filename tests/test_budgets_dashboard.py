@@ -76,16 +76,14 @@ def test_the_budget_rows_are_the_reports(budgets_app, reported):
 def test_the_browser_shows_the_reports_budget_rows(budgets_app, reported, tmp_path):
     pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-    from burnrate.dashboard.testing import chromium, screenshot, serve
+    from burnrate.dashboard.testing import chromium, screenshot, serve, table_rows, wait
     require("chromium"), require("chromedriver")
     with serve(budgets_app) as base, chromium(str(tmp_path / "profile")) as driver:
         driver.get(base + "/cost" + SEARCH)
-        found = WebDriverWait(driver, 90).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, "#cost-budgets-table tr.br-budget-row"))
-        seen = [[c.text for c in row.find_elements(By.TAG_NAME, "td")] for row in found]
-        assert seen == rows(reported)
-        assert [(r.get_attribute("data-team"), r.get_attribute("data-status")) for r in found] == \
+        found = wait(driver, 90).until(
+            lambda d: table_rows(d, "#cost-budgets-table tr.br-budget-row", ("data-team", "data-status")))
+        assert [cells for cells, _ in found] == rows(reported)
+        assert [tuple(attributes) for _, attributes in found] == \
             [(t["team"], t["status"]) for t in reported["teams"]]
         assert driver.find_elements(By.CSS_SELECTOR, "#cost-budgets-bars .js-plotly-plot")
         screenshot(driver, "cost-budgets")

@@ -20,9 +20,8 @@ pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from burnrate.dashboard.testing import WIDTH, chromium, screenshot, serve, wait_drawn  # noqa: E402
+from burnrate.dashboard.testing import WIDTH, chromium, screenshot, serve, wait, wait_drawn  # noqa: E402
 
 # The recording's directory name is what the status line shows (and the screenshots).
 RECORDING_NAME = "example-fleet"
@@ -85,7 +84,7 @@ def test_every_page_renders_without_browser_errors(served, browser):
     }
     for name, (path, ready) in pages.items():
         _load(browser, base + path, ready)
-        WebDriverWait(browser, 30).until(EC.text_to_be_present_in_element((By.ID, "app-status"), RECORDING_NAME))
+        wait(browser, 30).until(EC.text_to_be_present_in_element((By.ID, "app-status"), RECORDING_NAME))
         assert _errors(browser) == [], f"browser errors on {path}"
         assert browser.find_element(By.ID, "app-simulated").text == "SIMULATED DATA"
         status = browser.find_element(By.ID, "app-status").text
@@ -126,12 +125,12 @@ def test_a_filtered_findings_url_opens_the_same_view(served, browser):
 
     # A filter chosen on the page goes into the URL, next to the range and the other filters...
     browser.find_element(By.ID, "findings-severity").click()
-    WebDriverWait(browser, 10).until(EC.element_to_be_clickable(
+    wait(browser, 10).until(EC.element_to_be_clickable(
         (By.XPATH, "//*[@role='option'][normalize-space()='critical']"))).click()
-    WebDriverWait(browser, 30).until(EC.url_contains("severity=critical"))
+    wait(browser, 30).until(EC.url_contains("severity=critical"))
     shared = browser.current_url
     assert urlsplit(shared).query == "range=1h&kind=straggler,stalled&severity=critical"
-    WebDriverWait(browser, 30).until(lambda d: set(_column(d, "findings-table", "severity")) == {"critical"})
+    wait(browser, 30).until(lambda d: set(_column(d, "findings-table", "severity")) == {"critical"})
     rows = sorted(zip(_column(browser, "findings-table", "kind"), _column(browser, "findings-table", "where")))
 
     # ...and that URL, opened afresh, shows the same controls and the same rows.
@@ -165,7 +164,7 @@ def test_links_to_a_job_navigate_without_reloading_the_document(served, browser,
     _load(browser, f"{base}{path}?range=1h", ready)
     browser.execute_script("window.__marker = 'same document'")
     click(browser)
-    WebDriverWait(browser, 30).until(EC.url_contains("/job/"))
+    wait(browser, 30).until(EC.url_contains("/job/"))
     wait_drawn(browser, "#job-timeline")
     assert browser.execute_script("return window.__marker") == "same document"
     url = urlsplit(browser.current_url)
@@ -180,7 +179,7 @@ def test_the_range_picker_puts_the_range_in_the_url(served, browser):
     _load(browser, base + "/findings?range=1h", "#findings-table")
     assert "last 1h" in browser.find_element(By.ID, "app-range").text
     browser.find_element(By.CSS_SELECTOR, "#app-nav a[href^='/cost']").click()
-    WebDriverWait(browser, 30).until(EC.presence_of_element_located((By.CSS_SELECTOR, "#cost-waste")))
+    wait(browser, 30).until(EC.presence_of_element_located((By.CSS_SELECTOR, "#cost-waste")))
     assert browser.current_url.endswith("/cost?range=1h")
     assert _errors(browser) == []
 
@@ -188,7 +187,7 @@ def test_the_range_picker_puts_the_range_in_the_url(served, browser):
 def test_a_range_without_a_preset_stays_in_the_url(served, browser):
     base, _, _ = served
     _load(browser, base + "/jobs?range=30m", "#jobs-table")
-    WebDriverWait(browser, 30).until(EC.text_to_be_present_in_element((By.ID, "app-range"), "custom"))
+    wait(browser, 30).until(EC.text_to_be_present_in_element((By.ID, "app-range"), "custom"))
     assert urlsplit(browser.current_url).query == "range=30m"
     assert _errors(browser) == []
 

@@ -24,11 +24,10 @@ pytestmark = pytest.mark.slow
 
 pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from burnrate.analyzer.sources import PrometheusSource  # noqa: E402
 from burnrate.analyzer.sources.timeparse import format_time  # noqa: E402
-from burnrate.dashboard.testing import chromium, screenshot, serve, wait_drawn  # noqa: E402
+from burnrate.dashboard.testing import chromium, screenshot, serve, wait, wait_drawn  # noqa: E402
 
 GPUS = SPEC.nodes * SPEC.gpus_per_node
 SEARCH = f"?start={format_time(SPEC.end - SPEC.hours * 3600)}&end={format_time(SPEC.end)}"
@@ -83,8 +82,8 @@ def _analysing(driver, page: str) -> str:
 def _released(driver, source, page: str, done_css: str) -> None:
     assert not source.release.is_set()
     source.release.set()
-    WebDriverWait(driver, 60, poll_frequency=0.5).until(lambda d: d.find_elements(By.CSS_SELECTOR, done_css))
-    WebDriverWait(driver, 10, poll_frequency=0.5).until(
+    wait(driver, 60, poll_frequency=0.5).until(lambda d: d.find_elements(By.CSS_SELECTOR, done_css))
+    wait(driver, 10, poll_frequency=0.5).until(
         lambda d: d.find_element(By.ID, f"{page}-progress").text == "")
     # neither drawing raised an error in the browser (a callback wired to a graph the early page lacks)
     assert [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
@@ -135,7 +134,7 @@ def _job_rows(driver) -> dict[str, tuple[float, float]]:
 
 def test_the_jobs_page_lists_hours_and_dollars_before_the_analysis(store, tmp_path):
     with opened(store, "/jobs", tmp_path) as (driver, source):
-        WebDriverWait(driver, 30, poll_frequency=0.2).until(lambda d: _cells(d, "jobs-table", "cost_dollars"))
+        wait(driver, 30, poll_frequency=0.2).until(lambda d: _cells(d, "jobs-table", "cost_dollars"))
         _analysing(driver, "jobs")
         assert "Until the window's analysis is done" in driver.find_element(By.ID, "jobs-hint").text
         early = _job_rows(driver)
@@ -145,7 +144,7 @@ def test_the_jobs_page_lists_hours_and_dollars_before_the_analysis(store, tmp_pa
         screenshot(driver, "first-paint-jobs")
 
         _released(driver, source, "jobs", "#jobs-table td[data-dash-column=findings]")
-        WebDriverWait(driver, 10, poll_frequency=0.5).until(
+        wait(driver, 10, poll_frequency=0.5).until(
             lambda d: "Until the window's analysis" not in d.find_element(By.ID, "jobs-hint").text)
         full = _job_rows(driver)
         assert set(full) == set(early)
@@ -157,7 +156,7 @@ def test_the_jobs_page_lists_hours_and_dollars_before_the_analysis(store, tmp_pa
 
 def test_the_findings_page_says_the_analysis_runs_never_no_findings(store, tmp_path):
     with opened(store, "/findings", tmp_path) as (driver, source):
-        WebDriverWait(driver, 30, poll_frequency=0.2).until(lambda d: d.find_elements(By.ID, "findings-pending"))
+        wait(driver, 30, poll_frequency=0.2).until(lambda d: d.find_elements(By.ID, "findings-pending"))
         main = _analysing(driver, "findings")
         assert "Findings follow when the window's analysis is done." in main
 

@@ -110,25 +110,21 @@ def test_the_choice_lives_in_the_url():
 def test_the_browser_shows_the_reports_rows(app, store, capsys, tmp_path):
     pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-    from burnrate.dashboard.testing import chromium, screenshot, serve
+    from burnrate.dashboard.testing import chromium, screenshot, serve, table_rows, wait
     require("chromium"), require("chromedriver")
     doc = json.loads(report(capsys, store, "--by", "label:team", "--format", "json"))
+    row_css = "#cost-showback-table tr.br-showback-row"
     with serve(app) as base, chromium(str(tmp_path / "profile")) as driver:
         driver.get(base + "/cost" + with_params(WINDOW, by="label:team"))
-        rows = WebDriverWait(driver, 60).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, "#cost-showback-table tr.br-showback-row"))
-        seen = [[c.text for c in row.find_elements(By.TAG_NAME, "td")] for row in rows]
-        assert [(r[0], r[1], r[3], r[9]) for r in seen] == expected_rows(doc)
-        assert [(r.get_attribute("data-period"), r.get_attribute("data-team")) for r in rows] == \
-            [(r[0], r[1]) for r in expected_rows(doc)]
+        rows = wait(driver, 60).until(lambda d: table_rows(d, row_css, ("data-period", "data-team")))
+        assert [(r[0], r[1], r[3], r[9]) for r, _ in rows] == expected_rows(doc)
+        assert [tuple(attributes) for _, attributes in rows] == [(r[0], r[1]) for r in expected_rows(doc)]
         screenshot(driver, "cost-showback")
         # the period chosen on the page goes into the URL, and the table follows it
         driver.find_element(By.ID, "cost-showback-period").click()
-        WebDriverWait(driver, 10).until(lambda d: d.find_element(
+        wait(driver, 10).until(lambda d: d.find_element(
             By.XPATH, "//*[@role='option'][normalize-space()='month']")).click()
-        WebDriverWait(driver, 60).until(lambda d: "period=month" in d.current_url)
-        WebDriverWait(driver, 60).until(lambda d: [e.text for e in d.find_elements(
-            By.CSS_SELECTOR, "#cost-showback-table tr.br-showback-row td:first-child")][:1]
-            == ["2025-12 (partial: the window ends within it)"])
+        wait(driver, 60).until(lambda d: "period=month" in d.current_url)
+        wait(driver, 60).until(lambda d: [cells[0] for cells, _ in table_rows(d, row_css)][:1]
+                               == ["2025-12 (partial: the window ends within it)"])
         assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
