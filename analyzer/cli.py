@@ -43,15 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-seconds", type=float, metavar="S",
                         help="time to write one checkpoint; enables checkpoint-interval advice (Daly's interval; "
                              "a job's ledger measures it where the job reports its saves)")
-    fleet = parser.add_argument_group("fleet mode (a store whose ruler keeps the shipped roll-ups)")
-    way = fleet.add_mutually_exclusive_group()
-    way.add_argument("--fleet", action="store_true",
-                     help="read the roll-ups for the whole fleet and per-GPU series only for the jobs and nodes "
-                          "they flag (Prometheus only; the default where the store holds them over the window)")
-    way.add_argument("--per-gpu", action="store_true",
-                     help="read every GPU's series even where the store holds the roll-ups")
-    fleet.add_argument("--rollup-interval", type=float, metavar="S",
-                       help="the roll-up group's evaluation interval (default: from the store's rules API, else 60)")
+    add_fleet_arguments(parser)
     serve = parser.add_argument_group("long-running mode")
     serve.add_argument("--serve", action="store_true",
                        help="re-evaluate every --interval and export findings and costs on /metrics")
@@ -169,6 +161,26 @@ def period_report(args: argparse.Namespace, options: SourceOptions, source, wind
         return None
 
 
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """--fleet, --per-gpu and --rollup-interval: how a store is read (analyzer.fleet.choice)."""
+    fleet = parser.add_argument_group("fleet mode (a store whose ruler keeps the shipped roll-ups)")
+    way = fleet.add_mutually_exclusive_group()
+    way.add_argument("--fleet", action="store_true",
+                     help="read the roll-ups for the whole fleet and per-GPU series only for the jobs and nodes "
+                          "they flag (Prometheus only; the default where the store holds them over the window)")
+    way.add_argument("--per-gpu", action="store_true",
+                     help="read every GPU's series even where the store holds the roll-ups")
+    fleet.add_argument("--rollup-interval", type=float, metavar="S",
+                       help="the roll-up group's evaluation interval (default: from the store's rules API, else 60)")
+
+
+def check_fleet_arguments(args: argparse.Namespace, options: SourceOptions) -> None:
+    if args.fleet and options.prometheus is None:
+        raise UserError("--fleet reads a store's roll-ups: it needs --prometheus URL")
+    if args.rollup_interval is not None and args.rollup_interval <= 0:
+        raise UserError("--rollup-interval must be positive")
+
+
 def forced_by(args: argparse.Namespace) -> str | None:
     """The flag that sets how a store is read, None where the store decides. Commands that
     run analyze's analysis for their own (`burnrate report`) set `fleet`, and may set `per_gpu`
@@ -232,10 +244,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     options = source_options(args)
     if args.checkpoint_seconds is not None and args.checkpoint_seconds <= 0:
         raise UserError("--checkpoint-seconds must be positive")
-    if args.fleet and options.prometheus is None:
-        raise UserError("--fleet reads a store's roll-ups: it needs --prometheus URL")
-    if args.rollup_interval is not None and args.rollup_interval <= 0:
-        raise UserError("--rollup-interval must be positive")
+    check_fleet_arguments(args, options)
     if args.web_config is not None and not args.serve:
         raise UserError("--web-config secures the endpoint of --serve: it needs --serve")
     if args.budgets is not None and not args.serve:

@@ -143,10 +143,12 @@ def job_table(report: Report, views: Views) -> pd.DataFrame:
         key = (j.namespace, j.training_job)
         ranks = rows_of.get(key)
         tokens_per_s = None
+        wall_h = j.gpu_hours / j.gpus if j.gpus else 0.0
         if ranks is not None and j.tokens:
             active_s = rank.present[ranks].any(axis=0).sum() * views.step
             tokens_per_s = j.tokens / active_s if active_s else None
-        wall_h = j.gpu_hours / j.gpus if j.gpus else 0.0
+        elif j.tokens and wall_h:   # costed from roll-ups (fleet mode): no rank series read, its held hours
+            tokens_per_s = j.tokens / (wall_h * 3600)
         rows.append({
             "namespace": j.namespace, "training_job": j.training_job, "gpus": j.gpus,
             "capacity_type": j.capacity_type, "gpu_hours": j.gpu_hours, "cost_dollars": j.cost_dollars,
@@ -454,7 +456,7 @@ def badput_timeline(report: Report, views: Views, max_buckets: int = MAX_BUCKETS
         for j in jobs:
             if cause not in j.ledger.timeline:
                 continue
-            seconds = j.ledger.series(cause, views.n)
+            seconds = j.ledger.binned(cause, views.start, views.step, views.n)
             # GPU-seconds per bucket; at the job's own rate when every job has one
             scale = (j.ledger_dollars(1.0) if dollars else 1.0) / 3600
             total += bucket_sum(seconds, k)[0] * scale

@@ -17,24 +17,27 @@ from burnrate.analyzer.costing.pricing import Catalog, load_catalog
 from . import auth
 from .data import Analysis, DataService, Services, Source, Unavailable, describe_window
 from .timerange import ALL, CUSTOM, PRESETS, from_query, picker_value, query, with_params
-from .ui import SERVICE_KEY, current_service, range_search
+from .ui import POLL_MS, SERVICE_KEY, current_service, range_search
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def create_app(source: Source | dict[str, Source], catalog: Catalog | None = None, *, ttl_s: float = 30.0,
                refresh_s: float = 60.0, basic_auth: tuple[str, str] | None = None,
-               config: DetectorConfig = DetectorConfig()) -> dash.Dash:
+               config: DetectorConfig = DetectorConfig(), forced_by: str | None = None,
+               rollup_interval_s: float | None = None) -> dash.Dash:
     """A dashboard over `source` (a PrometheusSource or RecordingSource), or over each
     cluster of a store (cluster name -> its source), picked in the header. Analyses
     are cached for `ttl_s`; pages refresh every `refresh_s` while live refresh is on;
-    `config` holds the detectors' thresholds."""
+    `config` holds the detectors' thresholds; a store is read as `burnrate analyze` reads it,
+    fleet mode or per GPU as the store's roll-ups or `forced_by` (--fleet, --per-gpu) say."""
     app = dash.Dash("burnrate.dashboard", use_pages=True, pages_folder=os.path.join(HERE, "pages"),
                     assets_folder=os.path.join(HERE, "assets"), title="burnrate",
                     suppress_callback_exceptions=True, update_title=None)
     catalog = catalog or load_catalog(None)
     sources = source if isinstance(source, dict) else {"": source}
-    services = Services({name: DataService(s, catalog, ttl_s=ttl_s, config=config) for name, s in sources.items()})
+    services = Services({name: DataService(s, catalog, ttl_s=ttl_s, config=config, forced_by=forced_by,
+                                                  rollup_interval_s=rollup_interval_s) for name, s in sources.items()})
     service = services.of(None)
     app.server.extensions[SERVICE_KEY] = services
     auth.add_health(app.server)
@@ -61,6 +64,7 @@ def create_app(source: Source | dict[str, Source], catalog: Catalog | None = Non
             ], className="br-controls"),
         ], className="br-header"),
         html.Div(id="app-status", className="br-status"),
+        dcc.Interval(id="app-status-poll", interval=POLL_MS, disabled=True),
         html.Main(dash.page_container, className="br-main"),
     ])
     _register_shell_callbacks(app, service.default_range, services.default)
@@ -84,9 +88,14 @@ def _register_shell_callbacks(app: dash.Dash, default_range: str, default_cluste
     def nav(pathname: str | None, search: str | None) -> list:
         return nav_links(pathname, search)
 
-    @app.callback(Output("app-status", "children"), Input("app-url", "search"), Input("app-refresh", "n_intervals"))
-    def status(search: str | None, _n: int | None) -> list:
-        return status_line(search)
+    # While a page draws its overview, the header asks again until the analysis is done, which
+    # says how the store was read and what its report notes.
+    @app.callback(Output("app-status", "children"), Output("app-status-poll", "disabled"),
+                  Input("app-url", "search"), Input("app-refresh", "n_intervals"),
+                  Input("app-status-poll", "n_intervals"))
+    def status(search: str | None, _n: int | None, _polls: int | None) -> tuple[list, bool]:
+        parts, pending = status_line(search)
+        return parts, not pending
 
 
 def range_sync(trigger: str | None, value: str, search: str | None, default_range: str):
@@ -120,7 +129,9 @@ def nav_links(pathname: str | None, search: str | None) -> list:
     return links
 
 
-def status_line(search: str | None) -> list:
+def status_line(search: str | None) -> tuple[list, bool]:
+    """The header's line, and whether it is the overview's while the analysis runs (the
+    analysis' way of reading the store and its notes follow)."""
     try:
         service = current_service(search)
         time_range = from_query(search, service.default_range)
@@ -128,15 +139,17 @@ def status_line(search: str | None) -> list:
         shown = (service.analysis(time_range) if service.kept(time_range) else
                  service.overview(time_range) or service.analysis(time_range))
     except (KeyError, ValueError, Unavailable):
-        return []     # the page itself says what is wrong
+        return [], False     # the page itself says what is wrong
     parts: list = []
     if shown.simulated:
         parts.append(html.Span("SIMULATED DATA", className="br-badge", id="app-simulated"))
     parts.append(html.Span(f"{describe_window(shown.frames.window)} UTC · {service.where}"))
     if not isinstance(shown, Analysis):
-        return parts
+        return parts, True
     analysis = shown
+    if analysis.way:
+        parts.append(html.Span(analysis.way, id="app-way"))
     if analysis.report.missing:
         parts.append(html.Span("missing signals: " + ", ".join(analysis.report.missing), className="br-warn"))
     parts += [html.Span(note, className="br-warn") for note in analysis.report.notes]
-    return parts
+    return parts, False

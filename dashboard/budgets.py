@@ -16,7 +16,7 @@ from burnrate.analyzer.output.pod_labels import pod_labels
 from burnrate.analyzer.sources.budgets_file import Budget
 
 from .data import Analysis, DataService
-from .showback import Choice, team_key
+from .showback import Choice, period_analysis, team_key
 from .ui import graph, money
 
 # where `burnrate dashboard --budgets FILE` keeps the file's budgets: the server's extensions
@@ -38,7 +38,7 @@ def block(service: DataService, analysis: Analysis, choice: Choice, budgets: lis
     key = team_key(service, choice)
 
     def dollars_of_day(day: Window) -> dict[str, float]:
-        a = analysis if day == analysis.frames.window else service.period_analysis(day)
+        a = period_analysis(service, analysis, day, key, choice)
         return report_dollars(None if a.frames.gpu.empty else a.report, service.source, key, day, pod_labels)
 
     return budget_block(budgets, choice.by, choice.period, analysis.frames.window.end, now, dollars_of_day)

@@ -31,7 +31,10 @@ def _prometheus(options: SourceOptions):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from burnrate.analyzer.cli import add_fleet_arguments
+
     add_source_arguments(parser, "without it, each cluster is picked in the header")
+    add_fleet_arguments(parser)
     parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                         help=f"where to serve the dashboard (default {DEFAULT_LISTEN})")
     # The dashboard's own visitors, not Prometheus (--basic-auth-user): `--basic-auth` is its older name.
@@ -55,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
     from .app import create_app
     from .ui import SERVICE_KEY
 
+    from burnrate.analyzer.cli import check_fleet_arguments, forced_by
+
     options = source_options(args)
+    check_fleet_arguments(args, options)
     host, port = listen_address(args.listen, default_host=None)
     ensure_free(host, port, "--listen")
     if args.refresh <= 0 or args.cache_ttl <= 0:
@@ -74,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         source, where = _prometheus(options), f"Prometheus {options.prometheus}"
     app = create_app(source, catalog, ttl_s=args.cache_ttl, refresh_s=args.refresh, basic_auth=credentials,
-                     config=config)
+                     config=config, forced_by=forced_by(args), rollup_interval_s=args.rollup_interval)
     if budgets is not None:
         from .budgets import install
         install(app.server, budgets)

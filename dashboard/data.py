@@ -6,13 +6,18 @@ is cached for a short time, so the pages and the header that render together
 share one read and one detector run. After the TTL the cached analysis is still
 served while a background thread recomputes it: at fleet scale a fresh analysis
 takes seconds, a page render must not.
+
+A store is read the way `burnrate analyze` reads it (analyzer.fleet.choice): where its
+ruler keeps burnrate's roll-ups over the range, in fleet mode. The report is then fleet
+mode's; the fleet is drawn from the overview's read of every GPU at the display's step
+(dashboard/overview.py), and a job's page reads that job's nodes per GPU over its life.
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable, Mapping, Protocol, Sequence
 
@@ -21,6 +26,8 @@ import pandas as pd
 
 from burnrate.analyzer.costing.cost import GpuPrices
 from burnrate.analyzer.detectors import DetectorConfig
+from burnrate.analyzer.fleet.choice import Choice, choose
+from burnrate.analyzer.fleet.mode import analyze_fleet
 from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS, Views
 from burnrate.analyzer.grid.frames import Frames, Window
 from burnrate.analyzer.costing.pricing import Catalog
@@ -41,6 +48,10 @@ PAGE_COLUMNS = {**ANALYSIS_COLUMNS,
 
 # The most calendar periods the Cost page's showback analyses for one range: a month of days.
 PERIOD_ANALYSES = 32
+# Job pages read in fleet mode that are kept at once.
+JOB_READS = 8
+
+Job = tuple[str, str]
 
 
 class Source(Protocol):
@@ -60,6 +71,11 @@ class Analysis:
     report: Report
     catalog: Catalog
     config: DetectorConfig = DetectorConfig()
+    # Fleet mode: the overview whose read the fleet is drawn from (`frames` are its), how the
+    # store was read, and a job's own analysis, read on its nodes over its life.
+    overview: overview.Overview | None = None
+    way: str | None = None
+    of_job: Callable[[Job], Analysis] | None = field(default=None, repr=False)
 
     @property
     def empty(self) -> bool:
@@ -71,7 +87,7 @@ class Analysis:
 
     @property
     def views(self) -> Views:
-        return self.report.views
+        return self.overview.views if self.overview is not None else self.report.views
 
     @property
     def prices(self) -> GpuPrices:
@@ -79,7 +95,13 @@ class Analysis:
 
     @cached_property
     def fleet(self) -> aggregate.Fleet:
+        if self.overview is not None:
+            return self.overview.fleet
         return aggregate.fleet(self.views, self.prices, self.config.idle_gpu)
+
+    def job(self, job: Job) -> Analysis:
+        """The analysis a job's page draws: this one, or in fleet mode the job's own."""
+        return self if self.of_job is None else self.of_job(job)
 
     @cached_property
     def jobs(self) -> pd.DataFrame:
@@ -108,10 +130,15 @@ class DataService:
     """Analyses of one source, cached per time range for `ttl_s` seconds."""
 
     def __init__(self, source: Source, catalog: Catalog, ttl_s: float = 30.0,
-                 clock: Callable[[], float] = time.time, config: DetectorConfig = DetectorConfig()) -> None:
+                 clock: Callable[[], float] = time.time, config: DetectorConfig = DetectorConfig(),
+                 forced_by: str | None = None, rollup_interval_s: float | None = None) -> None:
+        """`forced_by` is the flag that sets how a store is read (--fleet, --per-gpu), None for
+        the store to decide as `burnrate analyze` lets it; `rollup_interval_s` is the roll-ups'."""
         self.source = source
         self.catalog = catalog
         self.config = config
+        self.forced_by = forced_by
+        self.rollup_interval_s = rollup_interval_s
         self.where = describe_source(source)
         self.clock = clock
         # A recording's ranges end at its last sample; Prometheus' end now.
@@ -120,7 +147,10 @@ class DataService:
         self.overviews = TtlCache(self._overview, ttl_s)
         # The Cost page's showback analyses each calendar period of a range apart: kept beside
         # the pages' ranges, so that a week of days does not push those out.
-        self.periods = TtlCache(self._compute, ttl_s, max_entries=PERIOD_ANALYSES)
+        self.periods = TtlCache(lambda key: self._compute(*key), ttl_s, max_entries=PERIOD_ANALYSES)
+        self.jobs = TtlCache(lambda key: self._job(*key), ttl_s, max_entries=JOB_READS)
+        # How the store is read for each range (analyzer.fleet.choice), asked once per range.
+        self.choices = TtlCache(self._choice, ttl_s, max_entries=PERIOD_ANALYSES + 4)
 
     def analysis(self, time_range: TimeRange) -> Analysis:
         return self.cache.get(time_range)
@@ -144,9 +174,20 @@ class DataService:
         is read whole either way)."""
         return self.overviews.get(time_range) if isinstance(self.source, PrometheusSource) else None
 
-    def period_analysis(self, window: Window) -> Analysis:
-        """The analysis of one showback period's window (dashboard/showback.py)."""
-        return self.periods.get(TimeRange(start=window.start, end=window.end))
+    def period_analysis(self, window: Window, per_gpu: str | None = None) -> Analysis:
+        """The analysis of one showback period's window (dashboard/showback.py); `per_gpu` names
+        what needs every GPU's series (teams by a pod label), where the store would be read in
+        fleet mode."""
+        time_range = TimeRange(start=window.start, end=window.end)
+        if per_gpu is not None and not self.way(time_range).fleet:
+            per_gpu = None      # read per GPU either way: one analysis for every grouping
+        return self.periods.get((time_range, per_gpu))
+
+    def way(self, time_range: TimeRange) -> Choice:
+        """How the range is read: fleet mode or every GPU's series."""
+        if not isinstance(self.source, PrometheusSource):
+            return Choice(False, "")
+        return self.choices.get(time_range)
 
     def warm_up(self) -> threading.Thread:
         """Start the default range's analysis now, so the first visitor does not
@@ -160,14 +201,60 @@ class DataService:
         thread.start()
         return thread
 
-    def _compute(self, time_range: TimeRange) -> Analysis:
+    def _compute(self, time_range: TimeRange, per_gpu: str | None = None) -> Analysis:
         try:
-            frames = self._frames(time_range)
+            if isinstance(self.source, PrometheusSource):
+                window = self._window(time_range)
+                choice = (choose(self.source, window, per_gpu) if per_gpu is not None
+                          else self.way(time_range))
+                if choice.fleet:
+                    return self._fleet(time_range, window, choice.note)
+                frames = self.source.frames(window, PAGE_COLUMNS)
+                way = choice.note
+            else:
+                frames, way = self._frames(time_range), None
         except PrometheusError as exc:
             raise Unavailable(str(exc).splitlines()[0]) from None
         except (RecordingError, OSError, ValueError) as exc:
             raise Unavailable(f"cannot read {self.where}: {exc}") from None
-        return Analysis(frames, analyze(frames, self.catalog, self.config), self.catalog, self.config).warm()
+        return Analysis(frames, analyze(frames, self.catalog, self.config), self.catalog, self.config,
+                        way=way).warm()
+
+    def _choice(self, time_range: TimeRange) -> Choice:
+        try:
+            return choose(self.source, self._window(time_range), self.forced_by, self.rollup_interval_s)
+        except PrometheusError as exc:
+            raise Unavailable(str(exc).splitlines()[0]) from None
+        except ValueError as exc:
+            raise Unavailable(f"cannot read {self.where}: {exc}") from None
+
+    def _fleet(self, time_range: TimeRange, window: Window, way: str) -> Analysis:
+        """Fleet mode's report (analyzer.fleet.mode), the fleet drawn from the overview's read."""
+        early = self.overviews.get(time_range)
+        report = analyze_fleet(self.source, window, self.catalog, self.config, interval_s=self.rollup_interval_s)
+        return Analysis(early.frames, report, self.catalog, self.config, overview=early, way=way,
+                        of_job=lambda job: self.jobs.get((time_range, job))).warm()
+
+    def _job(self, time_range: TimeRange, job: Job) -> Analysis:
+        """A job's own analysis in fleet mode: its nodes read per GPU over its life (as fleet
+        mode reads a job it flags), a display step wider either side, from the overview's
+        allocations; other jobs on those nodes are read too, the page draws this one."""
+        early = self.overviews.get(time_range)
+        views = early.views
+        rows = views.job_rows(views.alloc).get(job)
+        if rows is None:
+            return Analysis(early.frames, early.report, self.catalog, self.config)
+        held = np.flatnonzero(views.alloc.present[rows].any(axis=0))
+        window = early.frames.window
+        life = Window(max(float(views.time(held[0])) - 2 * views.step, window.start),
+                      min(float(views.time(held[-1])) + views.step, window.end))
+        hosts = sorted(set(views.alloc.keys["Hostname"].iloc[rows].astype(str)))
+        try:
+            frames = self.source.frames(life, PAGE_COLUMNS, reads={life: hosts})
+        except PrometheusError as exc:
+            raise Unavailable(str(exc).splitlines()[0]) from None
+        return Analysis(frames, analyze(frames, self.catalog, self.config), self.catalog, self.config,
+                        way=f"the job's {len(hosts)} nodes read per GPU over its life").warm()
 
     def _overview(self, time_range: TimeRange) -> overview.Overview:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from burnrate.analyzer.grid.frames import Window
 from burnrate.analyzer.output.showback import NAMESPACE, PERIODS, add_changes, periods
 from burnrate.analyzer.output.showback_command import NO_SAMPLES, label_key, period_figures, unlabelled_note
 from burnrate.analyzer.output.showback_render import to_document
@@ -61,6 +62,17 @@ def team_key(service: DataService, choice: Choice) -> str | None:
     return key
 
 
+def period_analysis(service: DataService, analysis: Analysis, window: Window, key: str | None,
+                    choice: Choice) -> Analysis:
+    """The analysis of one period: the range's own where the period is the range and it was
+    read as the grouping needs, else the period's from the service's cache. Teams by a pod
+    label (`key`) need every pod's GPU-hours: per GPU, never from the roll-ups (as
+    `burnrate report --by label:KEY` reads them)."""
+    if window == analysis.frames.window and (key is None or analysis.overview is None):
+        return analysis
+    return service.period_analysis(window, None if key is None else f"--by {choice.by}")
+
+
 def showback(service: DataService, analysis: Analysis, choice: Choice, now: float) -> dict[str, Any]:
     """`burnrate report`'s document (docs/showback.md) for the periods of the analysis' window.
     A period that is the whole window reuses its analysis; each other one is analysed once, in
@@ -72,7 +84,7 @@ def showback(service: DataService, analysis: Analysis, choice: Choice, now: floa
                             "showback analyses: pick a longer period or a shorter range")
     figures, labelled = [], 0
     for span in spans:
-        a = analysis if span.window == analysis.frames.window else service.period_analysis(span.window)
+        a = period_analysis(service, analysis, span.window, key, choice)
         report = None if a.frames.gpu.empty else a.report
         try:
             figure, labels = period_figures(span, report, list(report.notes) if report else [NO_SAMPLES],

@@ -35,6 +35,9 @@ _ROWS = """
         arguments[1].map(a => r.getAttribute(a))]);
 """
 
+# The number cards (dashboard.ui.stat): label, value, the line under it.
+_STATS = "return [...document.querySelectorAll('.br-stat')].map(s => [...s.children].map(c => c.textContent))"
+
 
 def chromium_installed() -> bool:
     return os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)
@@ -88,6 +91,11 @@ def table_rows(driver: webdriver.Chrome, row_css: str, attributes: tuple[str, ..
     """[cell texts, attribute values] for each row `row_css`, read in one step, so a redraw
     cannot leave some of them read from the old table and some from the new."""
     return driver.execute_script(_ROWS, row_css, list(attributes))
+
+
+def stat_cards(driver: webdriver.Chrome) -> dict[str, tuple[str, str]]:
+    """The page's number cards: label -> (value, the line under it)."""
+    return {label: (value, sub) for label, value, sub in driver.execute_script(_STATS)}
 
 
 def wait_drawn(driver: webdriver.Chrome, ready_css: str, timeout_s: float = 30.0, poll_s: float = 0.5) -> float:

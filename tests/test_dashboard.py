@@ -371,7 +371,7 @@ def test_an_unreachable_prometheus_is_explained():
 
 def test_the_status_line_names_the_source_without_a_local_path(app, recording):
     with app.server.test_request_context():
-        status = _text(status_line(""))
+        status = _text(status_line("")[0])
     assert "SIMULATED DATA" in status
     assert status.endswith(f"UTC · recording {os.path.basename(recording[0])}") and recording[0] not in status
     assert describe_source(PrometheusSource("http://prometheus:9090/")) == "Prometheus http://prometheus:9090"

@@ -27,7 +27,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 
 from burnrate.analyzer.sources import PrometheusSource  # noqa: E402
 from burnrate.analyzer.sources.timeparse import format_time  # noqa: E402
-from burnrate.dashboard.testing import chromium, screenshot, serve, wait, wait_drawn  # noqa: E402
+from burnrate.dashboard.testing import chromium, screenshot, serve, stat_cards, wait, wait_drawn  # noqa: E402
 
 GPUS = SPEC.nodes * SPEC.gpus_per_node
 SEARCH = f"?start={format_time(SPEC.end - SPEC.hours * 3600)}&end={format_time(SPEC.end)}"
@@ -91,12 +91,6 @@ def _released(driver, source, page: str, done_css: str) -> None:
 
 def _number(text: str) -> float:
     return float(re.sub(r"[$,]", "", text))
-
-
-def _stats(driver) -> dict[str, tuple[str, str]]:
-    """The number cards: label -> (value, the line under it)."""
-    return {label: (value, sub) for label, value, sub in driver.execute_script(
-        "return [...document.querySelectorAll('.br-stat')].map(s => [...s.children].map(c => c.textContent))")}
 
 
 def _cells(driver, table: str, column: str) -> list[str]:
@@ -171,8 +165,8 @@ def test_the_cost_page_draws_dollars_per_namespace_before_the_analysis(store, tm
         wait_drawn(driver, "#cost-namespace", timeout_s=30)
         main = _analysing(driver, "cost")
         assert "The showback follows when the window's analysis is done." in main
-        assert _stats(driver)["wasted"][0] == "…"
-        early = {label: _number(value) for label, (value, _) in _stats(driver).items()
+        assert stat_cards(driver)["wasted"][0] == "…"
+        early = {label: _number(value) for label, (value, _) in stat_cards(driver).items()
                  if label in ("jobs' cost", "paid on spot", "fleet over the window")}
         assert early["jobs' cost"] > 0
         namespaces = driver.find_element(By.ID, "cost-namespace").text
@@ -180,7 +174,7 @@ def test_the_cost_page_draws_dollars_per_namespace_before_the_analysis(store, tm
 
         _released(driver, source, "cost", "#cost-goodput")
         assert "showback follows" not in driver.find_element(By.TAG_NAME, "main").text
-        full = _stats(driver)
+        full = stat_cards(driver)
         for label, value in early.items():
             assert value == pytest.approx(_number(full[label][0]), rel=0.01), label
         assert driver.find_element(By.ID, "cost-namespace").text == namespaces
@@ -200,12 +194,12 @@ def test_the_job_page_draws_its_timeline_before_the_analysis(store, tmp_path):
         wait_drawn(driver, "#job-timeline", timeout_s=30)
         _analysing(driver, "job")
         assert "the timeline is the job's GPUs at 15-second means" in driver.find_element(By.ID, "job-pending").text
-        early = _stats(driver)
+        early = stat_cards(driver)
         assert early["findings"][0] == "…"
         assert early["GPUs"][0] == f"{job['gpus']:g}"
         screenshot(driver, "first-paint-job")
 
         _released(driver, source, "job", "#job-ledger")
-        full = _stats(driver)
+        full = stat_cards(driver)
         assert _number(early["cost so far"][0]) == pytest.approx(_number(full["cost so far"][0]), rel=0.01)
         assert full["findings"][0] != "…" and not driver.find_elements(By.ID, "job-pending")

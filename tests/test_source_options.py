@@ -100,6 +100,8 @@ def test_the_dashboards_own_password_is_not_the_stores(tmp_path):
     (["--recording", "rec", "--bearer-token-file", "{token}", "--insecure-skip-verify"],
      "--bearer-token-file, --insecure-skip-verify: for --prometheus only"),
     (["--recording", "rec", "--cluster", "eu-1"], "--cluster chooses among the clusters of a Prometheus store"),
+    (["--recording", "rec", "--fleet"], "--fleet reads a store's roll-ups: it needs --prometheus URL"),
+    (["--prometheus", "http://p:9090", "--rollup-interval", "0"], "--rollup-interval must be positive"),
 ])
 @pytest.mark.parametrize("command", ["analyze", "dashboard"])
 def test_a_mistake_in_the_source_flags_is_one_line_from_either_command(tmp_path, capsys, command, argv, message):

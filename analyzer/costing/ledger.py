@@ -57,28 +57,33 @@ class Ledger:
     gpu_hours: dict[str, float | None]      # every category; None where it cannot be measured
     basis: dict[str, str] = field(default_factory=dict)     # category (or "ledger") -> why / what it holds
     runs: list[RunLedger] = field(default_factory=list)
-    # category -> GPU-seconds per bin from the grid's bin `timeline_from`, for drawing it over
+    # category -> GPU-seconds per bin of `step` seconds from `start`, for drawing it over
     # time: only the categories that hold any, over the job's own stretch (a fleet's week of
     # jobs kept on the whole grid in float64 would be most of a gigabyte)
     timeline: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
-    timeline_from: int = 0
     gpus: float = 0.0                   # the most GPUs the job held at once
     start: float = 0.0                  # unix seconds: the job's first and last held sample
     end: float = 0.0
     saves: int = 0                      # checkpoints the job reported saving in the window
     save_seconds: float | None = None   # the loop's mean blocking time per save
+    step: float = 0.0                   # the seconds of the grid the ledger was measured on
 
     @property
     def restarts(self) -> int:
         return max(len(self.runs) - 1, 0)
 
-    def series(self, category: str, n: int) -> np.ndarray:
-        """The category's GPU-seconds in each of the grid's `n` bins."""
-        out = np.zeros(n)
+    def binned(self, category: str, start: float, step: float, n: int) -> np.ndarray:
+        """The category's GPU-seconds in each of `n` bins of `step` seconds, bin k ending at
+        `start + k·step` (analyzer.grid.views' bins): on the grid the ledger was measured on,
+        its own bins; on a page's coarser grid (fleet mode draws the fleet at its display's
+        step), the sums of the bins that end within each."""
         part = self.timeline.get(category)
-        if part is not None:
-            out[self.timeline_from:self.timeline_from + len(part)] = part
-        return out
+        if part is None or not len(part):
+            return np.zeros(n)
+        ends = self.start + self.step * np.arange(1, len(part) + 1)
+        at = np.ceil((ends - start) / step - 1e-6).astype(np.int64)
+        inside = (at >= 0) & (at < n)
+        return np.bincount(at[inside], weights=part[inside].astype(np.float64), minlength=n)
 
     def goodput(self, gpu_hours: float) -> float | None:
         productive = self.gpu_hours.get(PRODUCTIVE)
@@ -217,9 +222,9 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
     return Ledger(hours, basis, [RunLedger(r["process_start"], r["first_step"], r["last_time"], r["resumed_from"],
                                            r["last_number"], h) for r, h in zip(runs, run_hours)],
                   {name: seconds[i, held_bins[0]:held_bins[-1] + 1].astype(np.float32)
-                   for i, name in enumerate(NAMES) if seconds[i].any()}, held_bins[0], gpus=float(held.max() / v.step),
+                   for i, name in enumerate(NAMES) if seconds[i].any()}, gpus=float(held.max() / v.step),
                   start=float(v.time(held_bins[0]) - v.step), end=float(v.time(held_bins[-1])),
-                  saves=saves, save_seconds=save_seconds)
+                  saves=saves, save_seconds=save_seconds, step=v.step)
 
 
 def _saves(v: Views, rows: np.ndarray, checkpoint_s: np.ndarray, held_bins: np.ndarray) -> tuple[int, float | None]:

@@ -11,13 +11,11 @@ from ..aggregate import Fleet, finding_rows
 from ..data import Analysis
 from ..figures import burn_rate, fleet_state, utilization_heatmap
 from ..overview import Overview
-from ..ui import finding_columns, graph, job_link, money, render_early, stat
+from ..ui import POLL_MS, finding_columns, graph, job_link, money, render_early, stat
 
 dash.register_page(__name__, path="/", name="Fleet", title="burnrate · fleet", order=0)
 
 TOP_FINDINGS = 8
-# How often the page asks whether its window's analysis is done, while it draws the overview.
-POLL_MS = 2000
 
 
 def layout(**_query: str) -> html.Div:

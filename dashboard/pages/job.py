@@ -65,7 +65,8 @@ def early_content(o: Overview, namespace: str, training_job: str, search: str) -
     ]
 
 
-def content(a: Analysis, namespace: str, training_job: str, search: str) -> list:
+def content(whole: Analysis, namespace: str, training_job: str, search: str) -> list:
+    a = whole.job((namespace, training_job))
     jobs = a.jobs
     match = jobs[(jobs["namespace"] == namespace) & (jobs["training_job"] == training_job)]
     if match.empty:
@@ -88,7 +89,10 @@ def content(a: Analysis, namespace: str, training_job: str, search: str) -> list
                                    style={"background": SEVERITY_COLORS[f.severity]}),
                          html.B(f" {f.kind} "), html.Span(f"{money(f.wasted_dollars)} wasted · "),
                          html.Span(f.recommendation)]) for f in detail.findings]
-    return [
+    # In fleet mode the job is read on its own: say so, since the range's other pages are the roll-ups'.
+    way = [] if a is whole else [html.P(f"This page: {a.way}; the other pages' figures are fleet mode's.",
+                                        id="job-way", className="br-hint")]
+    return way + [
         ledger_panel(job, sim),
         stats,
         html.Ul(findings, className="br-findings") if findings else html.P("No findings for this job."),
