@@ -61,6 +61,23 @@ def test_a_window_within_the_data_has_no_such_note(store, capsys):
     assert not [n for n in json.loads(capsys.readouterr().out)["notes"] if "store holds data" in n]
 
 
+@pytest.mark.parametrize("offset_s", [-90.0, -45.0, -30.0, -22.5, -15.0, -7.5, 0.0, 7.5, 15.0, 600.0])
+def test_the_first_steps_answer_as_the_whole_windows_read_does(store, offset_s):
+    """Where the data begins is asked of the window's first two steps first: for a window
+    starting anywhere around the data's first sample, the answer is the whole window's."""
+    from burnrate.analyzer.grid.frames import Window
+    from burnrate.analyzer.sources import PrometheusSource
+    from burnrate.analyzer.sources.retention import data_begins
+    url, first = store
+    source = PrometheusSource(url, min_step_s=STEP)
+    window = Window(first + offset_s, first + 3600.0)
+    held = source.data_range(window)
+    whole = None if held is None or held.start <= window.start + source.step_for(window) else held.start
+    assert data_begins(source, window) == whole
+    # Both answers are met: a start before the data by three steps or more is not held.
+    assert whole is not None if offset_s <= -45.0 else offset_s < 0 or whole is None
+
+
 def test_a_window_wholly_before_the_data_exits_3_naming_where_it_begins(store):
     url, first = store
     args = parse("--prometheus", url, "--start", format_time(first - 5 * 3600), "--end", format_time(first - 3 * 3600))
