@@ -74,11 +74,10 @@ def window_of(args: argparse.Namespace, options: SourceOptions, now: float | Non
     return window
 
 
-def load_frames(args: argparse.Namespace, options: SourceOptions, source) -> Frames:
+def load_frames(args: argparse.Namespace, source, window: Window | None) -> Frames:
     from .grid.views import ANALYSIS_COLUMNS
     from .sources import PrometheusError
 
-    window = window_of(args, options)
     bar = args.format == "table" and sys.stderr.isatty()
     if bar:
         progress_bar(0, 1)
@@ -122,24 +121,26 @@ def report_of(args: argparse.Namespace, options: SourceOptions, source, catalog:
     from .output.report import analyze
     from .sources import PrometheusError
 
+    # One window for every step: each would otherwise end at its own "now".
+    window = window_of(args, options)
     try:
         choice = None
         if options.prometheus is not None:
             from .fleet.choice import choose
-            choice = choose(source, window_of(args, options), forced_by(args), args.rollup_interval)
+            choice = choose(source, window, forced_by(args), args.rollup_interval)
         if choice is None or not choice.fleet:
-            frames = load_frames(args, options, source)
+            frames = load_frames(args, source, window)
             if frames.gpu.empty and not args.serve:
-                raise NothingFound(nothing_found(options, source, window_of(args, options)))
+                raise NothingFound(nothing_found(options, source, window))
             # Nothing reads the frames' values after: their grids take them (analyzer.grid.views).
             report = analyze(frames, catalog, config, advice, overrides, release_frames=True)
         else:
             from .fleet.mode import analyze_fleet
-            report = analyze_fleet(source, window_of(args, options), catalog, config, advice, overrides,
+            report = analyze_fleet(source, window, catalog, config, advice, overrides,
                                    args.rollup_interval)
         if choice is not None:
             report = replace(report, notes=[choice.note, *report.notes])
-        return with_retention_note(args, options, source, report)
+        return with_retention_note(args, options, source, report, window)
     except (PrometheusError, OSError, ValueError) as exc:
         raise UserError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
 
@@ -194,13 +195,12 @@ def forced_by(args: argparse.Namespace) -> str | None:
     return "--keep-summaries" if getattr(args, "keep_summaries", None) is not None else None
 
 
-def with_retention_note(args: argparse.Namespace, options: SourceOptions, source, report):
+def with_retention_note(args: argparse.Namespace, options: SourceOptions, source, report, window: Window | None):
     """The report, noting where the window starts before the store's data (docs/retention.md):
     in its notes, and on stderr where no table shows them."""
     from dataclasses import replace
     from .sources.retention import retention_note
 
-    window = window_of(args, options)
     note = None if options.prometheus is None or window is None else retention_note(source, window)
     if note is None:
         return report

@@ -61,21 +61,22 @@ def test_a_window_within_the_data_has_no_such_note(store, capsys):
     assert not [n for n in json.loads(capsys.readouterr().out)["notes"] if "store holds data" in n]
 
 
-@pytest.mark.parametrize("offset_s", [-90.0, -45.0, -30.0, -22.5, -15.0, -7.5, 0.0, 7.5, 15.0, 600.0])
-def test_the_first_steps_answer_as_the_whole_windows_read_does(store, offset_s):
-    """Where the data begins is asked of the window's first two steps first: for a window
-    starting anywhere around the data's first sample, the answer is the whole window's."""
-    from burnrate.analyzer.grid.frames import Window
-    from burnrate.analyzer.sources import PrometheusSource
-    from burnrate.analyzer.sources.retention import data_begins
+def test_one_command_reads_the_stores_range_of_its_window_once(store, monkeypatch, capsys):
+    """The read and the retention check ask where the window's data lies: the store answers
+    once (each answer reads every step of the window), and again once the answer is a minute old."""
+    from burnrate.analyzer.sources import prometheus
     url, first = store
-    source = PrometheusSource(url, min_step_s=STEP)
-    window = Window(first + offset_s, first + 3600.0)
-    held = source.data_range(window)
-    whole = None if held is None or held.start <= window.start + source.step_for(window) else held.start
-    assert data_begins(source, window) == whole
-    # Both answers are met: a start before the data by three steps or more is not held.
-    assert whole is not None if offset_s <= -45.0 else offset_s < 0 or whole is None
+    read, real, clock = [], prometheus.PrometheusSource._data_range, [1000.0]
+    monkeypatch.setattr(prometheus.PrometheusSource, "_data_range",
+                        lambda self, window, *rest: read.append(window) or real(self, window, *rest))
+    monkeypatch.setattr(prometheus.time, "monotonic", lambda: clock[0])
+    assert cli.run(parse("--prometheus", url, "--start", format_time(first - 3 * 3600), "--format", "json")) == 0
+    assert "store holds data" in capsys.readouterr().out and len(read) == len(set(read)) == 1
+    source = prometheus.PrometheusSource(url, min_step_s=STEP)
+    source.data_range(read[0]), source.data_range(read[0])
+    clock[0] += prometheus.RANGE_KEPT_S
+    source.data_range(read[0])
+    assert read == [read[0]] * 3
 
 
 def test_a_window_wholly_before_the_data_exits_3_naming_where_it_begins(store):

@@ -2,7 +2,6 @@
 says so (docs/retention.md), rather than reading as a fleet that had no GPUs then."""
 from __future__ import annotations
 
-import math
 import time
 
 from ..grid.frames import Window
@@ -25,14 +24,8 @@ def store_retention(source: PrometheusSource) -> str | None:
 def data_begins(source: PrometheusSource, window: Window) -> float | None:
     """Where the store's GPU data begins, where that is after the window's start: the
     window's first GPU sample, when the store holds none in the window's length before it
-    (a gap of the fleet's own is not the store's beginning). None where the start is held:
-    asked first of the window's first two steps alone (samples there hold the start, as
-    below), since finding where the data begins takes a query over every step of the window
-    (7 s for a day of 1,024 GPUs), which only a window whose start is not held needs."""
-    step = source.step_for(window)
-    second = math.ceil(window.start / step) * step + step
-    if second <= window.end and source.query(f"count({source.gpu_present(f'{int(2 * step * 1000) - 1}ms')})", second):
-        return None
+    (a gap of the fleet's own is not the store's beginning). None where the start is held.
+    The store's range of the window is the one the read found (PrometheusSource keeps it)."""
     held = source.data_range(window)
     if held is None or held.start <= window.start + source.step_for(window):
         return None
