@@ -253,6 +253,8 @@ class DataService:
             frames = self.source.frames(life, PAGE_COLUMNS, reads={life: hosts})
         except PrometheusError as exc:
             raise Unavailable(str(exc).splitlines()[0]) from None
+        except (OSError, ValueError) as exc:
+            raise Unavailable(f"cannot read {self.where}: {exc}") from None
         return Analysis(frames, analyze(frames, self.catalog, self.config), self.catalog, self.config,
                         way=f"the job's {len(hosts)} nodes read per GPU over its life").warm()
 

@@ -117,6 +117,19 @@ def test_a_read_past_the_per_gpu_bound_keeps_its_findings_in_fleet_mode(store):
     assert a.report.findings and len(a.report.jobs) == len(QUIET) + 4
 
 
+def test_a_jobs_read_past_the_bound_is_one_line_on_its_page(store):
+    from burnrate.dashboard.app import create_app
+    create_app(PrometheusSource(store, min_step_s=15.0))      # registers the pages
+    from burnrate.dashboard.pages import job
+    service = service_of(store)
+    a = service.analysis(RANGE)
+    service.source._http.limits = Limits(points=10_000)    # the job's own read, not the range's
+    shown = job.content(a, "ml", "pretrain", "")
+    (line,) = shown
+    assert line.children.startswith("Cannot read ml/pretrain per GPU: Prometheus at ")
+    assert "more than 10,000 points (--max-points)" in line.children
+
+
 @pytest.mark.slow
 def test_the_browser_shows_fleet_modes_findings_and_a_jobs_ledger(store, tmp_path):
     """What a user sees: the header says how the store was read, the Fleet page's findings are

@@ -7,7 +7,7 @@ from dash import Input, Output, callback, dcc, html
 from burnrate.analyzer.costing.cost import JobCost
 
 from ..aggregate import job_detail, unmeasured
-from ..data import Analysis
+from ..data import Analysis, Unavailable
 from ..figures import SEVERITY_COLORS, job_timeline, ledger_waterfall, rank_breakdown
 from ..overview import Overview
 from ..timerange import names_range
@@ -66,7 +66,10 @@ def early_content(o: Overview, namespace: str, training_job: str, search: str) -
 
 
 def content(whole: Analysis, namespace: str, training_job: str, search: str) -> list:
-    a = whole.job((namespace, training_job))
+    try:
+        a = whole.job((namespace, training_job))
+    except Unavailable as exc:    # fleet mode's read of the job's own nodes
+        return [notice(f"Cannot read {namespace}/{training_job} per GPU: {exc}", error=True)]
     jobs = a.jobs
     match = jobs[(jobs["namespace"] == namespace) & (jobs["training_job"] == training_job)]
     if match.empty:
