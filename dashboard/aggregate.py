@@ -403,6 +403,11 @@ def _priced(jobs: list[JobCost]) -> bool:
     return all(j.cost_dollars is not None for j in jobs)
 
 
+def from_rollups(report: Report) -> list[JobCost]:
+    """The jobs fleet mode costed from roll-ups (analyzer.fleet.mode): no ledger, no rank series read."""
+    return [j for j in report.jobs if j.ledger is None and j.cost_basis.startswith("roll-ups")]
+
+
 def namespace_goodput(report: Report) -> pd.DataFrame:
     """One row per namespace with a training job's ledger: its jobs, their GPU-hours, the
     GPU-hours-weighted goodput (productive over held), and the badput per cause in GPU-hours

@@ -97,6 +97,20 @@ def test_the_fleets_badput_is_drawn_on_the_overviews_steps(store):
     assert max(totals.values()) > 0
 
 
+def test_the_pages_say_what_the_roll_ups_leave_out(store):
+    from burnrate.dashboard.app import create_app
+    create_app(PrometheusSource(store, min_step_s=15.0))      # registers the pages
+    from burnrate.dashboard.pages import cost, jobs
+    a = service_of(store).analysis(RANGE)
+    (hint,) = [p for p in cost.content(a, "") if getattr(p, "id", None) == "cost-ledger-basis"]
+    assert hint.children.startswith(f"{len(QUIET)} training jobs were costed from roll-ups (fleet mode)")
+    # Every job in the goodput chart has a ledger: the jobs costed from roll-ups are not counted as 0% goodput.
+    ledgers = sum(j.ledger is not None and j.gpu_hours > 0 for j in a.report.jobs)
+    assert aggregate.namespace_goodput(a.report)["jobs"].sum() == ledgers > 0
+    (line, _) = jobs.content(a, "")
+    assert f"tokens/s of the {len(QUIET)} jobs costed from roll-ups (fleet mode) is over the hours" in line.children
+
+
 def test_teams_by_a_pod_label_are_read_per_gpu(store):
     service = service_of(store)
     a = service.analysis(RANGE)

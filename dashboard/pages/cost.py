@@ -8,7 +8,7 @@ from burnrate.analyzer.costing.accounting import COVERAGE_WARNING
 from burnrate.analyzer.output.report import Report
 from burnrate.exporter.errors import UserError
 
-from ..aggregate import CostSummary, badput_timeline, cost_summary, namespace_goodput
+from ..aggregate import CostSummary, badput_timeline, cost_summary, from_rollups, namespace_goodput
 from ..data import Analysis, Unavailable
 from ..figures import (TOP_JOBS, badput_over_time, cost_by_job, cost_by_namespace, cost_per_billion_tokens,
                        namespace_goodput as goodput_figure, spot_savings, waste_by_cause)
@@ -107,6 +107,14 @@ def clicked_job_href(click: dict | None, search: str | None) -> str | None:
     return job_href(key[0], key[1], search) if isinstance(key, list) and len(key) == 2 else None
 
 
+def rollup_note(report: Report) -> list:
+    """In fleet mode, the jobs the goodput charts leave out, and where their ledgers are."""
+    rolled = len(from_rollups(report))
+    return [html.P(f"{rolled} training jobs were costed from roll-ups (fleet mode), which keep no ledger: the "
+                   "charts below hold the jobs read per GPU; each job's own page reads its ledger.",
+                   className="br-hint", id="cost-ledger-basis")] if rolled else []
+
+
 def content(a: Analysis, _search: str) -> list:
     summary, sim = cost_summary(a.report), a.simulated
     waste = float(summary.waste_by_cause.sum()) if len(summary.waste_by_cause) else 0.0
@@ -128,6 +136,7 @@ def content(a: Analysis, _search: str) -> list:
         graph("cost-tokens", cost_per_billion_tokens(summary, sim)),
         tokens_note(summary),
         html.H3("Goodput: where the training jobs' GPU-hours went"),
+        *rollup_note(a.report),
         graph("cost-goodput", goodput_figure(namespace_goodput(a.report), sim)),
         graph("cost-badput", badput_over_time(badput_timeline(a.report, a.views), sim)),
     ]

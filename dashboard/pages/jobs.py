@@ -5,6 +5,7 @@ import dash
 from dash import Input, Output, callback, dash_table, html
 from dash.dash_table.Format import Format, Group, Scheme, Symbol
 
+from ..aggregate import from_rollups
 from ..data import Analysis
 from ..overview import Overview
 from ..ui import early_parts, job_link, poll_fired, render_early
@@ -48,7 +49,10 @@ def rows(a: Analysis | Overview, search: str) -> list[dict]:
 
 
 def content(a: Analysis, search: str) -> list:
-    return _table(rows(a, search), a.simulated, "")
+    rolled = len(from_rollups(a.report))
+    basis = (f"tokens/s of the {rolled} jobs costed from roll-ups (fleet mode) is over the hours they held "
+             "their GPUs, of the others over their ranks' reporting time. ") if rolled else ""
+    return _table(rows(a, search), a.simulated, basis)
 
 
 def early_content(o: Overview, search: str) -> list:
