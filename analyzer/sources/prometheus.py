@@ -131,6 +131,8 @@ COUNTS = [_Query("gpu", "sample_count", "DCGM_FI_DEV_GPU_UTIL", C.DEVICE_POD, "c
 COUNTS += [replace(q, scale=1.0) for q in _renamed(COUNTS)]
 # dcgm-exporter 4.8.3 renamed `Hostname` to `hostname`: both are asked for and merged.
 HOSTNAME_SPELLINGS = (L.HOSTNAME, "hostname")
+# The holder's labels where a scrape did not honor the exporter's (_holders).
+EXPORTED = tuple(f"exported_{name}" for name in (L.NAMESPACE, L.POD, L.CONTAINER))
 # A GPU exporter's utilization under both of dcgm-exporter's namings; with the agent's own
 # per-GPU series, what says a GPU was there.
 GPU_UTIL_NAMES = ("DCGM_FI_DEV_GPU_UTIL", C.DCGM_4_9_NAMES["DCGM_FI_DEV_GPU_UTIL"][0])
@@ -248,9 +250,9 @@ class PrometheusSource:
         inner = self._series(q, q.metric, step)
         if q.unless:
             inner = f"({inner} unless on ({L.UUID}) {self._series(q, q.unless, step)})"
-        if L.POD in q.by:
-            inner = _holder(inner)
-        by = q.by + (("hostname",) if L.HOSTNAME in q.by else ())
+        # The holder's exported_* labels are kept and resolved here (_holders): label_replace
+        # over every series at every step tripled the store's time for a holder's series.
+        by = q.by + (EXPORTED if L.POD in q.by else ()) + (("hostname",) if L.HOSTNAME in q.by else ())
         query = f"max by ({', '.join(by)}) ({inner})"
         return f"sum by ({', '.join(q.outer)}) ({query})" if q.outer else query
 
@@ -275,6 +277,8 @@ class PrometheusSource:
         unit: a tenth of the memory JSON's lists take, which is what a day of a thousand GPUs needs."""
         source, q, points = job
         answer = source.query_range(source.promql(q, step), points[0], points[-1], step, tally)
+        if L.POD in q.by:
+            answer = _holders(answer)
         if q.scale != 1.0:
             for series in answer:
                 series["values"][:, 1] *= q.scale
@@ -464,7 +468,7 @@ def _leaving_out(chosen: str, jobs: Sequence[tuple[str, str]]) -> list[str]:
     """Selectors whose union is `chosen`'s series less those of these (namespace,
     training_job) pairs: PromQL matches labels one at a time, so one selector for the
     namespaces left whole and one per namespace with jobs left out. Series whose namespace
-    a scrape moved to exported_namespace (_holder) are all kept: a superset, never less."""
+    a scrape moved to exported_namespace (_holders) are all kept: a superset, never less."""
     names: dict[str, list[str]] = {}
     for namespace, job in jobs:
         names.setdefault(namespace, []).append(job)
@@ -481,13 +485,34 @@ def _span(window: Window) -> str:
     return f"{max(int(window.end - window.start), 1)}s"
 
 
-def _holder(expr: str) -> str:
+def _holders(answer: list[dict]) -> list[dict]:
     """Where a scrape does not honor the exporter's labels (GPU Operator's profile), the pod
     holding the GPU arrives as exported_namespace, exported_pod and exported_container, and
-    namespace, pod and container name the exporter's own pod: the exported ones win."""
-    for name in (L.NAMESPACE, L.POD, L.CONTAINER):
-        expr = f'label_replace({expr}, "{name}", "$1", "exported_{name}", "(.+)")'
-    return expr
+    namespace, pod and container name the exporter's own pod: the exported ones win. Series
+    that are then one (the same GPU and holder under both layouts) are one, their maximum at
+    each point, as `max by` would have made them."""
+    merged: dict[tuple, dict] = {}
+    for series in answer:
+        metric = series["metric"]
+        for name in (L.NAMESPACE, L.POD, L.CONTAINER):
+            exported = metric.pop(f"exported_{name}", "")
+            if exported:
+                metric[name] = exported
+        key = tuple(sorted(metric.items()))
+        if key in merged:
+            merged[key]["values"] = _pointwise_max(merged[key]["values"], series["values"])
+        else:
+            merged[key] = series
+    return list(merged.values())
+
+
+def _pointwise_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two series' (time, value) points as one: the larger value where both have a point."""
+    both = np.concatenate([a, b])
+    # NaN is a value only where no series has another (PromQL's max).
+    both = both[np.lexsort((np.nan_to_num(both[:, 1], nan=-np.inf), both[:, 0]))]
+    last = np.append(both[1:, 0] != both[:-1, 0], True)
+    return both[last]
 
 
 def _gpu_exporter(target: dict) -> bool:
