@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
@@ -202,7 +203,7 @@ class DataService:
         return thread
 
     def _compute(self, time_range: TimeRange, per_gpu: str | None = None) -> Analysis:
-        try:
+        with self._reading():
             if isinstance(self.source, PrometheusSource):
                 window = self._window(time_range)
                 choice = (choose(self.source, window, per_gpu) if per_gpu is not None
@@ -213,20 +214,12 @@ class DataService:
                 way = choice.note
             else:
                 frames, way = self._frames(time_range), None
-        except PrometheusError as exc:
-            raise Unavailable(str(exc).splitlines()[0]) from None
-        except (RecordingError, OSError, ValueError) as exc:
-            raise Unavailable(f"cannot read {self.where}: {exc}") from None
         return Analysis(frames, analyze(frames, self.catalog, self.config), self.catalog, self.config,
                         way=way).warm()
 
     def _choice(self, time_range: TimeRange) -> Choice:
-        try:
+        with self._reading():
             return choose(self.source, self._window(time_range), self.forced_by, self.rollup_interval_s)
-        except PrometheusError as exc:
-            raise Unavailable(str(exc).splitlines()[0]) from None
-        except ValueError as exc:
-            raise Unavailable(f"cannot read {self.where}: {exc}") from None
 
     def _fleet(self, time_range: TimeRange, window: Window, way: str) -> Analysis:
         """Fleet mode's report (analyzer.fleet.mode), the fleet drawn from the overview's read."""
@@ -241,29 +234,31 @@ class DataService:
         allocations; other jobs on those nodes are read too, the page draws this one."""
         early = self.overviews.get(time_range)
         views = early.views
-        rows = views.job_rows(views.alloc).get(job)
-        if rows is None:
-            return Analysis(early.frames, early.report, self.catalog, self.config)
+        rows = views.job_rows(views.alloc).get(job, np.zeros(0, np.int64))
         held = np.flatnonzero(views.alloc.present[rows].any(axis=0))
+        if not held.size:     # the page says the job held no GPUs in the range
+            return Analysis(early.frames, early.report, self.catalog, self.config)
         window = early.frames.window
         life = Window(max(float(views.time(held[0])) - 2 * views.step, window.start),
                       min(float(views.time(held[-1])) + views.step, window.end))
         hosts = sorted(set(views.alloc.keys["Hostname"].iloc[rows].astype(str)))
-        try:
+        with self._reading():
             frames = self.source.frames(life, PAGE_COLUMNS, reads={life: hosts})
-        except PrometheusError as exc:
-            raise Unavailable(str(exc).splitlines()[0]) from None
-        except (OSError, ValueError) as exc:
-            raise Unavailable(f"cannot read {self.where}: {exc}") from None
         return Analysis(frames, analyze(frames, self.catalog, self.config), self.catalog, self.config,
                         way=f"the job's {len(hosts)} nodes read per GPU over its life").warm()
 
     def _overview(self, time_range: TimeRange) -> overview.Overview:
-        try:
+        with self._reading():
             return overview.read(self.source, self._window(time_range), self.catalog, self.config)
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """A failed read as Unavailable: the store's own line, or what could not be read and why."""
+        try:
+            yield
         except PrometheusError as exc:
             raise Unavailable(str(exc).splitlines()[0]) from None
-        except ValueError as exc:
+        except (RecordingError, OSError, ValueError) as exc:
             raise Unavailable(f"cannot read {self.where}: {exc}") from None
 
     def _window(self, r: TimeRange) -> Window:
