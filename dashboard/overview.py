@@ -20,6 +20,7 @@ from burnrate.analyzer.costing.accounting import Accounting, account
 from burnrate.analyzer.costing.cost import GpuPrices, gpu_prices, job_costs
 from burnrate.analyzer.costing.pricing import Catalog
 from burnrate.analyzer.detectors import DetectorConfig
+from burnrate.analyzer.fleet.rollups import RollUpReader
 from burnrate.analyzer.grid.frames import Frames, Window
 from burnrate.analyzer.grid.views import Views
 from burnrate.analyzer.output.report import Report
@@ -104,5 +105,8 @@ class Overview:
 
 
 def read(source: PrometheusSource, window: Window, catalog: Catalog, config: DetectorConfig) -> Overview:
-    frames = source.frames(window, COLUMNS, step=display_step(window, source.min_step_s))
+    # Where the store's ruler counted reporting GPUs, the data's range is read at its edges
+    # only: one query over every step of a day of 1,024 GPUs took 0.7 s before the rest began.
+    seen = RollUpReader(source).reported(window)
+    frames = source.frames(window, COLUMNS, step=display_step(window, source.min_step_s), seen=seen)
     return Overview(frames, catalog, config).warm()

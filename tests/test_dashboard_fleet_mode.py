@@ -111,6 +111,30 @@ def test_the_pages_say_what_the_roll_ups_leave_out(store):
     assert f"tokens/s of the {len(QUIET)} jobs costed from roll-ups (fleet mode) is over the hours" in line.children
 
 
+def test_the_first_paint_finds_the_datas_range_at_its_edges(store, monkeypatch):
+    """Where the ruler counted reporting GPUs, the first paint asks where the data lies only
+    around the count's ends, and reads the same window as a read without the hint."""
+    from burnrate.analyzer.detectors import DetectorConfig
+    from burnrate.dashboard import overview
+    asked, real = [], PrometheusSource.query_range
+
+    def spy(self, promql, start, end, step, tally=None):
+        if promql.startswith("count(present_over_time(DCGM_FI_DEV_GPU_UTIL"):
+            asked.append((start, end))
+        return real(self, promql, start, end, step, tally)
+
+    monkeypatch.setattr(PrometheusSource, "query_range", spy)
+    early = overview.read(PrometheusSource(store, min_step_s=15.0), WINDOW, load_catalog(), DetectorConfig())
+    hinted = list(asked)
+    asked.clear()
+    bare = PrometheusSource(store, min_step_s=15.0).frames(WINDOW, overview.COLUMNS, step=early.step)
+    assert early.frames.window == bare.window and early.frames.gpu.equals(bare.gpu)
+    (whole,) = asked
+    assert whole[0] < START + 900 and whole[1] > END - 900
+    # Around the data's two ends only: nothing of the hours between is read.
+    assert len(hinted) == 2 and all(b <= START + 900 or a >= END - 900 for a, b in hinted)
+
+
 def test_teams_by_a_pod_label_are_read_per_gpu(store):
     service = service_of(store)
     a = service.analysis(RANGE)

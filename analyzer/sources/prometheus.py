@@ -291,7 +291,7 @@ class PrometheusSource:
     def frames(self, window: Window | None = None, columns: Mapping[str, Sequence[str]] | None = None,
                progress: Progress | None = None, reads: Mapping[Window, Sequence[str]] | None = None,
                unread_jobs: Mapping[tuple[str, str], Collection[str]] | None = None,
-               step: float | None = None) -> Frames:
+               step: float | None = None, seen: Window | None = None) -> Frames:
         """The window's tables; the last hour when no window is given. `columns`
         names the value columns to query per table; tables it leaves out come back
         empty, and no query is sent for them. `progress(done, total)` is told of
@@ -299,12 +299,14 @@ class PrometheusSource:
         these parts of the window (fleet mode's drill-down), on the whole window's grid, and
         leaves out there the training telemetry of `unread_jobs` ((namespace, training_job) ->
         the nodes it ran on). `step` is the grid's step where the window's own is finer than
-        wanted (a page drawn at its display's resolution)."""
+        wanted (a page drawn at its display's resolution). `seen` is where the store's roll-ups
+        say GPUs reported (analyzer.fleet.rollups.RollUpReader.reported): the data's range is
+        then read at its edges only (data_range)."""
         if window is None:
             now = time.time()
             window = Window(now - 3600.0, now)
         if reads is None:
-            window = within(window, self.data_range(window, step=step), self.min_step_s)
+            window = within(window, self.data_range(window, seen, step=step), self.min_step_s)
         step = max(step or 0.0, self.step_for(window))
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         asked = QUERIES + (COUNTS if step > self.min_step_s else [])
