@@ -22,7 +22,7 @@ from burnrate.analyzer.sources.openmetrics import write_openmetrics
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import PrometheusError, PrometheusSource, RecordingSource
 from burnrate.analyzer.sources.promhttp import PrometheusHTTP, collector_paused
-from burnrate.analyzer.sources.prometheus import _holders, _union, job_from_pod, selector
+from burnrate.analyzer.sources.prometheus import _grouped, _union, job_from_pod, selector
 from tests.conftest import free_port, require
 from tests.processes import http_server, prometheus
 
@@ -211,8 +211,9 @@ def test_dcgm_exporter_only_cluster(tmp_path):
 
 def test_a_holders_exported_labels_win_and_one_gpu_under_both_layouts_is_one_series():
     """Where honor_labels is off the holder arrives as exported_*; a GPU scraped both ways (two
-    jobs of one exporter) is one series, its larger value at each point and NaN only alone."""
-    gpu = {"UUID": "GPU-1", "Hostname": "n1"}
+    jobs of one exporter) is one series, its larger value at each point and NaN only alone;
+    labels the query does not tell series apart by (the scrape's instance) are dropped."""
+    gpu = {"UUID": "GPU-1", "Hostname": "n1", "instance": "10.0.0.1:9400"}
     honored = {"metric": {**gpu, "namespace": "ml", "pod": "p-0", "container": "c"},
                "values": np.array([[15.0, 1.0], [30.0, np.nan], [45.0, 5.0]])}
     moved = {"metric": {**gpu, "namespace": "gpu-operator", "pod": "dcgm-x", "container": "exporter",
@@ -221,8 +222,10 @@ def test_a_holders_exported_labels_win_and_one_gpu_under_both_layouts_is_one_ser
     free = {"metric": {"UUID": "GPU-2", "Hostname": "n1", "namespace": "gpu-operator", "pod": "dcgm-x",
                        "exported_namespace": "", "container": "exporter"},
             "values": np.array([[15.0, 0.0]])}
-    (one, other) = _holders([honored, moved, free])
-    assert one["metric"] == {**gpu, "namespace": "ml", "pod": "p-0", "container": "c"}
+    labels = ("UUID", "Hostname", "namespace", "pod", "container", "exported_namespace", "exported_pod",
+              "exported_container")
+    (one, other) = _grouped([honored, moved, free], labels)
+    assert one["metric"] == {"UUID": "GPU-1", "Hostname": "n1", "namespace": "ml", "pod": "p-0", "container": "c"}
     np.testing.assert_array_equal(one["values"], [[15.0, 3.0], [30.0, 2.0], [45.0, 5.0], [60.0, np.nan]])
     assert other["metric"] == {"UUID": "GPU-2", "Hostname": "n1", "namespace": "gpu-operator", "pod": "dcgm-x",
                                "container": "exporter"}

@@ -131,7 +131,7 @@ COUNTS = [_Query("gpu", "sample_count", "DCGM_FI_DEV_GPU_UTIL", C.DEVICE_POD, "c
 COUNTS += [replace(q, scale=1.0) for q in _renamed(COUNTS)]
 # dcgm-exporter 4.8.3 renamed `Hostname` to `hostname`: both are asked for and merged.
 HOSTNAME_SPELLINGS = (L.HOSTNAME, "hostname")
-# The holder's labels where a scrape did not honor the exporter's (_holders).
+# The holder's labels where a scrape did not honor the exporter's (_grouped).
 EXPORTED = tuple(f"exported_{name}" for name in (L.NAMESPACE, L.POD, L.CONTAINER))
 # A GPU exporter's utilization under both of dcgm-exporter's namings; with the agent's own
 # per-GPU series, what says a GPU was there.
@@ -250,11 +250,12 @@ class PrometheusSource:
         inner = self._series(q, q.metric, step)
         if q.unless:
             inner = f"({inner} unless on ({L.UUID}) {self._series(q, q.unless, step)})"
-        # The holder's exported_* labels are kept and resolved here (_holders): label_replace
-        # over every series at every step tripled the store's time for a holder's series.
-        by = q.by + (EXPORTED if L.POD in q.by else ()) + (("hostname",) if L.HOSTNAME in q.by else ())
-        query = f"max by ({', '.join(by)}) ({inner})"
-        return f"sum by ({', '.join(q.outer)}) ({query})" if q.outer else query
+        if not q.outer:
+            # Each series as stored: the reader keeps its key labels and makes one of the
+            # series that share them (_grouped). A `max by` over every series at every step
+            # took the store six times the bare read's time at the scrape's step.
+            return inner
+        return f"sum by ({', '.join(q.outer)}) (max by ({', '.join(_key_labels(q))}) ({inner}))"
 
     def _series(self, q: _Query, metric: str, step: float) -> str:
         """`metric`'s series for query `q`, each its `over_time` over the step before each point."""
@@ -277,8 +278,8 @@ class PrometheusSource:
         unit: a tenth of the memory JSON's lists take, which is what a day of a thousand GPUs needs."""
         source, q, points = job
         answer = source.query_range(source.promql(q, step), points[0], points[-1], step, tally)
-        if L.POD in q.by:
-            answer = _holders(answer)
+        if not q.outer:
+            answer = _grouped(answer, _key_labels(q))
         if q.scale != 1.0:
             for series in answer:
                 series["values"][:, 1] *= q.scale
@@ -470,7 +471,7 @@ def _leaving_out(chosen: str, jobs: Sequence[tuple[str, str]]) -> list[str]:
     """Selectors whose union is `chosen`'s series less those of these (namespace,
     training_job) pairs: PromQL matches labels one at a time, so one selector for the
     namespaces left whole and one per namespace with jobs left out. Series whose namespace
-    a scrape moved to exported_namespace (_holders) are all kept: a superset, never less."""
+    a scrape moved to exported_namespace (_grouped) are all kept: a superset, never less."""
     names: dict[str, list[str]] = {}
     for namespace, job in jobs:
         names.setdefault(namespace, []).append(job)
@@ -487,19 +488,26 @@ def _span(window: Window) -> str:
     return f"{max(int(window.end - window.start), 1)}s"
 
 
-def _holders(answer: list[dict]) -> list[dict]:
-    """Where a scrape does not honor the exporter's labels (GPU Operator's profile), the pod
-    holding the GPU arrives as exported_namespace, exported_pod and exported_container, and
-    namespace, pod and container name the exporter's own pod: the exported ones win. Series
-    that are then one (the same GPU and holder under both layouts) are one, their maximum at
-    each point, as `max by` would have made them."""
+def _key_labels(q: _Query) -> tuple[str, ...]:
+    """The labels a query's series are told apart by: its own, the holder's exported_* ones
+    (_grouped) and the node label's other spelling."""
+    return q.by + (EXPORTED if L.POD in q.by else ()) + (("hostname",) if L.HOSTNAME in q.by else ())
+
+
+def _grouped(answer: list[dict], labels: tuple[str, ...]) -> list[dict]:
+    """The answer's series by `labels` alone, as PromQL's `max by` would give them: series
+    that share them are one, their maximum at each point. Where a scrape does not honor the
+    exporter's labels (GPU Operator's profile), the pod holding the GPU arrives as
+    exported_namespace, exported_pod and exported_container, and namespace, pod and container
+    name the exporter's own pod: the exported ones win."""
     merged: dict[tuple, dict] = {}
     for series in answer:
-        metric = series["metric"]
+        metric = {name: series["metric"][name] for name in labels if name in series["metric"]}
         for name in (L.NAMESPACE, L.POD, L.CONTAINER):
             exported = metric.pop(f"exported_{name}", "")
             if exported:
                 metric[name] = exported
+        series["metric"] = metric
         key = tuple(sorted(metric.items()))
         if key in merged:
             merged[key]["values"] = _pointwise_max(merged[key]["values"], series["values"])
