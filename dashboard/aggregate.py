@@ -17,6 +17,7 @@ from burnrate.analyzer.detectors import idle_gpu
 from burnrate.analyzer.grid.views import RankSteps, Views, build_grid
 from burnrate.analyzer.detectors.findings import Finding
 from burnrate.analyzer.costing.ledger import Ledger
+from burnrate.analyzer.fleet.mode import costed_from_rollups
 from burnrate.analyzer.output.report import Report, headline, where
 from burnrate.exporter.ledger import BADPUT, PRODUCTIVE
 
@@ -405,7 +406,7 @@ def _priced(jobs: list[JobCost]) -> bool:
 
 def from_rollups(report: Report) -> list[JobCost]:
     """The jobs fleet mode costed from roll-ups (analyzer.fleet.mode): no ledger, no rank series read."""
-    return [j for j in report.jobs if j.ledger is None and j.cost_basis.startswith("roll-ups")]
+    return [j for j in report.jobs if costed_from_rollups(j)]
 
 
 def namespace_goodput(report: Report) -> pd.DataFrame:

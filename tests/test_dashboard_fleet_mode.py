@@ -6,10 +6,13 @@ reads that job's nodes per GPU for its ledger, and a read that crosses the per-G
 bound no longer costs the pages their findings."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from burnrate.analyzer.costing.pricing import load_catalog
-from burnrate.analyzer.fleet.mode import analyze_fleet
+from burnrate.cli import main as burnrate
+from burnrate.analyzer.fleet.mode import analyze_fleet, costed_from_rollups
 from burnrate.analyzer.output.report import to_document
 from burnrate.analyzer.sources import PrometheusSource
 from burnrate.analyzer.sources.promhttp import Limits
@@ -22,6 +25,7 @@ from tests.conftest import require
 from tests.contract_fleet import backfill_prometheus
 from tests.processes import prometheus
 from tests.rollup_stores import evaluate_in_prometheus, rollup_rules
+from tests.test_dashboard_showback import expected_rows
 from tests.test_fleet_mode import END, START, WINDOW, hand_written
 
 RANGE = TimeRange(start=WINDOW.start, end=WINDOW.end)
@@ -50,7 +54,7 @@ def test_the_pages_read_a_store_with_roll_ups_as_analyze_does(store):
     fleet = analyze_fleet(PrometheusSource(store, min_step_s=15.0), WINDOW, load_catalog())
     ours, theirs = to_document(a.report), to_document(fleet)
     assert ours["jobs"] == theirs["jobs"] and ours["findings"] == theirs["findings"]
-    assert {(j.namespace, j.training_job) for j in a.report.jobs if j.cost_basis.startswith("roll-ups")} == QUIET
+    assert {(j.namespace, j.training_job) for j in a.report.jobs if costed_from_rollups(j)} == QUIET
     # The fleet is drawn from every GPU at the display's step, not from the few read per GPU.
     assert len(a.fleet.gpu_labels) == GPUS and a.frames.step_s == a.overview.step > 15.0
     assert a.fleet.window_dollars == pytest.approx(a.overview.fleet.window_dollars)
@@ -169,17 +173,20 @@ def test_a_jobs_read_past_the_bound_is_one_line_on_its_page(store):
 
 
 @pytest.mark.slow
-def test_the_browser_shows_fleet_modes_findings_and_a_jobs_ledger(store, tmp_path):
+def test_the_browser_shows_fleet_modes_findings_and_a_jobs_ledger(store, tmp_path, capsys):
     """What a user sees: the header says how the store was read, the Fleet page's findings are
     fleet mode's, and a job costed from roll-ups opens on its own ledger."""
     pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.common.by import By
     from burnrate.dashboard.app import create_app
-    from burnrate.dashboard.testing import chromium, screenshot, serve, stat_cards, wait, wait_drawn
+    from burnrate.dashboard.testing import chromium, screenshot, serve, stat_cards, table_rows, wait, wait_drawn
     require("chromium"), require("chromedriver")
     search = f"?start={WINDOW.start!r}&end={WINDOW.end!r}"
     app = create_app(PrometheusSource(store, min_step_s=15.0), load_catalog(), refresh_s=3600)
     fleet = analyze_fleet(PrometheusSource(store, min_step_s=15.0), WINDOW, load_catalog())
+    assert burnrate(["report", "--prometheus", store, "--start", repr(WINDOW.start), "--end", repr(WINDOW.end),
+                     "--period", "day", "--format", "json"]) == 0
+    reported = json.loads(capsys.readouterr().out)
     with serve(app) as base, chromium(str(tmp_path / "profile")) as driver:
         driver.get(base + "/" + search)
         wait(driver, 90).until(lambda d: d.find_elements(By.ID, "fleet-findings"))
@@ -198,4 +205,14 @@ def test_the_browser_shows_fleet_modes_findings_and_a_jobs_ledger(store, tmp_pat
         assert float(cards["cost so far"][0].lstrip("$").replace(",", "")) == pytest.approx(pretrain.cost_dollars,
                                                                                             rel=0.01)
         screenshot(driver, "fleet-mode-job")
+        driver.get(base + "/cost" + search)
+        wait_drawn(driver, "#cost-badput", timeout_s=90)
+        assert driver.find_element(By.ID, "cost-ledger-basis").text.startswith(
+            f"{len(QUIET)} training jobs were costed from roll-ups (fleet mode)")
+        # The showback's two days, each analysed as `burnrate report` analyses it (fleet mode where
+        # the day's roll-ups cover it): the same rows, to the cent (the page marks a partial day).
+        rows = wait(driver, 120).until(lambda d: table_rows(d, "#cost-showback-table tr.br-showback-row"))
+        assert [(r[0].split(" ")[0], r[1], r[3], r[9]) for r, _ in rows] == expected_rows(reported)
+        assert {r[1] for r, _ in rows} >= {"ml", "research", "inference"}
+        screenshot(driver, "fleet-mode-cost")
         assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []

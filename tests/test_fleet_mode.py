@@ -21,7 +21,7 @@ import pytest
 
 from burnrate.analyzer.fleet import partition
 from burnrate.analyzer.fleet.choice import choose
-from burnrate.analyzer.fleet.mode import NODE_KINDS, analyze_fleet, drill_plan, read_whole
+from burnrate.analyzer.fleet.mode import NODE_KINDS, analyze_fleet, costed_from_rollups, drill_plan, read_whole
 from burnrate.analyzer.detectors import DetectorConfig
 from burnrate.analyzer.grid.frames import Window
 from burnrate.analyzer.sources.openmetrics import write_openmetrics
@@ -117,7 +117,7 @@ def both(url: str, interval_s: float | None = None) -> tuple[Report, Report]:
 
 def from_rollups(report: Report) -> set[tuple[str, str]]:
     """The jobs the fleet report costed from roll-ups, as each job's basis says."""
-    return {(j.namespace, j.training_job) for j in report.jobs if j.cost_basis.startswith("roll-ups every")}
+    return {(j.namespace, j.training_job) for j in report.jobs if costed_from_rollups(j)}
 
 
 def assert_same(per_gpu: Report, fleet: Report, edge_s: float) -> None:

@@ -45,6 +45,8 @@ from ..grid.views import ANALYSIS_COLUMNS, job_name
 from ..grid.workloads import TRAINING
 
 Job = tuple[str, str]
+# How a job costed from roll-ups says so (JobCost.cost_basis), followed by their interval.
+ROLLUP_COST = "roll-ups every"
 # Findings about a node or its GPUs rather than a job's own run (episodes tells them by what
 # names one problem of each kind): kept wherever the node is read.
 NODE_KINDS = frozenset(kind for kind, key in episodes.KEYS.items() if key[:len(episodes.JOB)] != episodes.JOB)
@@ -194,6 +196,11 @@ def analyze_fleet(source: PrometheusSource, window: Window, catalog: Catalog,
                    + unpriced, simulated=simulated)
 
 
+def costed_from_rollups(job: JobCost) -> bool:
+    """Whether fleet mode costed the job from its roll-ups: no ledger, no rank series read."""
+    return job.cost_basis.startswith(ROLLUP_COST)
+
+
 def _without_ranks_of(frames: Frames, jobs: set[Job]) -> Frames:
     """The frames less these jobs' ranks. A job read over part of its life is costed from its
     roll-ups and keeps no finding of its own (analyze_fleet); the findings it keeps, its
@@ -269,7 +276,7 @@ def _job_cost(rollups: RollUps, job: Job, prices: dict[str, NodePrice], advice: 
         waste_dollars={kind: waste.get(kind, 0.0) for kind in KINDS if kind != "unallocated_gpu"},
         advice=_advice(rollups, job, gpus, held, prices, caps, advice) | {"basis": advice_basis(None)},
         workload_class=TRAINING, class_basis="trainer telemetry",
-        cost_basis=f"roll-ups every {rollups.interval_s:g} s",
+        cost_basis=f"{ROLLUP_COST} {rollups.interval_s:g} s",
         ledger_basis={"ledger": "costed from the roll-ups, which do not keep each run's steps: analyse the job "
                                 "over its own window (or with --per-gpu) for its ledger"})
 
