@@ -1,9 +1,9 @@
 """PrometheusSource against a real Prometheus: a simulated fleet back-filled with
 promtool gives the same frames as the recording it came from; errors are one line."""
 import contextlib
-import gc
 import http.server
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -21,8 +21,9 @@ from burnrate.analyzer.grid.frames import Window, frame_dtypes
 from burnrate.analyzer.sources.openmetrics import write_openmetrics
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import PrometheusError, PrometheusSource, RecordingSource
-from burnrate.analyzer.sources.promhttp import PrometheusHTTP, collector_paused
-from burnrate.analyzer.sources.prometheus import _grouped, _union, job_from_pod, selector
+from burnrate.analyzer.sources.promhttp import PrometheusHTTP
+from burnrate.analyzer.sources import prometheus as prometheus_module
+from burnrate.analyzer.sources.prometheus import _Points, _grouped, job_from_pod, selector
 from tests.conftest import free_port, require
 from tests.processes import http_server, prometheus
 
@@ -287,6 +288,13 @@ def answering(status: int, body: bytes, delay: float = 0.0):
     (200, b'{"status":"success","data":{"resultType":"vector","result":[]}}', "answered a vector, not a matrix"),
     (200, b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1,"x"]]}]}}',
      "answered a matrix that is not Prometheus's"),
+    # As many numbers as pairs would hold, in other shapes: the flat reading must not take them.
+    (200, b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1],[2,"3","4"]]}]}}',
+     "answered a matrix that is not Prometheus's"),
+    (200, b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1,"2",3,"4"]]}]}}',
+     "answered a matrix that is not Prometheus's"),
+    (200, b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[[1,"2"]]]}]}}',
+     "answered a matrix that is not Prometheus's"),
 ])
 @pytest.mark.usefixtures("transport")
 def test_prometheus_errors_are_one_line(status, body, message):
@@ -443,9 +451,9 @@ def test_a_url_the_proxy_settings_send_through_a_proxy_takes_urllibs_way(monkeyp
 
 
 def test_range_answers_are_read_as_python_reads_their_json(fleet):
-    """Values decoded straight into floats equal Python's reading of the same answer, the
-    strings Prometheus writes for infinities and NaN included (the quick decoder refuses
-    "+Inf": such an answer is read the generic way)."""
+    """Values read as one flat list of numbers equal Python's reading of the same answer, the
+    strings Prometheus writes for infinities and NaN included (the flat reading refuses them:
+    such a series is read pair by pair)."""
     url, _, window = fleet
     source = PrometheusSource(url)
     for promql in ("DCGM_FI_DEV_GPU_UTIL", "vector(1) / 0", "vector(-1) / 0", "vector(0) / 0"):
@@ -493,40 +501,68 @@ def test_prometheus_and_the_recording_cost_the_same_at_slower_scrapes(tmp_path, 
         assert job.cost_dollars == pytest.approx(mine.cost_dollars, rel=1e-6)
 
 
-def test_the_rows_of_a_table_are_its_distinct_places_in_order_however_sparse():
-    """Assembly takes the union of every column's places through a bitmap where the table
-    is dense enough and a sort where it is not: both give the same rows."""
-    rng = np.random.default_rng(0)
-    places = [rng.integers(0, 5_000, size) for size in (0, 300, 1_000)]
-    expected = np.unique(np.concatenate(places))
-    assert len(expected) < 1_300
-    dense = _union(places, 5_000)
-    sparse = _union(places, 2**40)      # far too large a bitmap: a sort's way
-    np.testing.assert_array_equal(dense, expected)
-    np.testing.assert_array_equal(sparse, expected)
-    assert len(_union([], 10)) == 0 and len(_union([], 2**40)) == 0
-
-
-def test_the_collector_is_paused_while_answers_are_read_and_left_as_it_was(fleet, monkeypatch):
-    """Range answers are decoded with Python's cyclic collector off (their points are
-    millions of short-lived tuples); afterwards it is on again, or still off where it was."""
+def test_where_the_data_begins_and_ends_is_found_by_buckets_as_step_by_step(fleet, monkeypatch):
+    """data_range asks buckets of steps first and then step by step only in the two buckets
+    where the data begins and ends: the same first and last points as asking every step, for
+    windows that begin and end before, inside and after the data, and asking for under half
+    the points of a window long enough for buckets."""
     url, _, window = fleet
-    seen = []
-    answer = PrometheusSource._answer
-    monkeypatch.setattr(PrometheusSource, "_answer", lambda self, *a: seen.append(gc.isenabled()) or answer(self, *a))
-    frames = PrometheusSource(url).frames(window, {"gpu": ("gpu_util",)})
-    assert len(frames.gpu) and seen and not any(seen)
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        with collector_paused():
-            pass
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
-    with pytest.raises(ZeroDivisionError), collector_paused():
-        1 / 0
-    assert gc.isenabled()
+    source = PrometheusSource(url)
+    asked = []
+    query_range = source.query_range
+    monkeypatch.setattr(source, "query_range", lambda q, a, b, step, *rest: asked.append((b - a) / step + 1)
+                        or query_range(q, a, b, step, *rest))
+    step = 15.0
+    for before, after in [(-900, 900), (0, 0), (600, -600), (-7200, 3600), (1234, -15), (-45, -2000), (3000, -30)]:
+        first = math.ceil((window.start + before) / step) * step
+        last = math.floor((window.end + after) / step) * step
+        asked.clear()
+        by_buckets = source._present_edges(first, last, step)
+        points = sum(asked)
+        assert by_buckets == source._present_times(first, last, step), (before, after)
+        assert by_buckets, (before, after)
+        steps = (last - first) / step + 1
+        assert points <= (0.5 * steps if steps >= 4 * prometheus_module.EDGE_BUCKETS else steps), (before, after)
+    # Outside the data: nothing found, either way.
+    assert source._present_edges(window.end + 3600, window.end + 7200, step) == ()
+    assert source._present_edges(window.start - 7200, window.start - 3600, step) == ()
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_a_tables_rows_are_its_points_by_time_then_series_the_last_point_winning(dense, monkeypatch):
+    """Assembly lays the points out on a (series × times) grid where they fill enough of it and
+    sorts them where they do not: either way each row is a (time, series) that some column has a
+    point at, in that order; a later point at the same place wins, points outside the window
+    are left out, and the pod labels of a row are those of its point."""
+    monkeypatch.setattr(prometheus_module, "DENSE_CELLS", 2**40 if dense else -2**40)
+    made = []
+    monkeypatch.setattr(prometheus_module, "_Layout",
+                        lambda *a, _made=prometheus_module._Layout: made.append(_made(*a)) or made[-1])
+    rng = np.random.default_rng(0)
+    step, start, n_times = 15.0, 1_000.0, 40
+    points = _Points(("UUID",), start, step)
+    expected: dict[str, dict[tuple[int, str], float]] = {"a": {}, "b": {}}
+    pods: dict[tuple[int, str], str] = {}
+    for n in range(60):
+        uuid, column = f"GPU-{rng.integers(0, 7)}", ("a", "b")[n % 2]
+        index = np.sort(rng.choice(np.arange(-5, n_times + 5), rng.integers(0, 12), replace=False))
+        values = rng.normal(size=len(index))
+        pod = f"pod-{n}"
+        points.add(column, {"metric": {"UUID": uuid, "pod": pod}, "values": np.column_stack([start + index * step, values])},
+                   ("pod",) if column == "a" else ())
+        for i, v in zip(index, values):
+            if 0 <= i < n_times:
+                expected[column][(int(i), uuid)] = v
+                if column == "a":
+                    pods[(int(i), uuid)] = pod
+    frame = points.frame({"a": "<f8", "b": "<f4"}, n_times, ("pod",))
+    assert [layout.dense for layout in made] == [dense]
+    rows = sorted(set(expected["a"]) | set(expected["b"]), key=lambda r: (r[0], points.keys[(r[1],)]))
+    assert list(zip(((frame["t"] - start) / step).astype(int), frame["UUID"].astype(str))) == rows
+    for column, dtype in (("a", np.float64), ("b", np.float32)):
+        want = np.array([expected[column].get(row, np.nan) for row in rows], dtype)
+        np.testing.assert_array_equal(frame[column].to_numpy(), want)
+    assert list(frame["pod"].astype(str)) == [pods.get(row, "") for row in rows]
 
 
 def test_on_a_terminal_what_the_analysis_says_starts_on_a_line_of_its_own(tmp_path):

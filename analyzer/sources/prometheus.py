@@ -43,7 +43,7 @@ from ..grid.series import distinct_text, labelled, text
 from .timeparse import parse_duration
 from .common import DEFAULT_STEP_S, Progress, column_order, is_simulated, missing_signals, within
 from .allocation import best_allocation, empty_alloc
-from .promhttp import Limits, PrometheusError, PrometheusHTTP, Tally, collector_paused
+from .promhttp import Limits, PrometheusError, PrometheusHTTP, Tally
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _POD_SUFFIX = re.compile(r"-(?:worker|master|launcher)-\d+$")
@@ -140,6 +140,8 @@ GPU_SERIES = (*GPU_UTIL_NAMES, "burnrate_gpu_up")
 # How long an answer of data_range is reused: within one command's run, and short enough that
 # a window still being written (its end ahead of the data) is asked again as data arrives.
 RANGE_KEPT_S = 60.0
+# How many buckets data_range asks of a window before it asks step by step where the data begins and ends.
+EDGE_BUCKETS = 48
 _LABELS_OF = {**{s.name: s.labels for s in C.CATALOG}, **{s.sample_name: s.labels for s in C.CATALOG},
               **{new: C.BY_NAME[old].labels for old, (new, _) in C.DCGM_4_9_NAMES.items()}}
 _KEYS = {"gpu": C.DEVICE, "alloc": C.DEVICE_POD, "rank": C.T, "node": L.NODE_INFO_LABELS,
@@ -193,8 +195,7 @@ class PrometheusSource:
         self.hosts: tuple[str, ...] | None = None
         self.unread_jobs: tuple[tuple[str, str], ...] = ()
         # data_range's answers by (window, step), kept RANGE_KEPT_S: one command asks it of one
-        # window several times (the way to read it, the read, the retention check), and each
-        # time it reads the whole window (7 s for a day of 1,024 GPUs) but for the roll-ups' hint.
+        # window several times (the way to read it, the read, the retention check).
         self._ranges: dict[tuple[Window, float], tuple[float, Window | None]] = {}
 
     def on_hosts(self, hosts: Sequence[str], unread_jobs: Collection[tuple[str, str]] = ()) -> "PrometheusSource":
@@ -324,18 +325,17 @@ class PrometheusSource:
             return hold(replace(_empty(window, step), gpu_hour_prices=self.opencost_prices(window)))
         self._answered = 0
         tally = self._http.tally()      # one count for all of the read's range answers
-        with collector_paused():
-            with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-                answers = list(pool.map(lambda job: self._answer(job, step, len(jobs), progress, tally), jobs))
-            results: dict[tuple[str, str], list[dict]] = {}
-            for (_, q, _), answer in zip(jobs, answers):
-                results.setdefault((q.table, q.column), []).extend(answer)
-            owners = self.owners(window)
-            exporters = (self.exporter_pods(window) if reads is None else
-                         self.on_hosts([h for hosts in reads.values() for h in hosts]).exporter_pods(
-                             Window(min(p.start for p in reads), max(p.end for p in reads))))
-            return hold(replace(_assemble(results, window, step, first, columns, owners, exporters),
-                                owners=owners, gpu_hour_prices=self.opencost_prices(window)))
+        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
+            answers = list(pool.map(lambda job: self._answer(job, step, len(jobs), progress, tally), jobs))
+        results: dict[tuple[str, str], list[dict]] = {}
+        for (_, q, _), answer in zip(jobs, answers):
+            results.setdefault((q.table, q.column), []).extend(answer)
+        owners = self.owners(window)
+        exporters = (self.exporter_pods(window) if reads is None else
+                     self.on_hosts([h for hosts in reads.values() for h in hosts]).exporter_pods(
+                         Window(min(p.start for p in reads), max(p.end for p in reads))))
+        return hold(replace(_assemble(results, window, step, first, columns, owners, exporters),
+                            owners=owners, gpu_hour_prices=self.opencost_prices(window)))
 
     def opencost_prices(self, window: Window) -> dict[str, float]:
         """OpenCost's price of one GPU-hour per node, averaged over the window, where
@@ -443,7 +443,6 @@ class PrometheusSource:
         return found
 
     def _data_range(self, window: Window, seen: Window | None, step: float) -> Window | None:
-        present = self.gpu_present(f"{int(step * 1000) - 1}ms")
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
         if last < first:
             return None
@@ -452,13 +451,42 @@ class PrometheusSource:
             inner = math.ceil(seen.start / step) * step, math.floor(seen.end / step) * step
             if first < inner[0] < inner[1] < last:
                 spans = [(first, inner[0]), (inner[1], last)]
-        times = [float(t) for a, b in spans for series in self.query_range(f"count({present})", a, b, step)
-                 for t, _ in series["values"]]
-        if not times:
+        found = [edge for a, b in spans for edge in self._present_edges(a, b, step)]
+        if not found:
             return None
         # A point holds the samples of the step before it; after the last point of
         # the grid, data may run on to the window's end.
-        return Window(max(window.start, min(times) - step), window.end if max(times) >= last else max(times))
+        return Window(max(window.start, min(found) - step), window.end if max(found) >= last else max(found))
+
+    def _present_edges(self, first: float, last: float, step: float) -> tuple[float, ...]:
+        """The first and last points from `first` to `last` (on the grid of `step`) at which some
+        GPU has samples in the step before; none where none has. Asked of buckets of many steps
+        first, each point covering its bucket's steps exactly, then step by step in the two
+        buckets where the data begins and ends: the same answer for a fraction of the store's
+        work (a query's cost is its points times its series)."""
+        n = int(round((last - first) / step)) + 1
+        width = math.ceil(n / EDGE_BUCKETS)
+        if width < 4:
+            return self._present_times(first, last, step)
+        lead = n % width        # whole buckets end at `last`; the points before them, step by step
+        head = self._present_times(first, first + (lead - 1) * step, step) if lead else ()
+        ends = [t for series in self.query_range(f"count({self.gpu_present(f'{int(width * step * 1000) - 1}ms')})",
+                                                 first + (lead + width - 1) * step, last, width * step)
+                for t, _ in series["values"]]
+        if not ends:
+            return head
+        begin = head or self._present_times(min(ends) - (width - 1) * step, min(ends), step)
+        end = self._present_times(max(ends) - (width - 1) * step, max(ends), step)
+        if not begin or not end:    # a sample in the millisecond between two steps' ranges
+            return self._present_times(first, last, step)
+        return (min(begin), max(end))
+
+    def _present_times(self, first: float, last: float, step: float) -> tuple[float, ...]:
+        """The first and last points from `first` to `last` at which some GPU has samples in the
+        step before; none where none has."""
+        times = [float(t) for series in self.query_range(f"count({self.gpu_present(f'{int(step * 1000) - 1}ms')})",
+                                                         first, last, step) for t, _ in series["values"]]
+        return (min(times), max(times)) if times else ()
 
 
 def matching(chosen: str, name: str, pattern: str, op: str = "=~") -> str:
@@ -564,24 +592,30 @@ class _Points:
 
     def frame(self, columns: dict[str, str], n_times: int, row_label_names: tuple[str, ...] = ()) -> pd.DataFrame:
         """Rows where any column has a point, by time and then by series, as the points
-        came: a later point at the same place wins. Built from the points alone, never
-        as a (times × series) grid: a fleet's allocation table fills under 2% of one."""
+        came: a later point at the same place wins. Built from the points alone, and as a
+        (series × times) grid only where the points fill a good part of one: a fleet's
+        allocation table fills under 2% of one."""
         n_keys = max(len(self.keys), 1)
 
         def places(keys: list[int], series: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            """The grid places of the series' points within the window, where they fall inside
-            it, and their values: for all the series at once, not one by one."""
+            """The cells of the series' points within the window, where they fall inside it, and
+            their values: for all the series at once, not one by one."""
             if not series:
                 return np.empty(0, np.int64), np.empty(0, bool), np.empty(0)
-            points = np.concatenate(series)
-            index = np.rint((points[:, 0] - self.start) / self.step).astype(np.int64)
-            key = np.repeat(np.asarray(keys, np.int64), [len(s) for s in series])
+            index = np.concatenate([s[:, 0] for s in series])
+            index -= self.start
+            index *= 1.0 / self.step
+            index = np.rint(index, out=index).astype(np.int64)
             inside = (index >= 0) & (index < n_times)
-            return (index * n_keys + key)[inside], inside, points[:, 1]
+            key = np.repeat(np.asarray(keys, np.int64), [len(s) for s in series])
+            cells = layout.cell(index, key)
+            return (cells, inside, np.concatenate([s[:, 1] for s in series])) if inside.all() else \
+                (cells[inside], inside, np.concatenate([s[:, 1] for s in series]))
 
+        layout = _Layout(sum(len(s) for points in self.points.values() for _, s in points), n_times, n_keys)
         located = {column: places(*_unzip(self.points.get(column, ()))) for column in columns}
-        rows = _union([place for place, _, _ in located.values()], n_times * n_keys)
-        time_index, key_index = np.divmod(rows, n_keys)
+        layout.fill([place for place, _, _ in located.values()])
+        time_index, key_index = layout.times_and_keys()
         frame = pd.DataFrame({"t": self.start + time_index * self.step})
         key_table = list(self.keys) or [("",) * len(self.key_labels)]
         for position, name in enumerate(self.key_labels):
@@ -595,43 +629,80 @@ class _Points:
                 series.append(values)
                 sets.append(row_sets.setdefault(labels, len(row_sets)))
             place, inside, _ = places(keys, series)
-            codes = np.full(len(rows), len(row_sets), np.int64)     # the last entry: no labels
-            if len(place) and len(rows):
-                # Labels of a point in no chosen column name no row.
-                at = np.minimum(np.searchsorted(rows, place), len(rows) - 1)
-                found = rows[at] == place
-                codes[at[found]] = np.repeat(np.asarray(sets, np.int64), [len(s) for s in series])[inside][found]
+            # Labels of a point in no chosen column name no row; a row without any, the last entry.
+            codes = layout.column(place, np.repeat(np.asarray(sets, np.int32), [len(s) for s in series])[inside],
+                                  np.int32, len(row_sets))
             row_table = list(row_sets) + [("",) * len(row_label_names)]
             for position, name in enumerate(row_label_names):
                 categories = pd.Categorical([labels[position] for labels in row_table])
                 frame[name] = pd.Categorical.from_codes(categories.codes[codes], categories.categories)
         for column, dtype in columns.items():
-            values = np.full(len(rows), np.nan)
             place, inside, column_values = located[column]
-            if len(place):
-                values[np.searchsorted(rows, place)] = column_values[inside]
-            frame[column] = values.astype(dtype)
+            frame[column] = layout.column(place, column_values if inside.all() else column_values[inside], dtype)
         return frame
 
 
-def _unzip(points: Sequence[tuple[int, np.ndarray]]) -> tuple[list[int], list[np.ndarray]]:
-    return [k for k, _ in points], [values for _, values in points]
+# A grid of up to this many cells (a few bytes each, per column) is laid out whole however few
+# points fill it; a larger one only where it has at least one point in eight cells.
+DENSE_CELLS = 2**24
 
 
-def _union(places: list[np.ndarray], size: int) -> np.ndarray:
-    """The sorted distinct places in [0, size): through a bitmap of the places when it
-    is no larger than a few bytes a point (a fraction of the time a sort takes)."""
-    n = sum(len(p) for p in places)
-    if size > 8 * n + 2**24:
+class _Layout:
+    """Where a table's points go: the rows (time, series) that any point fills, in that order,
+    and each column's values on them. Where the points fill a good part of the (series ×
+    times) grid they are put into one laid out series by series, as they come (memory read
+    and written in order), and turned by time once per column; elsewhere the cells are by
+    time, sorted, and searched."""
+
+    def __init__(self, n_points: int, n_times: int, n_keys: int) -> None:
+        self.n_times, self.n_keys = n_times, n_keys
+        self.size = n_times * n_keys
+        self.dense = self.size <= 8 * n_points + DENSE_CELLS
+
+    def cell(self, index: np.ndarray, key: np.ndarray) -> np.ndarray:
+        if self.dense:
+            key *= self.n_times
+            key += index
+            return key
+        index *= self.n_keys
+        index += key
+        return index
+
+    def fill(self, places: list[np.ndarray]) -> None:
+        if self.dense:
+            present = np.zeros(self.size, dtype=bool)
+            for place in places:
+                present[place] = True
+            self.rows = np.flatnonzero(self._by_time(present))
+            return
         # Sorted and thinned: np.unique hashes, and its hash is slow on places a stride apart.
         every = np.sort(np.concatenate(places or [np.empty(0, np.int64)]))
         first = np.ones(len(every), bool)
         first[1:] = every[1:] != every[:-1]
-        return every[first]
-    present = np.zeros(size, dtype=bool)
-    for place in places:
-        present[place] = True
-    return np.flatnonzero(present)
+        self.rows = every[first]
+
+    def times_and_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.divmod(self.rows, self.n_keys)
+
+    def column(self, place: np.ndarray, values: np.ndarray, dtype, missing=np.nan) -> np.ndarray:
+        """The values at their cells, on the rows; `missing` where a row has none."""
+        if self.dense:
+            grid = np.full(self.size, missing, dtype)
+            grid[place] = values
+            return self._by_time(grid)[self.rows]
+        out = np.full(len(self.rows), missing, dtype)
+        if len(place) and len(self.rows):
+            at = np.minimum(np.searchsorted(self.rows, place), len(self.rows) - 1)
+            found = self.rows[at] == place
+            out[at[found]] = values[found]
+        return out
+
+    def _by_time(self, grid: np.ndarray) -> np.ndarray:
+        return grid.reshape(self.n_keys, self.n_times).T.ravel()
+
+
+def _unzip(points: Sequence[tuple[int, np.ndarray]]) -> tuple[list[int], list[np.ndarray]]:
+    return [k for k, _ in points], [values for _, values in points]
 
 
 def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: float, first: float,

@@ -11,8 +11,9 @@ server can turn against the analyzer:
 - an answer that is not Prometheus's (not JSON, nested past what the decoder takes,
   not `status: success` with a `data` mapping) is an error, never an empty report.
 
-A range query's answer is most of what a large analysis reads: it is decoded straight into
-floats (`matrix`), several times quicker than JSON's lists of strings converted after. Each
+A range query's answer is most of what a large analysis reads: msgspec reads each series'
+numbers as one flat list into floats (`matrix`), several times quicker than JSON's lists of
+strings converted after. Each
 thread keeps its connection open between exchanges (http.client, with the same rules:
 nothing followed, the same deadline and limit), and opens it anew once where the server
 had closed it; a URL the environment sends through a proxy goes urllib's way.
@@ -20,9 +21,7 @@ had closed it; a URL the environment sends through a proxy goes urllib's way.
 from __future__ import annotations
 
 import contextlib
-import gc
 import http.client
-import itertools
 import json
 import re
 import socket
@@ -47,10 +46,9 @@ READ_BYTES = 1 << 16
 # so a read at both limits stays near 2.6 GB, within the analyzer Deployment's 4 GiB.
 MAX_SERIES = 1_000_000
 MAX_POINTS = 100_000_000
-# While one answer is decoded its points are Python tuples, ~110 bytes each: no answer may hold
-# more than this (a real one of 256 MiB holds ~9 million), and one is decoded at a time.
+# While one answer is decoded its text, each series' part of it and their floats are all held:
+# no answer may hold more than this (a real one of 256 MiB holds ~9 million).
 ANSWER_POINTS = 10_000_000
-_DECODING = threading.Lock()
 _METRIC_NAME = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{")
 
 
@@ -94,7 +92,7 @@ class Tally:
 
 class _Series(msgspec.Struct):
     metric: dict[str, str]
-    values: list[tuple[float, float]]
+    values: msgspec.Raw     # its JSON checked here, its numbers read by _points
 
 
 class _Matrix(msgspec.Struct):
@@ -107,23 +105,35 @@ class _Success(msgspec.Struct):
     data: _Matrix
 
 
-# strict=False reads Prometheus' quoted sample values as floats ("+Inf" once spelled "Inf");
-# an answer of another shape takes the generic way, which also names what went wrong.
-_MATRIX = msgspec.json.Decoder(_Success, strict=False)
+# An answer of another shape takes the generic way, which also names what went wrong.
+_MATRIX = msgspec.json.Decoder(_Success)
+_FLAT = msgspec.json.Decoder(list[float])
+# strict=False reads quoted values as floats: Prometheus spells NaN and ±Inf so ("+Inf" once as "Inf").
+_PAIRS = msgspec.json.Decoder(list[tuple[float, float]], strict=False)
 
 
-@contextlib.contextmanager
-def collector_paused():
-    """Python's cyclic garbage collector held off while range answers are decoded and put
-    together: their points are millions of tuples, freed by reference counting, that set it
-    off thousands of times (half a second of a week's drill-down). Left as it was found."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
+def _pairs(values: list) -> np.ndarray:
+    """JSON's reading of a series' values as (n, 2) floats; a ValueError where they are not pairs."""
+    array = np.asarray(values, dtype=object)
+    if array.size and (array.ndim != 2 or array.shape[1] != 2):
+        raise ValueError("not pairs of a time and a value")
+    return array.reshape(-1, 2).astype(np.float64)
+
+
+def _points(values: bytes) -> np.ndarray:
+    """A series' `[[time, "value"], ...]` as an (n, 2) float array. Its brackets and quotes
+    dropped, the numbers are one flat JSON list, read with no object per pair (twice as quick);
+    where that is not n pairs of a number and a quoted number (NaN, ±Inf, a wrong shape), each
+    pair is read and checked."""
+    n = values.count(b"[") - 1
+    if values.count(b',"') == n and values.count(b'"]') == n:
+        try:
+            flat = _FLAT.decode(b"[" + values.translate(None, b'[]"') + b"]")
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            flat = []
+        if len(flat) == 2 * n:
+            return np.array(flat, np.float64).reshape(-1, 2)
+    return np.array(_PAIRS.decode(values.replace(b'"+Inf"', b'"Inf"')), np.float64).reshape(-1, 2)
 
 
 class PrometheusError(RuntimeError):
@@ -274,12 +284,7 @@ class PrometheusHTTP:
         this answer with the others of its read (by default, on its own)."""
         raw = self._exchange(path, params, True, tally or self.tally(), self.max_bytes)
         try:
-            with _DECODING:     # the GIL runs one decoding at a time anyway: this frees each one's tuples first
-                # fromiter over the flattened pairs: twice as quick as np.array's look at each pair.
-                return [{"metric": s.metric, "values": np.fromiter(itertools.chain.from_iterable(s.values),
-                                                                   np.float64, 2 * len(s.values)).reshape(-1, 2)}
-                        for s in _MATRIX.decode(raw.replace(b'"+Inf"', b'"Inf"') if b'"+Inf"' in raw else raw)
-                        .data.result]
+            return [{"metric": s.metric, "values": _points(bytes(s.values))} for s in _MATRIX.decode(raw).data.result]
         except (msgspec.ValidationError, msgspec.DecodeError):
             pass
         if len(raw) > MAX_DATA_BYTES:   # too large for Python's json, only to say what is wrong with it
@@ -288,8 +293,7 @@ class PrometheusHTTP:
         if data.get("resultType") != "matrix":
             raise PrometheusError(f"Prometheus at {self.url} answered a {data.get('resultType')}, not a matrix")
         try:
-            return [{"metric": dict(s["metric"]), "values": np.asarray(s["values"], dtype=object)
-                     .reshape(-1, 2).astype(np.float64)} for s in data["result"]]
+            return [{"metric": dict(s["metric"]), "values": _pairs(s["values"])} for s in data["result"]]
         except (KeyError, TypeError, ValueError):
             raise PrometheusError(f"Prometheus at {self.url} answered a matrix that is not Prometheus's") from None
 
