@@ -203,3 +203,39 @@ def test_the_job_page_draws_its_timeline_before_the_analysis(store, tmp_path):
         full = stat_cards(driver)
         assert _number(early["cost so far"][0]) == pytest.approx(_number(full["cost so far"][0]), rel=0.01)
         assert full["findings"][0] != "…" and not driver.find_elements(By.ID, "job-pending")
+
+
+class HeldOverview(HeldSource):
+    """Every read waits: the first paint's (with a step) for `drawn`, the full one for `release`."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.drawn = threading.Event()
+
+    def frames(self, window=None, columns=None, *args, step=None, **kwargs):
+        if step is not None:
+            self.drawn.wait(120)
+        return super().frames(window, columns, *args, step=step, **kwargs)
+
+
+def test_plotly_loads_while_the_first_read_runs_not_after_it(store, tmp_path):
+    """A graph would load Plotly (4.8 MB) only once its page's callback answers: at fleet size
+    that came after the first read, the last second of the first paint. The page starts it at
+    once: while the first read still runs, Plotly is there and no graph is yet; then the
+    graph draws with it."""
+    from burnrate.dashboard.app import create_app
+
+    source = HeldOverview(store)
+    try:
+        with serve(create_app(source, refresh_s=3600)) as base, chromium(str(tmp_path / "chromium")) as driver:
+            driver.get(base + "/" + SEARCH)
+            wait(driver, 30, 0.1).until(lambda d: d.execute_script("return typeof window.Plotly?.newPlot === 'function'"))
+            assert not driver.find_elements(By.CSS_SELECTOR, "#fleet-heatmap .main-svg")
+            source.drawn.set()
+            wait_drawn(driver, "#fleet-heatmap", timeout_s=60)
+            loads = driver.execute_script("return performance.getEntriesByType('resource')"
+                                          ".filter(e => e.name.includes('plotly.min.js')).length")
+            assert loads == 1       # the graph found it loaded: not fetched twice
+    finally:
+        source.drawn.set()
+        source.release.set()

@@ -175,6 +175,38 @@ def test_a_scrape_interval_hint_reads_the_same_hours(vm):
         assert job.gpu_hours == pytest.approx(hours[job.training_job], rel=0.01)
 
 
+def test_an_older_signals_sample_counts_are_asked_only_where_it_has_series(vm, monkeypatch):
+    """At steps longer than the scrape the store is also asked how many samples each step
+    held. `burnrate_gpu_allocated` is read only where no share ratio exists for its GPU (older
+    agents): its counts are asked after it and only where it answered series, so a fleet of
+    current agents spends no store time on them and older agents' GPUs keep their counts."""
+    fleet = shifted(mixed_cluster(30.0), SHIFT / 4)
+    import_victoria(fleet, vm.url)
+    asked, real = [], PrometheusSource.query_range
+
+    def spy(self, promql, *rest):
+        answer = real(self, promql, *rest)
+        asked.append((promql, {series["metric"].get("Hostname") for series in answer}))
+        return answer
+
+    monkeypatch.setattr(PrometheusSource, "query_range", spy)
+    window = Window(fleet.start, fleet.end)
+
+    def counted_allocations(source):
+        asked.clear()
+        frames = source.frames(window, step=600.0)
+        return frames, [hosts for q, hosts in asked if "count_over_time(burnrate_gpu_allocated" in q]
+
+    frames, counts = counted_allocations(PrometheusSource(vm.url))
+    # One chunk (8 h at 10-minute steps): the older agents' node's GPUs, counted.
+    assert counts == [{"gpu-b"}]
+    assert set(frames.alloc.loc[frames.alloc["signal"] == "allocated", "Hostname"].astype(str)) == {"gpu-b"}
+    # The current agent's node alone: its GPUs have share ratios, the older signal no series.
+    frames, counts = counted_allocations(PrometheusSource(vm.url).on_hosts(["gpu-a"]))
+    assert counts == [] and set(frames.alloc["signal"]) == {"share_ratio"}
+    assert any("last_over_time(burnrate_gpu_allocated" in q for q, _ in asked)
+
+
 def test_opencost_prices_a_node_where_it_runs(vm):
     """OpenCost's node_gpu_hourly_cost in the same store is the node's price (it knows
     negotiated and spot rates); the list price stays the on-demand comparison."""

@@ -273,22 +273,38 @@ class PrometheusSource:
         inner = " or ".join(f"{q.over_time}_over_time({on}{span})" for on in ons)
         return f"({inner})" if len(ons) > 1 else inner
 
-    def _answer(self, job: tuple["PrometheusSource", _Query, np.ndarray], step: float, total: int,
+    def _answers(self, job: tuple["PrometheusSource", _Query, np.ndarray, _Query | None], step: float, total: int,
+                 progress: Progress | None, tally: Tally) -> list[tuple[_Query, list[dict]]]:
+        """One query's answer and, where it has series, its sample counts' (`COUNTS`): a query
+        whose series a better signal leaves out (`unless`) mostly answers none, and its counts
+        then need not be asked (each such query is as much of the store's work as a plain read)."""
+        source, q, points, counts = job
+        answer = self._answer(source, q, points, step, total, progress, tally)
+        if counts is None:
+            return [(q, answer)]
+        if answer:
+            return [(q, answer), (counts, self._answer(source, counts, points, step, total, progress, tally))]
+        self._answer_counted(total, progress)
+        return [(q, answer)]
+
+    def _answer(self, source: "PrometheusSource", q: _Query, points: np.ndarray, step: float, total: int,
                 progress: Progress | None, tally: Tally) -> list[dict]:
         """One query's series, each one's points as a (time, value) float array in the catalog's
         unit: a tenth of the memory JSON's lists take, which is what a day of a thousand GPUs needs."""
-        source, q, points = job
         answer = source.query_range(source.promql(q, step), points[0], points[-1], step, tally)
         if not q.outer:
             answer = _grouped(answer, _key_labels(q))
         if q.scale != 1.0:
             for series in answer:
                 series["values"][:, 1] *= q.scale
+        self._answer_counted(total, progress)
+        return answer
+
+    def _answer_counted(self, total: int, progress: Progress | None) -> None:
         if progress:
             with self._lock:
                 self._answered += 1
                 progress(self._answered, total)
-        return answer
 
     def frames(self, window: Window | None = None, columns: Mapping[str, Sequence[str]] | None = None,
                progress: Progress | None = None, reads: Mapping[Window, Sequence[str]] | None = None,
@@ -311,7 +327,11 @@ class PrometheusSource:
             window = within(window, self.data_range(window, seen, step=step), self.min_step_s)
         step = max(step or 0.0, self.step_for(window))
         first, last = math.ceil(window.start / step) * step, math.floor(window.end / step) * step
-        asked = QUERIES + (COUNTS if step > self.min_step_s else [])
+        counted = step > self.min_step_s
+        # Counts of a query with a better signal's `unless` are asked after it, where it has series.
+        after = {(c.table, c.metric): c for c in COUNTS if c.unless} if counted else {}
+        asked = [(q, after.get((q.table, q.metric)) if q.unless else None) for q in QUERIES]
+        asked += [(c, None) for c in COUNTS if counted and not c.unless]
         jobs = []
         unread = [(job, set(on)) for job, on in (unread_jobs or {}).items()]
         for part, source in ([(window, self)] if reads is None else
@@ -320,15 +340,17 @@ class PrometheusSource:
             a, b = max(first, math.ceil(part.start / step) * step), min(last, math.floor(part.end / step) * step)
             grid = np.arange(a, b + step / 2, step) if b >= a else np.empty(0)
             chunks = [grid[k:k + self.chunk_points] for k in range(0, len(grid), self.chunk_points)]
-            jobs += [(source, q, chunk) for chunk in chunks for q in asked if _wanted(q, columns)]
+            jobs += [(source, q, chunk, counts if counts is not None and _wanted(counts, columns) else None)
+                     for chunk in chunks for q, counts in asked if _wanted(q, columns)]
         if not jobs:   # a drill-down with nothing to read: the store's prices still price the rest
             return hold(replace(_empty(window, step), gpu_hour_prices=self.opencost_prices(window)))
         self._answered = 0
         tally = self._http.tally()      # one count for all of the read's range answers
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-            answers = list(pool.map(lambda job: self._answer(job, step, len(jobs), progress, tally), jobs))
+            total = len(jobs) + sum(job[3] is not None for job in jobs)
+            answers = list(pool.map(lambda job: self._answers(job, step, total, progress, tally), jobs))
         results: dict[tuple[str, str], list[dict]] = {}
-        for (_, q, _), answer in zip(jobs, answers):
+        for q, answer in (pair for pairs in answers for pair in pairs):
             results.setdefault((q.table, q.column), []).extend(answer)
         owners = self.owners(window)
         exporters = (self.exporter_pods(window) if reads is None else
