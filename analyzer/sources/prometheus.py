@@ -1,14 +1,14 @@
 """Frames from Prometheus (or Thanos, Mimir): `/api/v1/query_range`, one query per
 metric and time chunk, rebuilt into the recording's tables.
 
-Each query aggregates in PromQL before anything crosses the network: `max by (...)`
-keeps only the labels the table needs (dropping Prometheus' own `instance` and
-`job`, merging HA duplicates), and the `*_over_time(...[step - 1ms])` functions
-reduce each step to one value without Prometheus' 5-minute lookback, so a series
-that stopped (a forgotten rank, a lost GPU) stops in the frames too. At the
-scrape interval a step holds exactly one sample, and the frames equal the
+Each query reduces each step in PromQL before anything crosses the network: the
+`*_over_time(...[step - 1ms])` functions give one value per step without Prometheus'
+5-minute lookback, so a series that stopped (a forgotten rank, a lost GPU) stops in the
+frames too. At the scrape interval a step holds exactly one sample, and the frames equal the
 recording's; for longer windows gauges are averaged and counters take their last
-value per step.
+value per step. The reader keeps only the labels a table needs (dropping Prometheus' own
+`instance` and `job`) and merges the series that share them, as `max by` would (HA
+duplicates), which costs the store nothing (_grouped).
 
 Clusters that run NVIDIA's dcgm-exporter without the burnrate agent have no
 burnrate_* series: allocation then comes from the DCGM series' `pod` labels, the
@@ -492,13 +492,11 @@ class PrometheusSource:
             return self._present_times(first, last, step)
         lead = n % width        # whole buckets end at `last`; the points before them, step by step
         head = self._present_times(first, first + (lead - 1) * step, step) if lead else ()
-        ends = [t for series in self.query_range(f"count({self.gpu_present(f'{int(width * step * 1000) - 1}ms')})",
-                                                 first + (lead + width - 1) * step, last, width * step)
-                for t, _ in series["values"]]
+        ends = self._present_times(first + (lead + width - 1) * step, last, width * step)     # the buckets'
         if not ends:
             return head
-        begin = head or self._present_times(min(ends) - (width - 1) * step, min(ends), step)
-        end = self._present_times(max(ends) - (width - 1) * step, max(ends), step)
+        begin = head or self._present_times(ends[0] - (width - 1) * step, ends[0], step)
+        end = self._present_times(ends[1] - (width - 1) * step, ends[1], step)
         if not begin or not end:    # a sample in the millisecond between two steps' ranges
             return self._present_times(first, last, step)
         return (min(begin), max(end))
@@ -619,11 +617,12 @@ class _Points:
         allocation table fills under 2% of one."""
         n_keys = max(len(self.keys), 1)
 
-        def places(keys: list[int], series: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            """The cells of the series' points within the window, where they fall inside it, and
-            their values: for all the series at once, not one by one."""
+        def places(keys: list[int], series: list[np.ndarray], values: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+            """The cells of the series' points that fall within the window, and their values (the
+            series' own, or `values`, one per point): for all the series at once, not one by one."""
             if not series:
-                return np.empty(0, np.int64), np.empty(0, bool), np.empty(0)
+                return np.empty(0, np.int64), np.empty(0)
             index = np.concatenate([s[:, 0] for s in series])
             index -= self.start
             index *= 1.0 / self.step
@@ -631,12 +630,12 @@ class _Points:
             inside = (index >= 0) & (index < n_times)
             key = np.repeat(np.asarray(keys, np.int64), [len(s) for s in series])
             cells = layout.cell(index, key)
-            return (cells, inside, np.concatenate([s[:, 1] for s in series])) if inside.all() else \
-                (cells[inside], inside, np.concatenate([s[:, 1] for s in series]))
+            values = np.concatenate([s[:, 1] for s in series]) if values is None else values
+            return (cells, values) if inside.all() else (cells[inside], values[inside])
 
         layout = _Layout(sum(len(s) for points in self.points.values() for _, s in points), n_times, n_keys)
         located = {column: places(*_unzip(self.points.get(column, ()))) for column in columns}
-        layout.fill([place for place, _, _ in located.values()])
+        layout.fill([place for place, _ in located.values()])
         time_index, key_index = layout.times_and_keys()
         frame = pd.DataFrame({"t": self.start + time_index * self.step})
         key_table = list(self.keys) or [("",) * len(self.key_labels)]
@@ -650,17 +649,15 @@ class _Points:
                 keys.append(k)
                 series.append(values)
                 sets.append(row_sets.setdefault(labels, len(row_sets)))
-            place, inside, _ = places(keys, series)
+            place, codes = places(keys, series, np.repeat(np.asarray(sets, np.int32), [len(s) for s in series]))
             # Labels of a point in no chosen column name no row; a row without any, the last entry.
-            codes = layout.column(place, np.repeat(np.asarray(sets, np.int32), [len(s) for s in series])[inside],
-                                  np.int32, len(row_sets))
+            codes = layout.column(place, codes, np.int32, len(row_sets))
             row_table = list(row_sets) + [("",) * len(row_label_names)]
             for position, name in enumerate(row_label_names):
                 categories = pd.Categorical([labels[position] for labels in row_table])
                 frame[name] = pd.Categorical.from_codes(categories.codes[codes], categories.categories)
         for column, dtype in columns.items():
-            place, inside, column_values = located[column]
-            frame[column] = layout.column(place, column_values if inside.all() else column_values[inside], dtype)
+            frame[column] = layout.column(*located[column], dtype)
         return frame
 
 
