@@ -135,3 +135,32 @@ def test_a_real_h200s_query_row_is_read_in_the_query_order():
     assert (row["uuid"], row["utilization.gpu"], row["memory.reserved"], row["power.draw"], row["clocks.sm"],
             row["temperature.memory"]) == ("GPU-f53a57c1-ba66-3d67-8dcd-7c80979db7ac", 100.0, 616.0, 691.54,
                                            1485.0, 48.0)
+
+
+def gpu_run_module():
+    """bench/gpu/run, a script without a .py suffix, as a module."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("bench_gpu_run", os.path.join(ROOT, "bench", "gpu", "run"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_the_energy_counter_is_compared_over_the_seconds_between_two_fresh_reads_of_it():
+    # A card ramping from 400 W to 600 W over 10 s draws 5,000 J; the reader holds the counter
+    # between fresh reads (at 0 s and 10 s), and samples after the second read, at another
+    # power, must not enter the window.
+    start_mj = 9_000_000.0
+    ramp = [(float(t), 400.0 + 20.0 * t, start_mj) for t in range(10)]
+    after = [(10.0, 600.0, start_mj + 5_000_000.0), (11.0, 100.0, start_mj + 5_000_000.0)]
+    stalled = [(float(t), 300.0, start_mj) for t in range(12)]
+    rows = gpu_run_module().energy_rows({"GPU-ramping-card": ramp + after, "GPU-stalled-card": stalled})
+    assert rows[-2] == "| GPU-ramping- | 10.00 | 5,000.0 | 5,000.0 | +0.0% |"
+    assert rows[-1] == "| GPU-stalled- | – | the counter did not move in 11.0 s | – | – |"
+
+
+def test_a_counter_that_reads_3_percent_high_shows_so():
+    run = gpu_run_module()
+    rows = run.energy_rows({"GPU-a": [(0.0, 500.0, 0.0), (5.0, 500.0, 0.0), (10.0, 500.0, 5_150_000.0)]})
+    assert rows[-1] == "| GPU-a | 10.00 | 5,150.0 | 5,000.0 | +3.0% |"
