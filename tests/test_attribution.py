@@ -4,33 +4,37 @@ No kubelet and no API server run here, so the tests start faithful local stand-i
 a real gRPC server implementing the kubelet pod-resources v1 service (List and
 GetAllocatableResources, from the same api.proto) on a temporary Unix socket, and an
 `http.server` answering the two Kubernetes API paths the agent uses with real
-Kubernetes JSON (a PodList of full pod objects, a Node), which the official client
-parses as it would a real API server's answer.
+Kubernetes JSON (a PodList of full pod objects, a Node), over TLS where the test is of
+the service account's path, as a real API server answers a pod.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
+import ssl
+import subprocess
 import tempfile
 import threading
 import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import parse_qs, urlparse
 
 import grpc
-import kubernetes.client
 import pytest
-from kubernetes.client import V1OwnerReference
 
 from burnrate.agent.attribution import Attribution
 from burnrate.agent.attribution.attributor import Attributor, StaticAttributor
-from burnrate.agent.attribution.kube import KubeClient, node_info, training_job
+from burnrate.agent.attribution.kube import ApiError, ConfigError, KubeClient, Owner, node_info, training_job
 from burnrate.agent.attribution.kubelet import mig_profile_share
 from burnrate.agent.attribution.podresources.v1 import api_pb2, api_pb2_grpc
 from burnrate.exporter.snapshot import Allocation, NodeInfo, PodRef
+from tests.conftest import PYTHON, ROOT
+from tests.tls import self_signed
 
 NODE = "ip-10-0-12-34.us-west-2.compute.internal"
 GPU_A = "GPU-3f1b2c9e-6d0a-4e55-9c1e-7b2f8a9d0e11"
@@ -231,16 +235,21 @@ def k8s_node(labels: dict) -> dict:
 
 
 class FakeApiServer:
-    def __init__(self) -> None:
+    """The API server's answers to the agent's two GETs, as JSON; over TLS with `tls`'s
+    (certificate, key). Each request's path and Authorization header are kept."""
+
+    def __init__(self, tls: tuple[str, str] | None = None) -> None:
         self.status = 200
         self.node_labels = dict(EKS_LABELS)
         self.pod_list = POD_LIST
         self.requests: list[str] = []
+        self.authorizations: list[str | None] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
                 outer.requests.append(self.path)
+                outer.authorizations.append(self.headers.get("Authorization"))
                 url = urlparse(self.path)
                 if outer.status != 200:
                     body = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
@@ -267,23 +276,35 @@ class FakeApiServer:
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        if tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        self.port = self.httpd.server_address[1]
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def pod_lists(self) -> int:
         return sum(1 for r in self.requests if r.startswith("/api/v1/pods"))
 
 
+@contextlib.contextmanager
+def serving(server: FakeApiServer) -> Iterator[FakeApiServer]:
+    try:
+        yield server
+    finally:
+        server.httpd.shutdown()
+        server.httpd.server_close()
+
+
 @pytest.fixture
 def apiserver():
-    server = FakeApiServer()
-    yield server
-    server.httpd.shutdown()
-    server.httpd.server_close()
+    with serving(FakeApiServer()) as server:
+        yield server
 
 
 def kube_client(server: FakeApiServer) -> KubeClient:
-    return KubeClient(kubernetes.client.Configuration(host=server.url), timeout_s=2.0)
+    return KubeClient(server.url, timeout_s=2.0)
 
 
 def by_pod(attribution: Attribution) -> dict[str, Allocation]:
@@ -368,8 +389,8 @@ def test_node_facts_fall_back_to_beta_labels_then_unknown():
     assert node_info(NODE, None) == NodeInfo(NODE, "unknown", "unknown", "unknown")
 
 
-def owner(kind: str, name: str, controller: bool = True) -> V1OwnerReference:
-    return V1OwnerReference(api_version="v1", kind=kind, name=name, uid="u", controller=controller)
+def owner(kind: str, name: str, controller: bool = True) -> Owner:
+    return Owner(kind=kind, name=name, controller=controller)
 
 
 def test_training_job_label_precedence_and_owner_fallbacks():
@@ -708,3 +729,94 @@ def test_job_label_precedence():
         assert training_job("p", labels, [owner("Job", "owner-job")]) == job
         del labels[key]
     assert training_job("p", labels, [owner("Job", "owner-job")]) == "owner-job"
+
+
+# --- the API server's address and credentials -------------------------------------
+
+def service_account(directory: Path, ca: str, token: str) -> Path:
+    """A pod's mounted service account: its token and the cluster's CA."""
+    directory.mkdir()
+    (directory / "token").write_text(token + "\n")
+    shutil.copy(ca, directory / "ca.crt")
+    return directory
+
+
+def in_cluster(server: FakeApiServer, account: Path) -> KubeClient:
+    return KubeClient.from_environment(
+        timeout_s=2.0, service_account=str(account),
+        environ={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(server.port)})
+
+
+def test_in_a_pod_the_api_is_read_over_tls_with_the_service_accounts_token_read_anew(tmp_path):
+    cert, key = self_signed(tmp_path)
+    account = service_account(tmp_path / "sa", cert, "token-1")
+    with serving(FakeApiServer(tls=(cert, key))) as server:
+        client = in_cluster(server, account)
+        assert client.host == f"https://127.0.0.1:{server.port}"
+        assert client.pods(NODE)[("ml", "llm-7b-worker-0")].training_job == "llm-7b"
+        # The kubelet rotates a projected token in place: the next request carries the new one.
+        (account / "token").write_text("token-2\n")
+        assert client.node(NODE).capacity_type == "spot"
+    assert server.authorizations == ["Bearer token-1", "Bearer token-2"]
+
+
+def test_a_server_the_service_accounts_ca_did_not_sign_is_refused(tmp_path):
+    (tmp_path / "server").mkdir()
+    (tmp_path / "other").mkdir()
+    cert, key = self_signed(tmp_path / "server")
+    other_ca, _ = self_signed(tmp_path / "other")
+    account = service_account(tmp_path / "sa", other_ca, "secret")
+    with serving(FakeApiServer(tls=(cert, key))) as server:
+        with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
+            in_cluster(server, account).pods(NODE)
+    assert server.authorizations == []   # the token never left
+
+
+def test_out_of_a_cluster_the_kubeconfig_gives_the_server_and_the_token(tmp_path):
+    with serving(FakeApiServer()) as server:
+        kubeconfig = tmp_path / "config"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "dev",
+            "clusters": [{"name": "dev", "cluster": {"server": server.url}}],
+            "users": [{"name": "me", "user": {"token": "kubeconfig-token"}}],
+            "contexts": [{"name": "dev", "context": {"cluster": "dev", "user": "me"}}]}))
+        client = KubeClient.from_environment(timeout_s=2.0, environ={"KUBECONFIG": str(kubeconfig)},
+                                             service_account=str(tmp_path / "none"))
+        assert client.node(NODE).instance_type == "p4d.24xlarge"
+    assert server.authorizations == ["Bearer kubeconfig-token"]
+
+
+def test_neither_a_service_account_nor_a_kubeconfig_is_one_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="no service account and no usable kubeconfig"):
+        KubeClient.from_environment(environ={"KUBECONFIG": str(tmp_path / "absent")},
+                                    service_account=str(tmp_path / "none"))
+
+
+def test_a_refusal_carries_the_api_servers_own_message(apiserver):
+    apiserver.status = 500
+    with pytest.raises(ApiError, match="HTTP 500: etcdserver: request timed out") as raised:
+        kube_client(apiserver).pods(NODE)
+    assert raised.value.status == 500
+
+
+def test_an_answer_of_the_wrong_shape_is_an_error_not_an_empty_node(apiserver):
+    apiserver.pod_list = {"kind": "PodList", "items": [{"metadata": {"name": 7}}]}
+    with pytest.raises(Exception, match="Expected `str`, got `int`"):
+        kube_client(apiserver).pods(NODE)
+
+
+def test_in_a_pod_the_agent_never_imports_the_kubernetes_package(tmp_path):
+    # The package's models cost the agent 35 MB; in a pod nothing of it is needed.
+    cert, key = self_signed(tmp_path)
+    account = service_account(tmp_path / "sa", cert, "t")
+    with serving(FakeApiServer(tls=(cert, key))) as server:
+        script = (f"import sys\nsys.path.insert(0, {ROOT!r})\n"
+                  "from tests.test_attribution import in_cluster, FakeApiServer\n"
+                  "from burnrate.agent.attribution.attributor import Attributor\n"
+                  "from pathlib import Path\n"
+                  f"server = FakeApiServer.__new__(FakeApiServer); server.port = {server.port}\n"
+                  f"print(len(in_cluster(server, Path({str(account)!r})).pods({NODE!r})))\n"
+                  "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))\n")
+        out = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [str(len(POD_LIST["items"])), "[]"]

@@ -7,12 +7,10 @@ import threading
 import time
 from typing import Callable, Iterable, Mapping, TypeVar
 
-from kubernetes.client.exceptions import ApiException
-
 from burnrate.exporter.snapshot import Allocation, NodeInfo, frozen
 
 from . import Attribution
-from .kube import KubeClient, PodInfo
+from .kube import ApiError, KubeClient, PodInfo
 from .kubelet import GpuMinors, Held, KubeletError, MigDevices, PodResourcesClient
 
 log = logging.getLogger(__name__)
@@ -46,7 +44,7 @@ def enrich(allocations: Iterable[Allocation],
 
 def _kind(exc: Exception) -> str:
     """What an error is, without the parts (addresses, dates) that change every time."""
-    if isinstance(exc, ApiException):
+    if isinstance(exc, ApiError):
         return f"HTTP {exc.status}"
     if isinstance(exc, KubeletError):
         return str(exc)

@@ -1,14 +1,43 @@
-"""Pod and node facts from the Kubernetes API: one pod list and one node read per refresh."""
+"""Pod and node facts from the Kubernetes API: one pod list and one node read per refresh.
+
+In a pod (the DaemonSet) the agent asks the API server itself, over HTTPS with its service
+account's token and CA: two GETs every refresh need no client library, and the kubernetes
+package costs the agent 35 MB of memory to import (its models, every API group's). Outside a
+cluster the kubernetes package reads the kubeconfig, with everything a kubeconfig may hold
+(exec plugins, client certificates), and the same two GETs go out with what it found.
+"""
 from __future__ import annotations
 
+import json
+import os
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
-import kubernetes.client
-import kubernetes.config
-from kubernetes.config.config_exception import ConfigException
+import msgspec
 
 from burnrate.exporter.snapshot import UNKNOWN, NodeInfo
+
+# Where Kubernetes mounts a pod's service account (its token is rotated in place).
+SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+# An answer larger than this is refused rather than held: a node's pods list in far less.
+MAX_ANSWER_BYTES = 64 << 20
+
+
+class ApiError(Exception):
+    """The API server answered with an error status."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"HTTP {status}: {reason}")
+        self.status = status
+
+
+class ConfigError(Exception):
+    """Neither a service account nor a kubeconfig says where the API server is."""
+
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"
@@ -96,42 +125,134 @@ def node_info(name: str, labels: Mapping[str, str] | None) -> NodeInfo:
                     capacity_type=capacity_type(labels), zone=first(ZONE_LABELS))
 
 
-class KubeClient:
-    """Reads the pods of one node and the node itself through the API server."""
+# The fields read of the API's objects; msgspec skips the rest without building it.
+class Owner(msgspec.Struct, rename="camel"):
+    kind: str = ""
+    name: str = ""
+    controller: bool | None = None
 
-    def __init__(self, configuration: kubernetes.client.Configuration, timeout_s: float = 5.0) -> None:
-        self._api = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(configuration))
+
+class _Meta(msgspec.Struct, rename="camel"):
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+    labels: dict[str, str] | None = None
+    owner_references: list[Owner] | None = None
+
+
+class _Status(msgspec.Struct):
+    phase: str | None = None
+
+
+class _Pod(msgspec.Struct):
+    metadata: _Meta
+    status: _Status | None = None
+
+
+class _PodList(msgspec.Struct):
+    items: list[_Pod] | None = None
+
+
+class _Node(msgspec.Struct):
+    metadata: _Meta
+
+
+class KubeClient:
+    """Reads the pods of one node and the node itself through the API server.
+
+    `authorization` gives the Authorization header for each request (None: none), asked
+    anew each time because tokens rotate.
+    """
+
+    def __init__(self, host: str, authorization: Callable[[], str | None] = lambda: None,
+                 tls: ssl.SSLContext | None = None, timeout_s: float = 5.0) -> None:
+        self.host = host.rstrip("/")
+        self._authorization = authorization
+        self._tls = tls
         self.timeout_s = timeout_s
 
     @classmethod
-    def from_environment(cls, timeout_s: float = 5.0) -> KubeClient:
-        """In-cluster service-account credentials when running in a pod, else kubeconfig.
+    def from_environment(cls, timeout_s: float = 5.0, environ: Mapping[str, str] = os.environ,
+                         service_account: str = SERVICE_ACCOUNT) -> KubeClient:
+        """The pod's service account when running in one, else the kubeconfig.
 
-        Raises ConfigException when neither is available.
+        Raises ConfigError when neither is available.
         """
+        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+        token_file = os.path.join(service_account, "token")
+        if host and port and os.path.exists(token_file):
+            host = f"[{host}]" if ":" in host else host
+            tls = ssl.create_default_context(cafile=os.path.join(service_account, "ca.crt"))
+
+            def bearer() -> str:
+                with open(token_file) as fh:
+                    return "Bearer " + fh.read().strip()
+            return cls(f"https://{host}:{port}", bearer, tls, timeout_s)
+        return cls._from_kubeconfig(environ.get("KUBECONFIG"), timeout_s)
+
+    @classmethod
+    def _from_kubeconfig(cls, paths: str | None, timeout_s: float) -> KubeClient:
+        """`paths`: KUBECONFIG's list of files; None: ~/.kube/config."""
+        import kubernetes.client
+        import kubernetes.config
+        from kubernetes.config.config_exception import ConfigException
+
         configuration = kubernetes.client.Configuration()
         try:
-            kubernetes.config.load_incluster_config(client_configuration=configuration)
-        except ConfigException:
-            kubernetes.config.load_kube_config(client_configuration=configuration)
-        return cls(configuration, timeout_s)
+            kubernetes.config.load_kube_config(config_file=paths, client_configuration=configuration)
+        except (ConfigException, OSError) as exc:
+            raise ConfigError(f"no service account and no usable kubeconfig: {exc}") from None
+        tls = None
+        if configuration.host.startswith("https"):
+            tls = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+            if configuration.cert_file:
+                tls.load_cert_chain(configuration.cert_file, configuration.key_file)
+            if not configuration.verify_ssl:
+                tls.check_hostname = False
+                tls.verify_mode = ssl.CERT_NONE
+        return cls(configuration.host,
+                   lambda: configuration.get_api_key_with_prefix("BearerToken", alias="authorization"), tls,
+                   timeout_s)
+
+    def _get(self, path: str, query: Mapping[str, str] | None = None) -> bytes:
+        url = self.host + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        request = urllib.request.Request(url, headers={"Accept": "application/json"})
+        authorization = self._authorization()
+        if authorization:
+            request.add_header("Authorization", authorization)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._tls) as answer:
+                body = answer.read(MAX_ANSWER_BYTES + 1)
+        except urllib.error.HTTPError as exc:
+            raise ApiError(exc.code, _reason(exc)) from None
+        if len(body) > MAX_ANSWER_BYTES:
+            raise ApiError(200, f"answer over {MAX_ANSWER_BYTES} bytes")
+        return body
 
     def pods(self, node: str) -> dict[tuple[str, str], PodInfo]:
         """Every pod scheduled on `node`, keyed (namespace, name), in one list call."""
-        listed = self._api.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node}", _request_timeout=self.timeout_s)
+        listed = msgspec.json.decode(self._get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"}),
+                                     type=_PodList)
         pods = {}
-        for pod in listed.items:
+        for pod in listed.items or ():
             meta = pod.metadata
             pods[(meta.namespace, meta.name)] = PodInfo(
                 namespace=meta.namespace,
                 name=meta.name,
-                uid=meta.uid or "",
+                uid=meta.uid,
                 phase=(pod.status.phase if pod.status else None) or UNKNOWN,
                 training_job=training_job(meta.name, meta.labels, meta.owner_references),
             )
         return pods
 
     def node(self, node: str) -> NodeInfo:
-        read = self._api.read_node(node, _request_timeout=self.timeout_s)
+        read = msgspec.json.decode(self._get("/api/v1/nodes/" + urllib.parse.quote(node, safe="")), type=_Node)
         return node_info(node, read.metadata.labels)
+
+
+def _reason(exc: urllib.error.HTTPError) -> str:
+    """The API server's own message from its Status object, else the HTTP reason."""
+    try:
+        return str(json.loads(exc.read(65536)).get("message") or exc.reason)
+    except (ValueError, AttributeError, OSError):
+        return str(exc.reason)
