@@ -760,6 +760,20 @@ def test_in_a_pod_the_api_is_read_over_tls_with_the_service_accounts_token_read_
     assert server.authorizations == ["Bearer token-1", "Bearer token-2"]
 
 
+def test_the_pods_proxy_settings_are_not_used_for_the_api_server(tmp_path, monkeypatch):
+    # A proxy for the outside world must not carry the service account's token: the API
+    # server is asked directly, as the kubernetes package's client does.
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")   # nothing listens there
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    cert, key = self_signed(tmp_path)
+    account = service_account(tmp_path / "sa", cert, "direct")
+    with serving(FakeApiServer(tls=(cert, key))) as server:
+        assert in_cluster(server, account).node(NODE).zone == "us-west-2b"
+    assert server.authorizations == ["Bearer direct"]
+
+
 def test_a_server_the_service_accounts_ca_did_not_sign_is_refused(tmp_path):
     (tmp_path / "server").mkdir()
     (tmp_path / "other").mkdir()

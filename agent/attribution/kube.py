@@ -165,10 +165,15 @@ class KubeClient:
     """
 
     def __init__(self, host: str, authorization: Callable[[], str | None] = lambda: None,
-                 tls: ssl.SSLContext | None = None, timeout_s: float = 5.0) -> None:
+                 tls: ssl.SSLContext | None = None, timeout_s: float = 5.0, proxy: str | None = None) -> None:
         self.host = host.rstrip("/")
         self._authorization = authorization
-        self._tls = tls
+        # The API server directly, or through the kubeconfig's proxy-url: never through the
+        # pod's HTTP(S)_PROXY, which is meant for the outside world (the kubernetes package's
+        # client ignores it too).
+        self._opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({"http": proxy, "https": proxy} if proxy else {}),
+            urllib.request.HTTPSHandler(context=tls))
         self.timeout_s = timeout_s
 
     @classmethod
@@ -212,7 +217,7 @@ class KubeClient:
                 tls.verify_mode = ssl.CERT_NONE
         return cls(configuration.host,
                    lambda: configuration.get_api_key_with_prefix("BearerToken", alias="authorization"), tls,
-                   timeout_s)
+                   timeout_s, configuration.proxy)
 
     def _get(self, path: str, query: Mapping[str, str] | None = None) -> bytes:
         url = self.host + path + ("?" + urllib.parse.urlencode(query) if query else "")
@@ -221,7 +226,7 @@ class KubeClient:
         if authorization:
             request.add_header("Authorization", authorization)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._tls) as answer:
+            with self._opener.open(request, timeout=self.timeout_s) as answer:
                 body = answer.read(MAX_ANSWER_BYTES + 1)
         except urllib.error.HTTPError as exc:
             raise ApiError(exc.code, _reason(exc)) from None
