@@ -800,6 +800,17 @@ def test_out_of_a_cluster_the_kubeconfig_gives_the_server_and_the_token(tmp_path
     assert server.authorizations == ["Bearer kubeconfig-token"]
 
 
+def test_a_kubeconfig_naming_another_tls_server_name_is_refused_in_one_line(tmp_path):
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "dev",
+        "clusters": [{"name": "dev", "cluster": {"server": "https://10.0.0.1:6443", "tls-server-name": "api.internal"}}],
+        "users": [{"name": "me", "user": {"token": "t"}}],
+        "contexts": [{"name": "dev", "context": {"cluster": "dev", "user": "me"}}]}))
+    with pytest.raises(ConfigError, match="tls-server-name is not supported"):
+        KubeClient.from_environment(environ={"KUBECONFIG": str(kubeconfig)}, service_account=str(tmp_path / "none"))
+
+
 def test_neither_a_service_account_nor_a_kubeconfig_is_one_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="no service account and no usable kubeconfig"):
         KubeClient.from_environment(environ={"KUBECONFIG": str(tmp_path / "absent")},

@@ -207,6 +207,9 @@ class KubeClient:
             kubernetes.config.load_kube_config(config_file=paths, client_configuration=configuration)
         except (ConfigException, OSError) as exc:
             raise ConfigError(f"no service account and no usable kubeconfig: {exc}") from None
+        if getattr(configuration, "tls_server_name", None):
+            raise ConfigError("the kubeconfig's tls-server-name is not supported: name the API server by the "
+                              "name its certificate holds in the cluster's server URL")
         tls = None
         if configuration.host.startswith("https"):
             tls = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
