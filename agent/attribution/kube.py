@@ -2,7 +2,7 @@
 
 In a pod (the DaemonSet) the agent asks the API server itself, over HTTPS with its service
 account's token and CA: two GETs every refresh need no client library, and the kubernetes
-package costs the agent 35 MB of memory to import (its models, every API group's). Outside a
+package takes 35 MB to import (its models, every API group's; 21 MB of the agent's RSS). Outside a
 cluster the kubernetes package reads the kubeconfig, with everything a kubeconfig may hold
 (exec plugins, client certificates), and the same two GETs go out with what it found.
 """
@@ -234,7 +234,7 @@ class KubeClient:
         except urllib.error.HTTPError as exc:
             raise ApiError(exc.code, _reason(exc)) from None
         if len(body) > MAX_ANSWER_BYTES:
-            raise ApiError(200, f"answer over {MAX_ANSWER_BYTES} bytes")
+            raise ValueError(f"the API server's answer is over {MAX_ANSWER_BYTES} bytes")
         return body
 
     def pods(self, node: str) -> dict[tuple[str, str], PodInfo]:
