@@ -11,9 +11,11 @@ import time
 import urllib.parse
 import urllib.request
 
+import msgspec
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from burnrate.exporter.recording import TABLES
 from burnrate.analyzer.grid import resample
@@ -21,6 +23,7 @@ from burnrate.analyzer.grid.frames import Window, frame_dtypes
 from burnrate.analyzer.sources.openmetrics import write_openmetrics
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import PrometheusError, PrometheusSource, RecordingSource
+from burnrate.analyzer.sources import promhttp
 from burnrate.analyzer.sources.promhttp import PrometheusHTTP
 from burnrate.analyzer.sources import prometheus as prometheus_module
 from burnrate.analyzer.sources.prometheus import _Points, _grouped, job_from_pod, selector
@@ -464,6 +467,31 @@ def test_range_answers_are_read_as_python_reads_their_json(fleet):
         assert want and [s["metric"] for s in got] == [s["metric"] for s in want], promql
         for ours, theirs in zip(got, want):
             np.testing.assert_array_equal(ours["values"], np.array([[t, float(v)] for t, v in theirs["values"]]))
+
+
+_NUMBERS = st.one_of(st.integers(-10**20, 10**20), st.floats(allow_nan=False, allow_infinity=False))
+# What a pair's place may hold: numbers bare and quoted (JSON's spellings: 1e-07, 1.5e+20), the
+# strings Prometheus writes for NaN and the infinities, text, and nested lists.
+_ITEMS = st.one_of(_NUMBERS, _NUMBERS.map(lambda x: json.dumps(x)), st.sampled_from(["NaN", "+Inf", "-Inf", "Inf"]),
+                   st.text("0123456789.,e+-[]x", max_size=6), st.lists(_NUMBERS, max_size=2))
+_PAIRS_LIKE = st.lists(st.one_of(st.tuples(_NUMBERS, _NUMBERS.map(lambda x: json.dumps(x))).map(list),
+                                 st.lists(_ITEMS, max_size=3)), max_size=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_PAIRS_LIKE)
+def test_the_quick_reading_of_a_series_is_the_pair_by_pair_reading(values):
+    """The values of a range answer's series, read the quick way (its numbers as one flat
+    list where it has the shape of pairs), are exactly those read pair by pair, each checked;
+    where that reading refuses them, so does the quick one."""
+    raw = json.dumps(values, separators=(",", ":")).encode()
+    try:
+        want = np.array(promhttp._PAIRS.decode(raw.replace(b'"+Inf"', b'"Inf"')), np.float64).reshape(-1, 2)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        with pytest.raises((msgspec.ValidationError, msgspec.DecodeError)):
+            promhttp._points(raw)
+        return
+    np.testing.assert_array_equal(promhttp._points(raw), want)
 
 
 def test_real_prometheus_rejecting_a_query_is_one_line(fleet):
