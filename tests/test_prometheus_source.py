@@ -26,7 +26,9 @@ from burnrate.analyzer.sources import PrometheusError, PrometheusSource, Recordi
 from burnrate.analyzer.sources import promhttp
 from burnrate.analyzer.sources.promhttp import PrometheusHTTP
 from burnrate.analyzer.sources import prometheus as prometheus_module
-from burnrate.analyzer.sources.prometheus import _Points, _grouped, job_from_pod, selector
+from burnrate.analyzer.sources import promtables
+from burnrate.analyzer.sources.prometheus import _grouped, selector
+from burnrate.analyzer.sources.promtables import _Points, job_from_pod
 from tests.conftest import free_port, require
 from tests.processes import http_server, prometheus
 
@@ -562,10 +564,10 @@ def test_a_tables_rows_are_its_points_by_time_then_series_the_last_point_winning
     sorts them where they do not: either way each row is a (time, series) that some column has a
     point at, in that order; a later point at the same place wins, points outside the window
     are left out, and the pod labels of a row are those of its point."""
-    monkeypatch.setattr(prometheus_module, "DENSE_CELLS", 2**40 if dense else -2**40)
+    monkeypatch.setattr(promtables, "DENSE_CELLS", 2**40 if dense else -2**40)
     made = []
-    monkeypatch.setattr(prometheus_module, "_Layout",
-                        lambda *a, _made=prometheus_module._Layout: made.append(_made(*a)) or made[-1])
+    monkeypatch.setattr(promtables, "_Layout",
+                        lambda *a, _made=promtables._Layout: made.append(_made(*a)) or made[-1])
     rng = np.random.default_rng(0)
     step, start, n_times = 15.0, 1_000.0, 40
     points = _Points(("UUID",), start, step)

@@ -39,7 +39,8 @@ from .partition import analyze_apart
 from ..output.report import Report, report_notes
 from ..grid.series import labelled, series_codes, text
 from ..sources.common import NODE_PRICING_LABELS, TRAINING_TELEMETRY, Progress, missing_signals, within
-from ..sources.prometheus import PrometheusSource, dcgm_only
+from ..sources.prometheus import PrometheusSource
+from ..sources.promtables import dcgm_only
 from .rollups import BARE, RATE_WINDOW_S, RollUpReader, RollUps
 from ..grid.views import ANALYSIS_COLUMNS, job_name
 from ..grid.workloads import TRAINING

@@ -31,22 +31,18 @@ from typing import Collection, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from burnrate.exporter.recording import TABLES
 from burnrate.exporter import catalog as C
 from burnrate.exporter import labels as L
 
-from ..grid.frames import OWNER_COLUMNS, Frames, Window, empty_owners, frame_dtypes
-from .recording_tables import empty_table
+from ..grid.frames import OWNER_COLUMNS, Frames, Window, empty_owners
 from ..grid.holding import hold
 from ..grid.resample import MAX_POINTS, reduction, step_for
-from ..grid.series import distinct_text, labelled, text
 from .timeparse import parse_duration
-from .common import DEFAULT_STEP_S, Progress, column_order, is_simulated, missing_signals, within
-from .allocation import best_allocation, empty_alloc
+from .common import DEFAULT_STEP_S, Progress, within
 from .promhttp import Limits, PrometheusError, PrometheusHTTP, Tally
+from .promtables import TABLE_ORDER, Assembly, empty_frames
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_POD_SUFFIX = re.compile(r"-(?:worker|master|launcher)-\d+$")
 
 
 def escape(value: str) -> str:
@@ -65,12 +61,6 @@ def selector(metric: str = "", **labels: str) -> str:
             raise ValueError(f"invalid label name {name!r}")
     matchers = ",".join(f'{name}="{escape(str(value))}"' for name, value in labels.items())
     return f"{metric}{{{matchers}}}"
-
-
-def job_from_pod(pod: str) -> str:
-    """A pod's training job where no agent labelled it: PyTorchJob/MPIJob pods are
-    `<job>-worker-N`/`-master-N`/`-launcher-N`; any other pod stands for itself."""
-    return _POD_SUFFIX.sub("", pod)
 
 
 @dataclass(frozen=True)
@@ -123,9 +113,9 @@ def _queries() -> list[_Query]:
 QUERIES = _queries()
 QUERIES += _renamed(QUERIES)
 # Where a step holds several samples, how many each series had: how much of the step
-# it covered (analyzer.grid.holding). Asked only for what GPU-time is made of.
-COUNTS = [_Query("gpu", "sample_count", "DCGM_FI_DEV_GPU_UTIL", C.DEVICE_POD, "count"),
-          _Query("alloc", "sample_count", "burnrate_gpu_allocation_share_ratio", C.DEVICE_POD, "count"),
+# it covered (analyzer.grid.holding). Asked only for the holders' time: a GPU's own rows
+# hold for its interval, inferred from them.
+COUNTS = [_Query("alloc", "sample_count", "burnrate_gpu_allocation_share_ratio", C.DEVICE_POD, "count"),
           _Query("alloc", "sample_count", "burnrate_gpu_allocated", C.DEVICE_POD, "count",
                  unless="burnrate_gpu_allocation_share_ratio")]
 COUNTS += [replace(q, scale=1.0) for q in _renamed(COUNTS)]
@@ -144,10 +134,6 @@ RANGE_KEPT_S = 60.0
 EDGE_BUCKETS = 48
 _LABELS_OF = {**{s.name: s.labels for s in C.CATALOG}, **{s.sample_name: s.labels for s in C.CATALOG},
               **{new: C.BY_NAME[old].labels for old, (new, _) in C.DCGM_4_9_NAMES.items()}}
-_KEYS = {"gpu": C.DEVICE, "alloc": C.DEVICE_POD, "rank": C.T, "node": L.NODE_INFO_LABELS,
-         "pod_cpu": (L.NAMESPACE, L.POD, L.HOSTNAME), "xid": C.DEVICE + ("xid",)}
-
-
 class PrometheusSource:
     """Frames from a Prometheus-compatible HTTP API.
 
@@ -343,21 +329,36 @@ class PrometheusSource:
             jobs += [(source, q, chunk, counts if counts is not None and _wanted(counts, columns) else None)
                      for chunk in chunks for q, counts in asked if _wanted(q, columns)]
         if not jobs:   # a drill-down with nothing to read: the store's prices still price the rest
-            return hold(replace(_empty(window, step), gpu_hour_prices=self.opencost_prices(window)))
+            return hold(replace(empty_frames(window, step), gpu_hour_prices=self.opencost_prices(window)))
+        return self._read(jobs, window, step, first, columns, reads, progress)
+
+    def _read(self, jobs: list, window: Window, step: float, first: float,
+              columns: Mapping[str, Sequence[str]] | None, reads: Mapping[Window, Sequence[str]] | None,
+              progress: Progress | None) -> Frames:
+        """The jobs' answers table by table (the chunks of each in time order), each table put
+        together while the next is read (analyzer.sources.promtables); the pods' owners, the
+        exporters' pods and OpenCost's prices asked beside them."""
+        jobs = sorted(jobs, key=lambda job: TABLE_ORDER.index(job[1].table))
         self._answered = 0
         tally = self._http.tally()      # one count for all of the read's range answers
-        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
+        exporting = self if reads is None else self.on_hosts([h for hosts in reads.values() for h in hosts])
+        exporting_window = window if reads is None else Window(min(p.start for p in reads), max(p.end for p in reads))
+        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool, ThreadPoolExecutor(1) as builder:
+            owners = pool.submit(self.owners, window)
+            exporters = pool.submit(exporting.exporter_pods, exporting_window)
+            prices = pool.submit(self.opencost_prices, window)
+            assembly = Assembly(window, step, first, columns, owners, exporters, builder)
             total = len(jobs) + sum(job[3] is not None for job in jobs)
-            answers = list(pool.map(lambda job: self._answers(job, step, total, progress, tally), jobs))
-        results: dict[tuple[str, str], list[dict]] = {}
-        for q, answer in (pair for pairs in answers for pair in pairs):
-            results.setdefault((q.table, q.column), []).extend(answer)
-        owners = self.owners(window)
-        exporters = (self.exporter_pods(window) if reads is None else
-                     self.on_hosts([h for hosts in reads.values() for h in hosts]).exporter_pods(
-                         Window(min(p.start for p in reads), max(p.end for p in reads))))
-        return hold(replace(_assemble(results, window, step, first, columns, owners, exporters),
-                            owners=owners, gpu_hour_prices=self.opencost_prices(window)))
+            answered = pool.map(lambda job: self._answers(job, step, total, progress, tally), jobs)
+            table, answers = jobs[0][1].table, []
+            for job, pairs in zip(jobs, answered):
+                if job[1].table != table:
+                    assembly.add(table, answers)
+                    table, answers = job[1].table, []
+                answers += [(q.column, answer) for q, answer in pairs]
+            assembly.add(table, answers)
+            frames = assembly.frames()
+        return hold(replace(frames, owners=owners.result(), gpu_hour_prices=prices.result()))
 
     def opencost_prices(self, window: Window) -> dict[str, float]:
         """OpenCost's price of one GPU-hour per node, averaged over the window, where
@@ -587,259 +588,3 @@ def _wanted(q: _Query, columns: Mapping[str, Sequence[str]] | None) -> bool:
 
 def _num(value: float) -> str:
     return repr(float(value))
-
-
-# --- assembly ----------------------------------------------------------------------------
-class _Points:
-    """One table's query answers, kept as points (series, time index, value) until its
-    rows are asked for."""
-
-    def __init__(self, key_labels: tuple[str, ...], grid_start: float, step: float) -> None:
-        self.key_labels, self.start, self.step = key_labels, grid_start, step
-        self.keys: dict[tuple[str, ...], int] = {}
-        self.points: dict[str, list[tuple[int, np.ndarray]]] = {}
-        self.row_labels: list[tuple[int, np.ndarray, tuple[str, ...]]] = []
-
-    def add(self, column: str, series: dict, row_labels: tuple[str, ...] = ()) -> None:
-        metric = series["metric"]
-        if not metric.get(L.HOSTNAME) and metric.get("hostname"):
-            metric = {**metric, L.HOSTNAME: metric["hostname"]}
-        key = tuple(metric.get(n, "") for n in self.key_labels)
-        k = self.keys.setdefault(key, len(self.keys))
-        self.points.setdefault(column, []).append((k, series["values"]))
-        if row_labels:
-            self.row_labels.append((k, series["values"], tuple(metric.get(n, "") for n in row_labels)))
-
-    def frame(self, columns: dict[str, str], n_times: int, row_label_names: tuple[str, ...] = ()) -> pd.DataFrame:
-        """Rows where any column has a point, by time and then by series, as the points
-        came: a later point at the same place wins. Built from the points alone, and as a
-        (series × times) grid only where the points fill a good part of one: a fleet's
-        allocation table fills under 2% of one."""
-        n_keys = max(len(self.keys), 1)
-
-        def places(keys: list[int], series: list[np.ndarray], values: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
-            """The cells of the series' points that fall within the window, and their values (the
-            series' own, or `values`, one per point): for all the series at once, not one by one."""
-            if not series:
-                return np.empty(0, np.int64), np.empty(0)
-            index = np.concatenate([s[:, 0] for s in series])
-            index -= self.start
-            index *= 1.0 / self.step
-            index = np.rint(index, out=index).astype(np.int64)
-            inside = (index >= 0) & (index < n_times)
-            key = np.repeat(np.asarray(keys, np.int64), [len(s) for s in series])
-            cells = layout.cell(index, key)
-            values = np.concatenate([s[:, 1] for s in series]) if values is None else values
-            return (cells, values) if inside.all() else (cells[inside], values[inside])
-
-        layout = _Layout(sum(len(s) for points in self.points.values() for _, s in points), n_times, n_keys)
-        located = {column: places(*_unzip(self.points.get(column, ()))) for column in columns}
-        layout.fill([place for place, _ in located.values()])
-        time_index, key_index = layout.times_and_keys()
-        frame = pd.DataFrame({"t": self.start + time_index * self.step})
-        key_table = list(self.keys) or [("",) * len(self.key_labels)]
-        for position, name in enumerate(self.key_labels):
-            categories = pd.Categorical([key[position] for key in key_table])
-            frame[name] = pd.Categorical.from_codes(categories.codes[key_index], categories.categories)
-        if row_label_names:
-            row_sets: dict[tuple[str, ...], int] = {}
-            keys, series, sets = [], [], []
-            for k, values, labels in self.row_labels:
-                keys.append(k)
-                series.append(values)
-                sets.append(row_sets.setdefault(labels, len(row_sets)))
-            place, codes = places(keys, series, np.repeat(np.asarray(sets, np.int32), [len(s) for s in series]))
-            # Labels of a point in no chosen column name no row; a row without any, the last entry.
-            codes = layout.column(place, codes, np.int32, len(row_sets))
-            row_table = list(row_sets) + [("",) * len(row_label_names)]
-            for position, name in enumerate(row_label_names):
-                categories = pd.Categorical([labels[position] for labels in row_table])
-                frame[name] = pd.Categorical.from_codes(categories.codes[codes], categories.categories)
-        for column, dtype in columns.items():
-            frame[column] = layout.column(*located[column], dtype)
-        return frame
-
-
-# A grid of up to this many cells (a few bytes each, per column) is laid out whole however few
-# points fill it; a larger one only where it has at least one point in eight cells.
-DENSE_CELLS = 2**24
-
-
-class _Layout:
-    """Where a table's points go: the rows (time, series) that any point fills, in that order,
-    and each column's values on them. Where the points fill a good part of the (series ×
-    times) grid they are put into one laid out series by series, as they come (memory read
-    and written in order), and turned by time once per column; elsewhere the cells are by
-    time, sorted, and searched."""
-
-    def __init__(self, n_points: int, n_times: int, n_keys: int) -> None:
-        self.n_times, self.n_keys = n_times, n_keys
-        self.size = n_times * n_keys
-        self.dense = self.size <= 8 * n_points + DENSE_CELLS
-
-    def cell(self, index: np.ndarray, key: np.ndarray) -> np.ndarray:
-        if self.dense:
-            key *= self.n_times
-            key += index
-            return key
-        index *= self.n_keys
-        index += key
-        return index
-
-    def fill(self, places: list[np.ndarray]) -> None:
-        if self.dense:
-            present = np.zeros(self.size, dtype=bool)
-            for place in places:
-                present[place] = True
-            self.rows = np.flatnonzero(self._by_time(present))
-            return
-        # Sorted and thinned: np.unique hashes, and its hash is slow on places a stride apart.
-        every = np.sort(np.concatenate(places or [np.empty(0, np.int64)]))
-        first = np.ones(len(every), bool)
-        first[1:] = every[1:] != every[:-1]
-        self.rows = every[first]
-
-    def times_and_keys(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.divmod(self.rows, self.n_keys)
-
-    def column(self, place: np.ndarray, values: np.ndarray, dtype, missing=np.nan) -> np.ndarray:
-        """The values at their cells, on the rows; `missing` where a row has none."""
-        if self.dense:
-            grid = np.full(self.size, missing, dtype)
-            grid[place] = values
-            return self._by_time(grid)[self.rows]
-        out = np.full(len(self.rows), missing, dtype)
-        if len(place) and len(self.rows):
-            at = np.minimum(np.searchsorted(self.rows, place), len(self.rows) - 1)
-            found = self.rows[at] == place
-            out[at[found]] = values[found]
-        return out
-
-    def _by_time(self, grid: np.ndarray) -> np.ndarray:
-        return grid.reshape(self.n_keys, self.n_times).T.ravel()
-
-
-def _unzip(points: Sequence[tuple[int, np.ndarray]]) -> tuple[list[int], list[np.ndarray]]:
-    return [k for k, _ in points], [values for _, values in points]
-
-
-def _assemble(results: dict[tuple[str, str], list[dict]], window: Window, step: float, first: float,
-              columns: Mapping[str, Sequence[str]] | None = None, owners: pd.DataFrame | None = None,
-              exporter_pods: set[tuple[str, str]] = frozenset()) -> Frames:
-    n_times = max(0, int(round((window.end - first) / step)) + 1) if first <= window.end else 0
-    if n_times == 0 or not any(results.values()):
-        return _empty(window, step)
-    points = {table: _Points(keys, first, step) for table, keys in _KEYS.items()}
-    for (table, column), answer in results.items():
-        row_labels = L.POD_LABELS if table == "gpu" and column not in ("up", "nvlink_tx_bytes", "nvlink_rx_bytes",
-                                                                          "xid_total") else ()
-        for series in answer:
-            points[table].add(column, series, row_labels)
-
-    def table(name: str, frame_of=None) -> pd.DataFrame:
-        if columns is not None and name not in columns:
-            return empty_table(name)
-        chosen = [c for c in TABLES[name][1] if columns is None or c in columns[name]]
-        frame = frame_of(chosen) if frame_of else points[name].frame(frame_dtypes(name, chosen), n_times)
-        return frame[column_order(name, chosen)]
-
-    counted = ["sample_count"] if results.get(("gpu", "sample_count")) else []
-
-    def gpu_frame(chosen: list[str]) -> pd.DataFrame:
-        dtypes = {c: "<" + TABLES["gpu"][1][c] for c in chosen} | {c: "<f4" for c in counted}
-        return points["gpu"].frame(dtypes, n_times, L.POD_LABELS)[column_order("gpu", chosen) + counted]
-
-    owned = _owner_names(owners)
-    gpu = _label_jobs(table("gpu", gpu_frame) if columns is None or "gpu" in columns else empty_table("gpu"), owned)
-    agent_rows = _agent_rows(gpu)
-    hosts = distinct_text(gpu[L.HOSTNAME])
-    dcgm_nodes = dcgm_only(gpu)
-    if "xid_total" in gpu.columns:
-        # An agent counts XIDs from zero: no series yet means none happened; dcgm-exporter cannot say.
-        xid = gpu["xid_total"].to_numpy()
-        gpu["xid_total"] = np.where(agent_rows & np.isnan(xid), 0.0, xid).astype(xid.dtype)
-    if columns is None or "alloc" in columns:
-        alloc_counted = ["sample_count"] if results.get(("alloc", "sample_count")) else []
-        raw = points["alloc"].frame({c: "<f4" for c in ("share", "allocated", *alloc_counted)}, n_times)
-        alloc = _label_jobs(best_allocation(raw, _not_exporters(gpu, exporter_pods), first, step), owned)
-        alloc = alloc[column_order("alloc") + ["signal"] + [c for c in alloc_counted if c in alloc]]
-    else:
-        alloc = empty_alloc()
-    node = table("node", lambda chosen: _node_cpu(points["node"].frame({"_info": "<f8"}, n_times).drop(columns="_info"),
-                                                  results.get(("node", "cpu_utilization"), []), first, step))
-    rank = table("rank")
-    tables = {"gpu": gpu, "alloc": alloc, "rank": rank, "node": node, "pod_cpu": table("pod_cpu"), "xid": table("xid")}
-    return Frames(window=window, step_s=step, missing=missing_signals(gpu, rank, node, dcgm_nodes, len(hosts)),
-                  simulated=is_simulated(gpu), **tables)
-
-
-def _agent_rows(gpu: pd.DataFrame) -> np.ndarray:
-    """The device rows an agent wrote: only it exports burnrate_gpu_up."""
-    return gpu["up"].notna().to_numpy() if "up" in gpu else np.zeros(len(gpu), bool)
-
-
-def dcgm_only(gpu: pd.DataFrame) -> list[str]:
-    """Nodes whose GPUs have no burnrate_gpu_up: they run dcgm-exporter alone."""
-    # On the categories' codes: a week's table is a million rows of a few hundred names.
-    hosts = gpu[L.HOSTNAME].astype("category")
-    codes, names = hosts.cat.codes.to_numpy(), hosts.cat.categories
-    seen = np.bincount(codes[codes >= 0], minlength=len(names)) > 0
-    agent = np.bincount(codes[(codes >= 0) & _agent_rows(gpu)], minlength=len(names)) > 0
-    return sorted({str(names[i]) for i in np.flatnonzero(seen & ~agent)})
-
-
-def _not_exporters(gpu: pd.DataFrame, exporter_pods: set[tuple[str, str]]) -> pd.DataFrame:
-    """Device rows whose pod labels name a GPU exporter say nothing of who holds the GPU."""
-    if not exporter_pods or not len(gpu):
-        return gpu
-    pairs = pd.MultiIndex.from_arrays([gpu[L.NAMESPACE].astype(str), gpu[L.POD].astype(str)])
-    return gpu[~pairs.isin(list(exporter_pods))]
-
-
-def _node_cpu(node: pd.DataFrame, answer: list[dict], first: float, step: float) -> pd.DataFrame:
-    """CPU utilization is per Hostname: joined onto the node-info rows by host and time."""
-    cpu = _Points((L.HOSTNAME,), first, step)
-    for series in answer:
-        cpu.add("cpu_utilization", series)
-    n_times = int(round((node["t"].max() - first) / step)) + 1 if len(node) else 0
-    by_host = cpu.frame({"cpu_utilization": "<f4"}, n_times) if cpu.keys and n_times else None
-    if by_host is None:
-        node["cpu_utilization"] = np.float32(np.nan)
-        return node
-    by_host[L.HOSTNAME] = by_host[L.HOSTNAME].astype(str)
-    merged = node.assign(_host=node[L.HOSTNAME].astype(str)).merge(
-        by_host.rename(columns={L.HOSTNAME: "_host"}), on=["t", "_host"], how="left")
-    return merged.drop(columns="_host")
-
-
-def _owner_names(owners: pd.DataFrame | None) -> dict[tuple[str, str], str]:
-    if owners is None or not len(owners):
-        return {}
-    return dict(zip(zip(owners["namespace"], owners["pod"]), owners["owner_name"]))
-
-
-def _label_jobs(frame: pd.DataFrame, owned: dict[tuple[str, str], str]) -> pd.DataFrame:
-    """A held GPU whose series name no job (dcgm-exporter labels pods, not jobs) is
-    named after its pod's controller, else after the pod (job_from_pod)."""
-    if not len(frame):
-        return frame
-    unnamed = labelled(frame[L.TRAINING_JOB], ("",)) & ~labelled(frame[L.POD], ("",))
-    if unnamed.any():
-        jobs = text(frame[L.TRAINING_JOB])
-        held = pd.MultiIndex.from_arrays([text(frame[L.NAMESPACE])[unnamed], text(frame[L.POD])[unnamed]])
-        pairs = held.unique()          # named once per pod, not per row
-        names = pd.Series([owned.get(pair) or job_from_pod(pair[1]) for pair in pairs], index=pairs)
-        jobs[unnamed] = names.reindex(held).to_numpy()
-        frame[L.TRAINING_JOB] = pd.Categorical(jobs)
-    elif isinstance(frame[L.TRAINING_JOB].dtype, pd.CategoricalDtype):
-        frame[L.TRAINING_JOB] = frame[L.TRAINING_JOB].cat.remove_unused_categories()
-    else:
-        frame[L.TRAINING_JOB] = pd.Categorical(text(frame[L.TRAINING_JOB]))
-    if "up" in frame.columns:
-        frame["up"] = frame["up"].astype("<f4")
-    return frame
-
-
-def _empty(window: Window, step: float) -> Frames:
-    return Frames(window=window, step_s=step, **{name: empty_table(name) for name in TABLES} | {"alloc": empty_alloc()})

@@ -1,0 +1,335 @@
+"""Prometheus's answers put together into the recording's tables (analyzer.sources.prometheus
+reads them).
+
+A read asks its queries table by table (`TABLE_ORDER`), and each table is put together on
+a thread of its own as soon as its last answer is in, while the next tables are still being
+read: most of that work is numpy's, which runs beside the decoding of the answers still
+arriving, and each table's answers are let go once its frame is made. On a day of 1,024 GPUs
+this took about ten seconds after the reading ended (bench/RESULTS.md).
+"""
+from __future__ import annotations
+
+import re
+from concurrent.futures import Executor, Future
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from burnrate.exporter.recording import TABLES
+from burnrate.exporter import catalog as C
+from burnrate.exporter import labels as L
+
+from ..grid.frames import Frames, Window, frame_dtypes
+from ..grid.series import distinct_text, labelled, text
+from .allocation import best_allocation, empty_alloc
+from .common import column_order, is_simulated, missing_signals
+from .recording_tables import empty_table
+
+KEYS = {"gpu": C.DEVICE, "alloc": C.DEVICE_POD, "rank": C.T, "node": L.NODE_INFO_LABELS,
+        "pod_cpu": (L.NAMESPACE, L.POD, L.HOSTNAME), "xid": C.DEVICE + ("xid",)}
+# The order a read asks for its tables, each put together while the next are read: the GPUs'
+# first (the allocation is chosen against their rows), the small tables last, so that little is
+# left to do when the reading ends.
+TABLE_ORDER = ("gpu", "alloc", "rank", "node", "pod_cpu", "xid")
+# The device series that carry the holder's labels (the pod's, where one pod holds the GPU).
+_UNHELD = ("up", "nvlink_tx_bytes", "nvlink_rx_bytes", "xid_total")
+_POD_SUFFIX = re.compile(r"-(?:worker|master|launcher)-\d+$")
+
+
+def job_from_pod(pod: str) -> str:
+    """A pod's training job where no agent labelled it: PyTorchJob/MPIJob pods are
+    `<job>-worker-N`/`-master-N`/`-launcher-N`; any other pod stands for itself."""
+    return _POD_SUFFIX.sub("", pod)
+
+
+class Assembly:
+    """The tables of one read, each put together by `builder` once `add` has all of its answers.
+    The GPU table waits for `owners` (their controllers name the jobs of pods no agent labelled),
+    the allocation for the GPU table and `exporters` (the pods whose labels name no holder)."""
+
+    def __init__(self, window: Window, step: float, first: float, columns: Mapping[str, Sequence[str]] | None,
+                 owners: Future, exporters: Future, builder: Executor) -> None:
+        self.window, self.step, self.first, self.columns = window, step, first, columns
+        self.n_times = max(0, int(round((window.end - first) / step)) + 1) if first <= window.end else 0
+        self.owners, self.exporters, self.builder = owners, exporters, builder
+        self.built: dict[str, Future] = {}
+        self.answered = False
+
+    def add(self, table: str, answers: Sequence[tuple[str, list[dict]]]) -> None:
+        """All of `table`'s answers, as (column, series) in the order they were asked."""
+        results: dict[str, list[dict]] = {}
+        for column, answer in answers:
+            results.setdefault(column, []).extend(answer)
+            self.answered = self.answered or bool(answer)
+        self.built[table] = self.builder.submit(getattr(self, f"_{table}", self._plain), table, results)
+
+    def frames(self) -> Frames:
+        for table in TABLE_ORDER:
+            if table not in self.built:
+                self.add(table, ())
+        built = {table: future.result() for table, future in self.built.items()}
+        if self.n_times == 0 or not self.answered:
+            return empty_frames(self.window, self.step)
+        gpu, dcgm_nodes, n_hosts = built.pop("gpu")
+        return Frames(window=self.window, step_s=self.step,
+                      missing=missing_signals(gpu, built["rank"], built["node"], dcgm_nodes, n_hosts),
+                      simulated=is_simulated(gpu), gpu=gpu, **built)
+
+    def _points(self, table: str, results: Mapping[str, list[dict]]) -> _Points:
+        points = _Points(KEYS[table], self.first, self.step)
+        for column, answer in results.items():
+            row_labels = L.POD_LABELS if table == "gpu" and column not in _UNHELD else ()
+            for series in answer:
+                points.add(column, series, row_labels)
+        return points
+
+    def _chosen(self, table: str) -> list[str] | None:
+        """The table's value columns read, or None where the table is not."""
+        if self.columns is not None and table not in self.columns:
+            return None
+        return [c for c in TABLES[table][1] if self.columns is None or c in self.columns[table]]
+
+    def _plain(self, table: str, results: Mapping[str, list[dict]]) -> pd.DataFrame:
+        chosen = self._chosen(table)
+        if chosen is None:
+            return empty_table(table)
+        frame = self._points(table, results).frame(frame_dtypes(table, chosen), self.n_times)
+        return frame[column_order(table, chosen)]
+
+    def _gpu(self, table: str, results: Mapping[str, list[dict]]) -> tuple[pd.DataFrame, list[str], int]:
+        chosen = self._chosen(table)
+        if chosen is None:
+            gpu = empty_table(table)
+        else:
+            dtypes = {c: "<" + TABLES[table][1][c] for c in chosen}
+            gpu = self._points(table, results).frame(dtypes, self.n_times, L.POD_LABELS)
+            gpu = _label_jobs(gpu[column_order(table, chosen)], _owner_names(self.owners.result()))
+        if "xid_total" in gpu.columns:
+            # An agent counts XIDs from zero: no series yet means none happened; dcgm-exporter cannot say.
+            xid = gpu["xid_total"].to_numpy()
+            gpu["xid_total"] = np.where(_agent_rows(gpu) & np.isnan(xid), 0.0, xid).astype(xid.dtype)
+        return gpu, dcgm_only(gpu), len(distinct_text(gpu[L.HOSTNAME]))
+
+    def _alloc(self, table: str, results: Mapping[str, list[dict]]) -> pd.DataFrame:
+        if self._chosen(table) is None:
+            return empty_alloc()
+        counted = ["sample_count"] if results.get("sample_count") else []
+        raw = self._points(table, results).frame({c: "<f4" for c in ("share", "allocated", *counted)}, self.n_times)
+        gpu = self.built["gpu"].result()[0]
+        alloc = best_allocation(raw, _not_exporters(gpu, self.exporters.result()), self.first, self.step)
+        alloc = _label_jobs(alloc, _owner_names(self.owners.result()))
+        return alloc[column_order(table) + ["signal"] + [c for c in counted if c in alloc]]
+
+    def _node(self, table: str, results: Mapping[str, list[dict]]) -> pd.DataFrame:
+        chosen = self._chosen(table)
+        if chosen is None:
+            return empty_table(table)
+        info = self._points(table, results).frame({"_info": "<f8"}, self.n_times)
+        node = _node_cpu(info.drop(columns="_info"), results.get("cpu_utilization", []), self.first, self.step)
+        return node[column_order(table, chosen)]
+
+
+class _Points:
+    """One table's query answers, kept as points (series, time index, value) until its
+    rows are asked for."""
+
+    def __init__(self, key_labels: tuple[str, ...], grid_start: float, step: float) -> None:
+        self.key_labels, self.start, self.step = key_labels, grid_start, step
+        self.keys: dict[tuple[str, ...], int] = {}
+        self.points: dict[str, list[tuple[int, np.ndarray]]] = {}
+        self.row_labels: list[tuple[int, np.ndarray, tuple[str, ...]]] = []
+
+    def add(self, column: str, series: dict, row_labels: tuple[str, ...] = ()) -> None:
+        metric = series["metric"]
+        if not metric.get(L.HOSTNAME) and metric.get("hostname"):
+            metric = {**metric, L.HOSTNAME: metric["hostname"]}
+        key = tuple(metric.get(n, "") for n in self.key_labels)
+        k = self.keys.setdefault(key, len(self.keys))
+        self.points.setdefault(column, []).append((k, series["values"]))
+        if row_labels:
+            self.row_labels.append((k, series["values"], tuple(metric.get(n, "") for n in row_labels)))
+
+    def frame(self, columns: dict[str, str], n_times: int, row_label_names: tuple[str, ...] = ()) -> pd.DataFrame:
+        """Rows where any column has a point, by time and then by series, as the points
+        came: a later point at the same place wins. Built from the points alone, and as a
+        (series × times) grid only where the points fill a good part of one: a fleet's
+        allocation table fills under 2% of one."""
+        n_keys = max(len(self.keys), 1)
+
+        def places(keys: list[int], series: list[np.ndarray], values: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+            """The cells of the series' points that fall within the window, and their values (the
+            series' own, or `values`, one per point): for all the series at once, not one by one."""
+            if not series:
+                return np.empty(0, np.int64), np.empty(0)
+            index = np.concatenate([s[:, 0] for s in series])
+            index -= self.start
+            index *= 1.0 / self.step
+            index = np.rint(index, out=index).astype(np.int64)
+            inside = (index >= 0) & (index < n_times)
+            key = np.repeat(np.asarray(keys, np.int64), [len(s) for s in series])
+            cells = layout.cell(index, key)
+            values = np.concatenate([s[:, 1] for s in series]) if values is None else values
+            return (cells, values) if inside.all() else (cells[inside], values[inside])
+
+        layout = _Layout(sum(len(s) for points in self.points.values() for _, s in points), n_times, n_keys)
+        located = {column: places(*_unzip(self.points.get(column, ()))) for column in columns}
+        layout.fill([place for place, _ in located.values()])
+        time_index, key_index = layout.times_and_keys()
+        frame = pd.DataFrame({"t": self.start + time_index * self.step})
+        key_table = list(self.keys) or [("",) * len(self.key_labels)]
+        for position, name in enumerate(self.key_labels):
+            categories = pd.Categorical([key[position] for key in key_table])
+            frame[name] = pd.Categorical.from_codes(categories.codes[key_index], categories.categories)
+        if row_label_names:
+            row_sets: dict[tuple[str, ...], int] = {}
+            keys, series, sets = [], [], []
+            for k, values, labels in self.row_labels:
+                keys.append(k)
+                series.append(values)
+                sets.append(row_sets.setdefault(labels, len(row_sets)))
+            place, codes = places(keys, series, np.repeat(np.asarray(sets, np.int32), [len(s) for s in series]))
+            # Labels of a point in no chosen column name no row; a row without any, the last entry.
+            codes = layout.column(place, codes, np.int32, len(row_sets))
+            row_table = list(row_sets) + [("",) * len(row_label_names)]
+            for position, name in enumerate(row_label_names):
+                categories = pd.Categorical([labels[position] for labels in row_table])
+                frame[name] = pd.Categorical.from_codes(categories.codes[codes], categories.categories)
+        for column, dtype in columns.items():
+            frame[column] = layout.column(*located[column], dtype)
+        return frame
+
+
+# A grid of up to this many cells (a few bytes each, per column) is laid out whole however few
+# points fill it; a larger one only where it has at least one point in eight cells.
+DENSE_CELLS = 2**24
+
+
+class _Layout:
+    """Where a table's points go: the rows (time, series) that any point fills, in that order,
+    and each column's values on them. Where the points fill a good part of the (series ×
+    times) grid they are put into one laid out series by series, as they come (memory read
+    and written in order), and turned by time once per column; elsewhere the cells are by
+    time, sorted, and searched."""
+
+    def __init__(self, n_points: int, n_times: int, n_keys: int) -> None:
+        self.n_times, self.n_keys = n_times, n_keys
+        self.size = n_times * n_keys
+        self.dense = self.size <= 8 * n_points + DENSE_CELLS
+
+    def cell(self, index: np.ndarray, key: np.ndarray) -> np.ndarray:
+        if self.dense:
+            key *= self.n_times
+            key += index
+            return key
+        index *= self.n_keys
+        index += key
+        return index
+
+    def fill(self, places: list[np.ndarray]) -> None:
+        if self.dense:
+            present = np.zeros(self.size, dtype=bool)
+            for place in places:
+                present[place] = True
+            self.rows = np.flatnonzero(self._by_time(present))
+            return
+        # Sorted and thinned: np.unique hashes, and its hash is slow on places a stride apart.
+        every = np.sort(np.concatenate(places or [np.empty(0, np.int64)]))
+        first = np.ones(len(every), bool)
+        first[1:] = every[1:] != every[:-1]
+        self.rows = every[first]
+
+    def times_and_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.divmod(self.rows, self.n_keys)
+
+    def column(self, place: np.ndarray, values: np.ndarray, dtype, missing=np.nan) -> np.ndarray:
+        """The values at their cells, on the rows; `missing` where a row has none."""
+        if self.dense:
+            grid = np.full(self.size, missing, dtype)
+            grid[place] = values
+            return self._by_time(grid)[self.rows]
+        out = np.full(len(self.rows), missing, dtype)
+        if len(place) and len(self.rows):
+            at = np.minimum(np.searchsorted(self.rows, place), len(self.rows) - 1)
+            found = self.rows[at] == place
+            out[at[found]] = values[found]
+        return out
+
+    def _by_time(self, grid: np.ndarray) -> np.ndarray:
+        return grid.reshape(self.n_keys, self.n_times).T.ravel()
+
+
+def _unzip(points: Sequence[tuple[int, np.ndarray]]) -> tuple[list[int], list[np.ndarray]]:
+    return [k for k, _ in points], [values for _, values in points]
+
+
+def _agent_rows(gpu: pd.DataFrame) -> np.ndarray:
+    """The device rows an agent wrote: only it exports burnrate_gpu_up."""
+    return gpu["up"].notna().to_numpy() if "up" in gpu else np.zeros(len(gpu), bool)
+
+
+def dcgm_only(gpu: pd.DataFrame) -> list[str]:
+    """Nodes whose GPUs have no burnrate_gpu_up: they run dcgm-exporter alone."""
+    # On the categories' codes: a week's table is a million rows of a few hundred names.
+    hosts = gpu[L.HOSTNAME].astype("category")
+    codes, names = hosts.cat.codes.to_numpy(), hosts.cat.categories
+    seen = np.bincount(codes[codes >= 0], minlength=len(names)) > 0
+    agent = np.bincount(codes[(codes >= 0) & _agent_rows(gpu)], minlength=len(names)) > 0
+    return sorted({str(names[i]) for i in np.flatnonzero(seen & ~agent)})
+
+
+def _not_exporters(gpu: pd.DataFrame, exporter_pods: set[tuple[str, str]]) -> pd.DataFrame:
+    """Device rows whose pod labels name a GPU exporter say nothing of who holds the GPU."""
+    if not exporter_pods or not len(gpu):
+        return gpu
+    pairs = pd.MultiIndex.from_arrays([gpu[L.NAMESPACE].astype(str), gpu[L.POD].astype(str)])
+    return gpu[~pairs.isin(list(exporter_pods))]
+
+
+def _node_cpu(node: pd.DataFrame, answer: list[dict], first: float, step: float) -> pd.DataFrame:
+    """CPU utilization is per Hostname: joined onto the node-info rows by host and time."""
+    cpu = _Points((L.HOSTNAME,), first, step)
+    for series in answer:
+        cpu.add("cpu_utilization", series)
+    n_times = int(round((node["t"].max() - first) / step)) + 1 if len(node) else 0
+    by_host = cpu.frame({"cpu_utilization": "<f4"}, n_times) if cpu.keys and n_times else None
+    if by_host is None:
+        node["cpu_utilization"] = np.float32(np.nan)
+        return node
+    by_host[L.HOSTNAME] = by_host[L.HOSTNAME].astype(str)
+    merged = node.assign(_host=node[L.HOSTNAME].astype(str)).merge(
+        by_host.rename(columns={L.HOSTNAME: "_host"}), on=["t", "_host"], how="left")
+    return merged.drop(columns="_host")
+
+
+def _owner_names(owners: pd.DataFrame | None) -> dict[tuple[str, str], str]:
+    if owners is None or not len(owners):
+        return {}
+    return dict(zip(zip(owners["namespace"], owners["pod"]), owners["owner_name"]))
+
+
+def _label_jobs(frame: pd.DataFrame, owned: dict[tuple[str, str], str]) -> pd.DataFrame:
+    """A held GPU whose series name no job (dcgm-exporter labels pods, not jobs) is
+    named after its pod's controller, else after the pod (job_from_pod)."""
+    if not len(frame):
+        return frame
+    unnamed = labelled(frame[L.TRAINING_JOB], ("",)) & ~labelled(frame[L.POD], ("",))
+    if unnamed.any():
+        jobs = text(frame[L.TRAINING_JOB])
+        held = pd.MultiIndex.from_arrays([text(frame[L.NAMESPACE])[unnamed], text(frame[L.POD])[unnamed]])
+        pairs = held.unique()          # named once per pod, not per row
+        names = pd.Series([owned.get(pair) or job_from_pod(pair[1]) for pair in pairs], index=pairs)
+        jobs[unnamed] = names.reindex(held).to_numpy()
+        frame[L.TRAINING_JOB] = pd.Categorical(jobs)
+    elif isinstance(frame[L.TRAINING_JOB].dtype, pd.CategoricalDtype):
+        frame[L.TRAINING_JOB] = frame[L.TRAINING_JOB].cat.remove_unused_categories()
+    else:
+        frame[L.TRAINING_JOB] = pd.Categorical(text(frame[L.TRAINING_JOB]))
+    if "up" in frame.columns:
+        frame["up"] = frame["up"].astype("<f4")
+    return frame
+
+
+def empty_frames(window: Window, step: float) -> Frames:
+    return Frames(window=window, step_s=step, **{name: empty_table(name) for name in TABLES} | {"alloc": empty_alloc()})
