@@ -164,7 +164,10 @@ def prometheus(root: Path, data: Path, rules: Path | None = None) -> tuple[subpr
                              "--storage.tsdb.retention.time=100y"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    wait(url + "/-/ready", proc)
+    try:
+        wait(url + "/-/ready", proc)
+    finally:
+        config.unlink()     # read at start; a cache's folder keeps only the store
     return proc, url
 
 

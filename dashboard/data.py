@@ -175,6 +175,12 @@ class DataService:
         is read whole either way)."""
         return self.overviews.get(time_range) if isinstance(self.source, PrometheusSource) else None
 
+    def start_overview(self, time_range: TimeRange) -> None:
+        """Start the range's overview read in the background, where the source has one and it is
+        neither kept nor under way: a page's first callback then finds it started."""
+        if isinstance(self.source, PrometheusSource):
+            self.overviews.start(time_range)
+
     def period_analysis(self, window: Window, per_gpu: str | None = None) -> Analysis:
         """The analysis of one showback period's window (dashboard/showback.py); `per_gpu` names
         what needs every GPU's series (teams by a pod label), where the store would be read in
@@ -343,9 +349,14 @@ class TtlCache:
             kept = key in self._entries
         if kept:
             return self.get(key)
+        self.start(key)
+        return None
+
+    def start(self, key: object) -> None:
+        """Compute `key` in a background thread where it is neither kept nor being computed."""
         with self._lock:
-            if key in self._refreshing:
-                return None
+            if key in self._entries or key in self._refreshing:
+                return
             self._refreshing.add(key)
 
         def first() -> None:
@@ -356,7 +367,6 @@ class TtlCache:
                     self._refreshing.discard(key)
 
         threading.Thread(target=first, name="burnrate-dashboard-analysis", daemon=True).start()
-        return None
 
     def has(self, key: object) -> bool:
         with self._lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from contextlib import contextmanager
 from urllib.parse import quote
 
@@ -239,3 +240,58 @@ def test_plotly_loads_while_the_first_read_runs_not_after_it(store, tmp_path):
     finally:
         source.drawn.set()
         source.release.set()
+
+
+class CountedOverview(PrometheusSource):
+    """Counts the reads at a display's step (the overview's)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.overview_reads = 0
+
+    def frames(self, window=None, columns=None, *args, step=None, **kwargs):
+        if step is not None:
+            self.overview_reads += 1
+        return super().frames(window, columns, *args, step=step, **kwargs)
+
+
+def test_a_pages_html_starts_its_first_read(store):
+    """The browser loads a page's scripts (a third of a second at fleet size) between asking
+    for its HTML and its first callback: the read that callback waits on starts with the HTML,
+    and the callback finds it. A script, a callback or a probe that takes any type reads nothing."""
+    from burnrate.dashboard.app import create_app
+    from burnrate.dashboard.timerange import from_query
+    from burnrate.dashboard.ui import SERVICE_KEY
+
+    source = CountedOverview(store)
+    app = create_app(source, refresh_s=3600)
+    service = app.server.extensions[SERVICE_KEY].of(None)
+    key = from_query(SEARCH, service.default_range)
+    client = app.server.test_client()
+    for path, accept in (("/assets/style.css", "text/css,*/*;q=0.1"), ("/_dash-layout", "application/json"),
+                         ("/", "*/*")):
+        assert client.get(path + SEARCH, headers={"Accept": accept}).status_code == 200
+    time.sleep(0.5)
+    assert source.overview_reads == 0 and not service.overviews.has(key)
+    page = client.get("/jobs" + SEARCH, headers={"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"})
+    assert page.status_code == 200 and b"_dash-config" in page.data
+    deadline = time.monotonic() + 60
+    while not service.overviews.has(key) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert service.overviews.has(key) and source.overview_reads == 1
+    # The page's callback draws from it: no second read.
+    assert len(service.overview(key).fleet.gpu_labels) == GPUS and source.overview_reads == 1
+    # A URL whose range is malformed starts nothing (its page says what is wrong).
+    client.get("/?start=yesterday-ish", headers={"Accept": "text/html"})
+    time.sleep(0.2)
+    assert source.overview_reads == 1
+
+
+def test_a_page_asked_without_its_credentials_reads_nothing(store):
+    from burnrate.dashboard.app import create_app
+
+    source = CountedOverview(store)
+    client = create_app(source, refresh_s=3600, basic_auth=("team", "secret")).server.test_client()
+    assert client.get("/" + SEARCH, headers={"Accept": "text/html"}).status_code == 401
+    time.sleep(0.5)
+    assert source.overview_reads == 0
