@@ -4,8 +4,8 @@ reads them).
 A read asks its queries table by table (`TABLE_ORDER`), and each table is put together on
 a thread of its own as soon as its last answer is in, while the next tables are still being
 read: most of that work is numpy's, which runs beside the decoding of the answers still
-arriving, and each table's answers are let go once its frame is made. On a day of 1,024 GPUs
-this took about ten seconds after the reading ended (bench/RESULTS.md).
+arriving, and each table's answers are let go once its frame is made. On a day of 1,024 GPUs,
+put together after the reading, it took 11-12 s more (bench/RESULTS.md).
 """
 from __future__ import annotations
 
