@@ -134,6 +134,8 @@ RANGE_KEPT_S = 60.0
 EDGE_BUCKETS = 48
 _LABELS_OF = {**{s.name: s.labels for s in C.CATALOG}, **{s.sample_name: s.labels for s in C.CATALOG},
               **{new: C.BY_NAME[old].labels for old, (new, _) in C.DCGM_4_9_NAMES.items()}}
+
+
 class PrometheusSource:
     """Frames from a Prometheus-compatible HTTP API.
 

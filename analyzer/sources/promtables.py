@@ -32,7 +32,8 @@ KEYS = {"gpu": C.DEVICE, "alloc": C.DEVICE_POD, "rank": C.T, "node": L.NODE_INFO
 # first (the allocation is chosen against their rows), the small tables last, so that little is
 # left to do when the reading ends.
 TABLE_ORDER = ("gpu", "alloc", "rank", "node", "pod_cpu", "xid")
-# The device series that carry the holder's labels (the pod's, where one pod holds the GPU).
+# The GPU table's columns whose series carry no holder's labels (the agent's own, per device):
+# they name no pod on the rows they fill.
 _UNHELD = ("up", "nvlink_tx_bytes", "nvlink_rx_bytes", "xid_total")
 _POD_SUFFIX = re.compile(r"-(?:worker|master|launcher)-\d+$")
 
