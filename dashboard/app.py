@@ -78,12 +78,14 @@ def _start_first_reads(app: dash.Dash) -> None:
     scripts in between, a third of a second of a first paint from a fleet's store (bench/RESULTS.md).
     Only a browser's request for a page does (it asks for text/html by name); its scripts, its
     callbacks and probes read nothing."""
-    internal = tuple(app.config.routes_pathname_prefix + name for name in ("_dash", "_favicon", "_reload", "assets/"))
+    # Dash serves every page from these two routes; its scripts, callbacks, assets and the
+    # health check have routes of their own.
+    pages = {app.config.routes_pathname_prefix, app.config.routes_pathname_prefix + "<path:path>"}
 
     @app.server.before_request
     def start() -> None:
         request = flask.request
-        if request.method != "GET" or request.path.startswith(internal) or \
+        if request.method != "GET" or request.url_rule is None or request.url_rule.rule not in pages or \
                 "text/html" not in request.headers.get("Accept", ""):
             return
         search = request.query_string.decode("utf-8", "replace")

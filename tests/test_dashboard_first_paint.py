@@ -258,7 +258,8 @@ class CountedOverview(PrometheusSource):
 def test_a_pages_html_starts_its_first_read(store):
     """The browser loads a page's scripts (a third of a second at fleet size) between asking
     for its HTML and its first callback: the read that callback waits on starts with the HTML,
-    and the callback finds it. A script, a callback or a probe that takes any type reads nothing."""
+    and the callback finds it. A script, a callback, a probe that takes any type or the health
+    check reads nothing."""
     from burnrate.dashboard.app import create_app
     from burnrate.dashboard.timerange import from_query
     from burnrate.dashboard.ui import SERVICE_KEY
@@ -269,7 +270,7 @@ def test_a_pages_html_starts_its_first_read(store):
     key = from_query(SEARCH, service.default_range)
     client = app.server.test_client()
     for path, accept in (("/assets/style.css", "text/css,*/*;q=0.1"), ("/_dash-layout", "application/json"),
-                         ("/", "*/*")):
+                         ("/", "*/*"), ("/healthz", "text/html")):
         assert client.get(path + SEARCH, headers={"Accept": accept}).status_code == 200
     time.sleep(0.5)
     assert source.overview_reads == 0 and not service.overviews.has(key)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import Executor, Future
+from functools import cached_property
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -77,6 +78,12 @@ class Assembly:
                       missing=missing_signals(gpu, built["rank"], built["node"], dcgm_nodes, n_hosts),
                       simulated=is_simulated(gpu), gpu=gpu, **built)
 
+    @cached_property
+    def owned(self) -> dict[tuple[str, str], str]:
+        """Each (namespace, pod)'s controller, for the GPU and allocation tables (both built on
+        the one builder thread)."""
+        return _owner_names(self.owners.result())
+
     def _points(self, table: str, results: Mapping[str, list[dict]]) -> _Points:
         points = _Points(KEYS[table], self.first, self.step)
         for column, answer in results.items():
@@ -105,7 +112,7 @@ class Assembly:
         else:
             dtypes = {c: "<" + TABLES[table][1][c] for c in chosen}
             gpu = self._points(table, results).frame(dtypes, self.n_times, L.POD_LABELS)
-            gpu = _label_jobs(gpu[column_order(table, chosen)], _owner_names(self.owners.result()))
+            gpu = _label_jobs(gpu[column_order(table, chosen)], self.owned)
         if "xid_total" in gpu.columns:
             # An agent counts XIDs from zero: no series yet means none happened; dcgm-exporter cannot say.
             xid = gpu["xid_total"].to_numpy()
@@ -119,7 +126,7 @@ class Assembly:
         raw = self._points(table, results).frame({c: "<f4" for c in ("share", "allocated", *counted)}, self.n_times)
         gpu = self.built["gpu"].result()[0]
         alloc = best_allocation(raw, _not_exporters(gpu, self.exporters.result()), self.first, self.step)
-        alloc = _label_jobs(alloc, _owner_names(self.owners.result()))
+        alloc = _label_jobs(alloc, self.owned)
         return alloc[column_order(table) + ["signal"] + [c for c in counted if c in alloc]]
 
     def _node(self, table: str, results: Mapping[str, list[dict]]) -> pd.DataFrame:
