@@ -563,7 +563,9 @@ def test_a_tables_rows_are_its_points_by_time_then_series_the_last_point_winning
     """Assembly lays the points out on a (series × times) grid where they fill enough of it and
     sorts them where they do not: either way each row is a (time, series) that some column has a
     point at, in that order; a later point at the same place wins, points outside the window
-    are left out, and the pod labels of a row are those of its point."""
+    are left out, and the pod labels of a row are those of its point. Series of consecutive
+    steps (a store's usual answer, put on the grid as a whole) are mixed with gappy ones and
+    with a malformed one that repeats a time."""
     monkeypatch.setattr(promtables, "DENSE_CELLS", 2**40 if dense else -2**40)
     made = []
     monkeypatch.setattr(promtables, "_Layout",
@@ -575,7 +577,13 @@ def test_a_tables_rows_are_its_points_by_time_then_series_the_last_point_winning
     pods: dict[tuple[int, str], str] = {}
     for n in range(60):
         uuid, column = f"GPU-{rng.integers(0, 7)}", ("a", "b")[n % 2]
-        index = np.sort(rng.choice(np.arange(-5, n_times + 5), rng.integers(0, 12), replace=False))
+        if n % 3 == 0:
+            index = np.sort(rng.choice(np.arange(-5, n_times + 5), rng.integers(0, 12), replace=False))
+        elif n % 3 == 1:
+            index = np.arange(first := rng.integers(-8, n_times + 2), first + rng.integers(0, 15))
+        else:       # a time twice: as many points as the steps they span, yet not one per step
+            first = rng.integers(0, n_times - 6)
+            index = np.array([first, first + 1, first + 1, first + 3])
         values = rng.normal(size=len(index))
         pod = f"pod-{n}"
         points.add(column, {"metric": {"UUID": uuid, "pod": pod}, "values": np.column_stack([start + index * step, values])},

@@ -163,50 +163,70 @@ class _Points:
         came: a later point at the same place wins. Built from the points alone, and as a
         (series × times) grid only where the points fill a good part of one: a fleet's
         allocation table fills under 2% of one."""
-        n_keys = max(len(self.keys), 1)
-
-        def places(keys: list[int], series: list[np.ndarray], values: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
-            """The cells of the series' points that fall within the window, and their values (the
-            series' own, or `values`, one per point): for all the series at once, not one by one."""
-            if not series:
-                return np.empty(0, np.int64), np.empty(0)
-            index = np.concatenate([s[:, 0] for s in series])
-            index -= self.start
-            index *= 1.0 / self.step
-            index = np.rint(index, out=index).astype(np.int64)
-            inside = (index >= 0) & (index < n_times)
-            key = np.repeat(np.asarray(keys, np.int64), [len(s) for s in series])
-            cells = layout.cell(index, key)
-            values = np.concatenate([s[:, 1] for s in series]) if values is None else values
-            return (cells, values) if inside.all() else (cells[inside], values[inside])
-
-        layout = _Layout(sum(len(s) for points in self.points.values() for _, s in points), n_times, n_keys)
-        located = {column: places(*_unzip(self.points.get(column, ()))) for column in columns}
-        layout.fill([place for place, _ in located.values()])
-        time_index, key_index = layout.times_and_keys()
-        frame = pd.DataFrame({"t": self.start + time_index * self.step})
+        n_points = sum(len(s) for points in self.points.values() for _, s in points)
+        layout = _Layout(n_points, n_times, max(len(self.keys), 1))
+        located = {column: self._placed(layout, self.points.get(column, ())) for column in columns}
+        layout.fill(list(located.values()))
+        frame = pd.DataFrame({"t": self.start + layout.times * self.step})
         key_table = list(self.keys) or [("",) * len(self.key_labels)]
         for position, name in enumerate(self.key_labels):
             categories = pd.Categorical([key[position] for key in key_table])
-            frame[name] = pd.Categorical.from_codes(categories.codes[key_index], categories.categories)
+            frame[name] = pd.Categorical.from_codes(categories.codes[layout.keys], categories.categories)
         if row_label_names:
             row_sets: dict[tuple[str, ...], int] = {}
-            keys, series, sets = [], [], []
+            points, codes = [], []
             for k, values, labels in self.row_labels:
-                keys.append(k)
-                series.append(values)
-                sets.append(row_sets.setdefault(labels, len(row_sets)))
-            place, codes = places(keys, series, np.repeat(np.asarray(sets, np.int32), [len(s) for s in series]))
+                points.append((k, values))
+                codes.append(row_sets.setdefault(labels, len(row_sets)))
             # Labels of a point in no chosen column name no row; a row without any, the last entry.
-            codes = layout.column(place, codes, np.int32, len(row_sets))
+            at = layout.column(self._placed(layout, points, codes), np.int32, len(row_sets))
             row_table = list(row_sets) + [("",) * len(row_label_names)]
             for position, name in enumerate(row_label_names):
                 categories = pd.Categorical([labels[position] for labels in row_table])
-                frame[name] = pd.Categorical.from_codes(categories.codes[codes], categories.categories)
+                frame[name] = pd.Categorical.from_codes(categories.codes[at], categories.categories)
         for column, dtype in columns.items():
-            frame[column] = layout.column(*located[column], dtype)
+            frame[column] = layout.column(located[column], dtype)
         return frame
+
+    def _placed(self, layout: _Layout, points: Sequence[tuple[int, np.ndarray]],
+                codes: Sequence[int] | None = None) -> list[tuple[slice | np.ndarray, np.ndarray | int]]:
+        """The series' points within the window as (cells, values), in the order they came:
+        their own values, or one code per series (`codes`). On a grid, a series whose points
+        are consecutive steps (a store's answer, but where a series stopped) is a slice of it,
+        so that most cells are never computed one by one."""
+        if not layout.dense:
+            return [self._cells(layout, points, codes)] if points else []
+        placed = []
+        start, per_step = self.start, 1.0 / self.step
+        for n, (k, series) in enumerate(points):
+            if not len(series):
+                continue
+            times = series[:, 0]
+            # The steps of the first and last points, rounded as _cells rounds them (half to even).
+            first, last = round((float(times[0]) - start) * per_step), round((float(times[-1]) - start) * per_step)
+            if last - first == len(series) - 1 and (len(series) < 2 or (times[1:] > times[:-1]).all()):
+                a, b = max(first, 0), min(last + 1, layout.n_times)
+                if a < b:
+                    placed.append((layout.cells(k, a, b), series[a - first:b - first, 1] if codes is None else codes[n]))
+            else:
+                placed.append(self._cells(layout, [(k, series)], None if codes is None else [codes[n]]))
+        return placed
+
+    def _cells(self, layout: _Layout, points: Sequence[tuple[int, np.ndarray]],
+               codes: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
+        """The cells of the series' points that fall within the window, and their values (the
+        series' own, or its code per point): for all the series at once, not one by one."""
+        keys, series = _unzip(points)
+        index = np.concatenate([s[:, 0] for s in series])
+        index -= self.start
+        index *= 1.0 / self.step
+        index = np.rint(index, out=index).astype(np.int64)
+        inside = (index >= 0) & (index < layout.n_times)
+        lengths = [len(s) for s in series]
+        cells = layout.cell(index, np.repeat(np.asarray(keys, np.int64), lengths))
+        values = (np.concatenate([s[:, 1] for s in series]) if codes is None else
+                  np.repeat(np.asarray(codes, np.int32), lengths))
+        return (cells, values) if inside.all() else (cells[inside], values[inside])
 
 
 # A grid of up to this many cells (a few bytes each, per column) is laid out whole however few
@@ -218,7 +238,7 @@ class _Layout:
     """Where a table's points go: the rows (time, series) that any point fills, in that order,
     and each column's values on them. Where the points fill a good part of the (series ×
     times) grid they are put into one laid out series by series, as they come (memory read
-    and written in order), and turned by time once per column; elsewhere the cells are by
+    and written in order), and read off it by time once per column; elsewhere the cells are by
     time, sorted, and searched."""
 
     def __init__(self, n_points: int, n_times: int, n_keys: int) -> None:
@@ -235,33 +255,40 @@ class _Layout:
         index += key
         return index
 
-    def fill(self, places: list[np.ndarray]) -> None:
+    def cells(self, key: int, first: int, stop: int) -> slice:
+        """A series' consecutive steps on the grid."""
+        return slice(key * self.n_times + first, key * self.n_times + stop)
+
+    def fill(self, placed: list[list[tuple[slice | np.ndarray, np.ndarray | int]]]) -> None:
         if self.dense:
             present = np.zeros(self.size, dtype=bool)
-            for place in places:
-                present[place] = True
-            self.rows = np.flatnonzero(self._by_time(present))
+            for column in placed:
+                for cells, _ in column:
+                    present[cells] = True
+            self.times, self.keys = np.divmod(np.flatnonzero(self._by_time(present)), self.n_keys)
+            # Each row's cell on the grid, which is laid out series by series.
+            self.on_grid = self.keys * self.n_times + self.times
             return
         # Sorted and thinned: np.unique hashes, and its hash is slow on places a stride apart.
-        every = np.sort(np.concatenate(places or [np.empty(0, np.int64)]))
+        every = np.sort(np.concatenate([cells for column in placed for cells, _ in column] or [np.empty(0, np.int64)]))
         first = np.ones(len(every), bool)
         first[1:] = every[1:] != every[:-1]
         self.rows = every[first]
+        self.times, self.keys = np.divmod(self.rows, self.n_keys)
 
-    def times_and_keys(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.divmod(self.rows, self.n_keys)
-
-    def column(self, place: np.ndarray, values: np.ndarray, dtype, missing=np.nan) -> np.ndarray:
+    def column(self, placed: list[tuple[slice | np.ndarray, np.ndarray | int]], dtype, missing=np.nan) -> np.ndarray:
         """The values at their cells, on the rows; `missing` where a row has none."""
         if self.dense:
             grid = np.full(self.size, missing, dtype)
-            grid[place] = values
-            return self._by_time(grid)[self.rows]
+            for cells, values in placed:
+                grid[cells] = values
+            return grid[self.on_grid]
         out = np.full(len(self.rows), missing, dtype)
-        if len(place) and len(self.rows):
-            at = np.minimum(np.searchsorted(self.rows, place), len(self.rows) - 1)
-            found = self.rows[at] == place
-            out[at[found]] = values[found]
+        for place, values in placed:
+            if len(place) and len(self.rows):
+                at = np.minimum(np.searchsorted(self.rows, place), len(self.rows) - 1)
+                found = self.rows[at] == place
+                out[at[found]] = values[found]
         return out
 
     def _by_time(self, grid: np.ndarray) -> np.ndarray:
