@@ -31,36 +31,36 @@ ALLOC_LABELS = L.DEVICE_LABELS + L.POD_LABELS
 def best_allocation(alloc: pd.DataFrame, gpu: pd.DataFrame, first: float, step: float) -> pd.DataFrame:
     """The alloc table: `alloc` holds the share ratio (`share`) and/or the allocated
     flag (`allocated`) per (GPU, pod) row; `gpu` the device rows with pod labels."""
-    candidates = []
+    signals = []        # (table, its rows with the signal, the signal)
     if "share" in alloc:
-        rows = alloc[alloc["share"].notna()]
-        candidates.append(_candidate(rows, rows["share"].to_numpy(np.float32), SHARE_RATIO))
+        signals.append((alloc, np.flatnonzero(alloc["share"].notna().to_numpy()), SHARE_RATIO))
     if "allocated" in alloc:
-        rows = alloc[alloc["allocated"].to_numpy() > 0]
-        candidates.append(_candidate(rows, None, ALLOCATED))
+        signals.append((alloc, np.flatnonzero(alloc["allocated"].to_numpy() > 0), ALLOCATED))
     if len(gpu) and L.POD in gpu:
-        rows = gpu[~labelled(gpu[L.POD], ("",))]
-        candidates.append(_candidate(rows, None, POD_LABELS))
-    candidates = [c for c in candidates if len(c)]
-    if not candidates:
+        signals.append((gpu, np.flatnonzero(~labelled(gpu[L.POD], ("",))), POD_LABELS))
+    signals = [s for s in signals if len(s[1])]
+    if not signals:
         return empty_alloc()
     # The best signal per (GPU, time) is chosen on arrays first, and only the rows kept are
     # put together: where agents report share ratios, the pod labels of every device row
-    # would be merged only to be dropped (half the rows of a day of 1,024 GPUs).
-    uuids = pd.Index(np.concatenate([c[L.UUID].cat.categories.to_numpy(object) for c in candidates])).unique()
-    uuid = np.concatenate([uuids.get_indexer(c[L.UUID].cat.categories)[c[L.UUID].cat.codes.to_numpy()]
-                           for c in candidates]).astype(np.int64)
-    point = np.rint((np.concatenate([c["t"].to_numpy() for c in candidates]) - first) / step).astype(np.int64)
+    # would be taken and merged only to be dropped (half the rows of a day of 1,024 GPUs).
+    gpus = [pd.Categorical(table[L.UUID]) for table, _, _ in signals]
+    uuids = pd.Index(np.concatenate([g.categories.to_numpy(object) for g in gpus])).unique()
+    uuid = np.concatenate([uuids.get_indexer(g.categories)[g.codes[rows]]
+                           for g, (_, rows, _) in zip(gpus, signals)]).astype(np.int64)
+    point = np.rint((np.concatenate([table["t"].to_numpy()[rows] for table, rows, _ in signals]) - first)
+                    / step).astype(np.int64)
     cell = uuid * (int(point.max()) + 1) + (point - int(point.min()))
-    rank = np.repeat(np.asarray([SIGNALS.index(c["signal"].cat.categories[0]) for c in candidates], np.int8),
-                     [len(c) for c in candidates])
+    rank = np.repeat(np.asarray([SIGNALS.index(signal) for _, _, signal in signals], np.int8),
+                     [len(rows) for _, rows, _ in signals])
     best = np.full(int(cell.max()) + 1, len(SIGNALS), np.int8)
     for level in range(len(SIGNALS) - 1, -1, -1):     # best last, so it overwrites
         best[cell[rank == level]] = level
     kept = rank == best[cell]
     cell = cell[kept]
-    bounds = np.cumsum([0] + [len(c) for c in candidates])
-    candidates = [c[kept[a:b]] for c, a, b in zip(candidates, bounds[:-1], bounds[1:])]
+    bounds = np.cumsum([0] + [len(rows) for _, rows, _ in signals])
+    candidates = [_candidate(table, rows[kept[a:b]], signal)
+                  for (table, rows, signal), a, b in zip(signals, bounds[:-1], bounds[1:])]
     # Labels stay categorical throughout: their text is made once per distinct value, not per row.
     merged = pd.DataFrame({
         "t": np.concatenate([c["t"].to_numpy() for c in candidates]),
@@ -76,17 +76,20 @@ def best_allocation(alloc: pd.DataFrame, gpu: pd.DataFrame, first: float, step: 
         share = merged["share"].to_numpy(np.float32).copy()
         share[equal] = 1.0 / holders[cell[equal]]
         merged["share"] = share
-    return merged.sort_values("t", kind="stable", ignore_index=True)
+    t = merged["t"].to_numpy()
+    # Each signal's rows are by time already: one signal alone (agents everywhere) needs no sort.
+    return merged if (t[1:] >= t[:-1]).all() else merged.sort_values("t", kind="stable", ignore_index=True)
 
 
-def _candidate(rows: pd.DataFrame, share: np.ndarray | None, signal: str) -> pd.DataFrame:
-    out = pd.DataFrame({"t": rows["t"].to_numpy(),
-                        "share": share if share is not None else np.full(len(rows), np.nan, np.float32)})
+def _candidate(table: pd.DataFrame, rows: np.ndarray, signal: str) -> pd.DataFrame:
+    """The table's rows (positions) of one signal, in the alloc table's columns."""
+    share = table["share"].to_numpy(np.float32)[rows] if signal == SHARE_RATIO else np.full(len(rows), np.nan, np.float32)
+    out = pd.DataFrame({"t": table["t"].to_numpy()[rows], "share": share})
     for name in ALLOC_LABELS:
-        out[name] = _text_categories(rows[name]) if name in rows else pd.Categorical.from_codes(
+        out[name] = _text_categories(table[name])[rows] if name in table else pd.Categorical.from_codes(
             np.zeros(len(rows), np.int8), [""])
-    if "sample_count" in rows:
-        out["sample_count"] = rows["sample_count"].to_numpy()
+    if "sample_count" in table:
+        out["sample_count"] = table["sample_count"].to_numpy()[rows]
     out["signal"] = pd.Categorical.from_codes(np.zeros(len(rows), np.int8), [signal])
     return out
 
