@@ -28,7 +28,7 @@ from burnrate.analyzer.sources.promhttp import PrometheusHTTP
 from burnrate.analyzer.sources import prometheus as prometheus_module
 from burnrate.analyzer.sources import promtables
 from burnrate.analyzer.sources.prometheus import _grouped, selector
-from burnrate.analyzer.sources.promtables import _Points, job_from_pod
+from burnrate.analyzer.sources.promtables import Steps, _Points, consecutive, job_from_pod
 from tests.conftest import free_port, require
 from tests.processes import http_server, prometheus
 
@@ -564,8 +564,8 @@ def test_a_tables_rows_are_its_points_by_time_then_series_the_last_point_winning
     sorts them where they do not: either way each row is a (time, series) that some column has a
     point at, in that order; a later point at the same place wins, points outside the window
     are left out, and the pod labels of a row are those of its point. Series of consecutive
-    steps (a store's usual answer, put on the grid as a whole) are mixed with gappy ones and
-    with a malformed one that repeats a time."""
+    steps (a store's usual answer, kept as Steps and put on the grid as a whole) are mixed with
+    gappy ones and with a malformed one that repeats a time."""
     monkeypatch.setattr(promtables, "DENSE_CELLS", 2**40 if dense else -2**40)
     made = []
     monkeypatch.setattr(promtables, "_Layout",
@@ -575,6 +575,7 @@ def test_a_tables_rows_are_its_points_by_time_then_series_the_last_point_winning
     points = _Points(("UUID",), start, step)
     expected: dict[str, dict[tuple[int, str], float]] = {"a": {}, "b": {}}
     pods: dict[tuple[int, str], str] = {}
+    answer = []
     for n in range(60):
         uuid, column = f"GPU-{rng.integers(0, 7)}", ("a", "b")[n % 2]
         if n % 3 == 0:
@@ -585,14 +586,18 @@ def test_a_tables_rows_are_its_points_by_time_then_series_the_last_point_winning
             first = rng.integers(0, n_times - 6)
             index = np.array([first, first + 1, first + 1, first + 3])
         values = rng.normal(size=len(index))
-        pod = f"pod-{n}"
-        points.add(column, {"metric": {"UUID": uuid, "pod": pod}, "values": np.column_stack([start + index * step, values])},
-                   ("pod",) if column == "a" else ())
+        answer.append((column, uuid, f"pod-{n}", np.column_stack([start + index * step, values])))
         for i, v in zip(index, values):
             if 0 <= i < n_times:
                 expected[column][(int(i), uuid)] = v
                 if column == "a":
-                    pods[(int(i), uuid)] = pod
+                    pods[(int(i), uuid)] = f"pod-{n}"
+    # As the reader keeps an answer's series: consecutive steps as Steps, the rest as (time, value) pairs.
+    kept = consecutive([pairs for *_, pairs in answer], step)
+    for n, ((column, uuid, pod, pairs), points_kept) in enumerate(zip(answer, kept)):
+        assert isinstance(points_kept, Steps) == (n % 3 == 1 and len(pairs) > 0 or n % 3 == 0 and len(pairs) > 0
+                                                  and np.ptp(pairs[:, 0]) == (len(pairs) - 1) * step), n
+        points.add(column, {"metric": {"UUID": uuid, "pod": pod}, "values": points_kept}, ("pod",) if column == "a" else ())
     frame = points.frame({"a": "<f8", "b": "<f4"}, n_times, ("pod",))
     assert [layout.dense for layout in made] == [dense]
     rows = sorted(set(expected["a"]) | set(expected["b"]), key=lambda r: (r[0], points.keys[(r[1],)]))

@@ -138,6 +138,45 @@ class Assembly:
         return node[column_order(table, chosen)]
 
 
+class Steps:
+    """A series' points at consecutive steps of a read's grid: the first one's time and each
+    value. Half the memory of (time, value) pairs, and put on a grid as one slice."""
+
+    __slots__ = ("first", "values")
+
+    def __init__(self, first: float, values: np.ndarray) -> None:
+        self.first, self.values = first, values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def consecutive(answer: list[np.ndarray], step: float) -> list[np.ndarray | Steps]:
+    """A range query's series' (time, value) points, each as Steps where they are one a step
+    with none left out, as a store answers a series that did not stop within the query (its
+    times are the query's steps), else as they are. For the whole answer at once: a read has
+    tens of thousands of series, and a few numpy calls on each would cost seconds."""
+    lengths = np.fromiter(map(len, answer), np.int64, len(answer))
+    if not lengths.any():
+        return list(answer)
+    pairs = np.concatenate(answer)
+    times = pairs[:, 0]
+    values = pairs[:, 1].copy()     # one buffer for the answer's Steps, the pairs let go
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    # Pairs of neighbouring points whose time does not rise, counted up to each point.
+    falls = np.concatenate([[0], np.cumsum(times[1:] <= times[:-1])])
+    last = np.maximum(ends - 1, 0)
+    rising = falls[last] == falls[starts]
+    spans = np.rint((times[last] - times[np.minimum(starts, len(times) - 1)]) / step)
+    steps = (lengths > 0) & rising & (spans == lengths - 1)
+    return [Steps(float(times[a]), values[a:b]) if whole else points
+            for points, whole, a, b in zip(answer, steps.tolist(), starts.tolist(), ends.tolist())]
+
+
+Points = np.ndarray | Steps     # a series' points: (time, value) pairs, or Steps
+
+
 class _Points:
     """One table's query answers, kept as points (series, time index, value) until its
     rows are asked for."""
@@ -145,8 +184,8 @@ class _Points:
     def __init__(self, key_labels: tuple[str, ...], grid_start: float, step: float) -> None:
         self.key_labels, self.start, self.step = key_labels, grid_start, step
         self.keys: dict[tuple[str, ...], int] = {}
-        self.points: dict[str, list[tuple[int, np.ndarray]]] = {}
-        self.row_labels: list[tuple[int, np.ndarray, tuple[str, ...]]] = []
+        self.points: dict[str, list[tuple[int, Points]]] = {}
+        self.row_labels: list[tuple[int, Points, tuple[str, ...]]] = []
 
     def add(self, column: str, series: dict, row_labels: tuple[str, ...] = ()) -> None:
         metric = series["metric"]
@@ -188,44 +227,43 @@ class _Points:
             frame[column] = layout.column(located[column], dtype)
         return frame
 
-    def _placed(self, layout: _Layout, points: Sequence[tuple[int, np.ndarray]],
+    def _placed(self, layout: _Layout, points: Sequence[tuple[int, Points]],
                 codes: Sequence[int] | None = None) -> list[tuple[slice | np.ndarray, np.ndarray | int]]:
         """The series' points within the window as (cells, values), in the order they came:
-        their own values, or one code per series (`codes`). On a grid, a series whose points
-        are consecutive steps (a store's answer, but where a series stopped) is a slice of it,
+        their own values, or one code per series (`codes`). On a grid, Steps are a slice of it,
         so that most cells are never computed one by one."""
         if not layout.dense:
             return [self._cells(layout, points, codes)] if points else []
         placed = []
-        start, per_step = self.start, 1.0 / self.step
         for n, (k, series) in enumerate(points):
             if not len(series):
                 continue
-            times = series[:, 0]
-            # The steps of the first and last points, rounded as _cells rounds them (half to even).
-            first, last = round((float(times[0]) - start) * per_step), round((float(times[-1]) - start) * per_step)
-            if last - first == len(series) - 1 and (len(series) < 2 or (times[1:] > times[:-1]).all()):
-                a, b = max(first, 0), min(last + 1, layout.n_times)
+            if isinstance(series, Steps):
+                first = self._step_of(series.first)
+                a, b = max(first, 0), min(first + len(series), layout.n_times)
                 if a < b:
-                    placed.append((layout.cells(k, a, b), series[a - first:b - first, 1] if codes is None else codes[n]))
+                    placed.append((layout.cells(k, a, b), series.values[a - first:b - first] if codes is None else codes[n]))
             else:
                 placed.append(self._cells(layout, [(k, series)], None if codes is None else [codes[n]]))
         return placed
 
-    def _cells(self, layout: _Layout, points: Sequence[tuple[int, np.ndarray]],
+    def _step_of(self, time: float) -> int:
+        """The grid step of a time, rounded as _cells rounds (half to even)."""
+        return round((time - self.start) * (1.0 / self.step))
+
+    def _cells(self, layout: _Layout, points: Sequence[tuple[int, Points]],
                codes: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
         """The cells of the series' points that fall within the window, and their values (the
-        series' own, or its code per point): for all the series at once, not one by one."""
+        series' own, or its code per point)."""
         keys, series = _unzip(points)
-        index = np.concatenate([s[:, 0] for s in series])
-        index -= self.start
-        index *= 1.0 / self.step
-        index = np.rint(index, out=index).astype(np.int64)
+        index = np.concatenate([self._step_of(s.first) + np.arange(len(s)) if isinstance(s, Steps) else
+                                np.rint((s[:, 0] - self.start) * (1.0 / self.step)).astype(np.int64)
+                                for s in series] or [np.empty(0, np.int64)])
         inside = (index >= 0) & (index < layout.n_times)
         lengths = [len(s) for s in series]
         cells = layout.cell(index, np.repeat(np.asarray(keys, np.int64), lengths))
-        values = (np.concatenate([s[:, 1] for s in series]) if codes is None else
-                  np.repeat(np.asarray(codes, np.int32), lengths))
+        values = (np.concatenate([s.values if isinstance(s, Steps) else s[:, 1] for s in series] or [np.empty(0)])
+                  if codes is None else np.repeat(np.asarray(codes, np.int32), lengths))
         return (cells, values) if inside.all() else (cells[inside], values[inside])
 
 
@@ -295,7 +333,7 @@ class _Layout:
         return grid.reshape(self.n_keys, self.n_times).T.ravel()
 
 
-def _unzip(points: Sequence[tuple[int, np.ndarray]]) -> tuple[list[int], list[np.ndarray]]:
+def _unzip(points: Sequence[tuple[int, Points]]) -> tuple[list[int], list[Points]]:
     return [k for k, _ in points], [values for _, values in points]
 
 
