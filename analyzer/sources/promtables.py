@@ -159,15 +159,14 @@ def consecutive(answer: list[np.ndarray], step: float) -> list[np.ndarray | Step
     lengths = np.fromiter(map(len, answer), np.int64, len(answer))
     if not lengths.any():
         return list(answer)
-    pairs = np.concatenate(answer)
-    times = pairs[:, 0]
-    values = pairs[:, 1].copy()     # one buffer for the answer's Steps, the pairs let go
+    times = np.concatenate([points[:, 0] for points in answer])
+    values = np.concatenate([points[:, 1] for points in answer])    # one buffer for the answer's Steps
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    # Pairs of neighbouring points whose time does not rise, counted up to each point.
-    falls = np.concatenate([[0], np.cumsum(times[1:] <= times[:-1])])
     last = np.maximum(ends - 1, 0)
-    rising = falls[last] == falls[starts]
+    # Where a point's time does not rise from the one before: a series has none between its ends.
+    falls = np.flatnonzero(times[1:] <= times[:-1])
+    rising = np.searchsorted(falls, starts) == np.searchsorted(falls, last)
     spans = np.rint((times[last] - times[np.minimum(starts, len(times) - 1)]) / step)
     steps = (lengths > 0) & rising & (spans == lengths - 1)
     return [Steps(float(times[a]), values[a:b]) if whole else points
