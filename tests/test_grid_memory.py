@@ -57,6 +57,24 @@ def test_holding_a_reduced_table_copies_its_rows_few_times(reduced):
     assert peak_bytes(lambda: hold_table(table, ("UUID",), frames.step_s, frames.window.end)) < 6 * rows
 
 
+def test_holding_a_table_read_at_its_interval_holds_a_block_of_series_at_a_time(monkeypatch):
+    """Read at the scrape's step (no sample counts), a table takes the general path: its
+    row-long temporaries are made a block of whole series at a time."""
+    import pandas as pd
+    from burnrate.analyzer.grid import holding
+    from tests.test_holding import GPU_KEYS, T0, gpu_rows
+    series, points = 400, 500
+    table = pd.concat([gpu_rows(T0 + 15.0 * np.arange(points), uuid=f"GPU-{n}") for n in range(series)],
+                      ignore_index=True).sort_values("t", kind="stable", ignore_index=True)
+    for name in GPU_KEYS:
+        table[name] = table[name].astype("category")
+    monkeypatch.setattr(holding, "BLOCK_ROWS", 20_000)
+    held = []
+    # 8.0 rows of float64 at once in blocks of a tenth of the table; 14.5 in one.
+    assert peak_bytes(lambda: held.append(hold_table(table, GPU_KEYS, 15.0, T0 + 15.0 * points))) < 9 * len(table) * 8
+    assert held[0]["held_s"].to_numpy().sum(dtype=np.float64) == series * points * 15.0
+
+
 def test_the_held_seconds_of_a_reduced_table_number_its_cells_in_int32():
     # A week-long series on the grid: its run edges are few, so the cell numbers are the peak.
     series, points, step = 64, 4000, 60.0

@@ -181,3 +181,29 @@ def test_a_node_sampled_faster_than_the_fleet_reads_the_same_in_every_window(tmp
     for name, hours_and_dollars in fleet_jobs.items():
         assert everything[name] == pytest.approx(hours_and_dollars, rel=1e-9), name
     assert findings == fleet_findings and fleet_findings
+
+
+def mixed_series(n_series: int, rng) -> pd.DataFrame:
+    """Device rows by time of series sampled at 15, 60 and 1 s, some with gaps and lone samples."""
+    parts = []
+    for n in range(n_series):
+        interval = (15.0, 60.0, 1.0)[n % 3]
+        times = T0 + interval * np.sort(rng.choice(400, rng.integers(1, 120), replace=False))
+        parts.append(gpu_rows(times, uuid=f"GPU-{n}", util=float(n)))
+    frame = pd.concat(parts, ignore_index=True).sort_values("t", kind="stable", ignore_index=True)
+    for name in GPU_KEYS:
+        frame[name] = frame[name].astype("category")
+    return frame
+
+
+def test_held_a_block_of_series_at_a_time_is_held_as_the_whole(monkeypatch):
+    """The general path holds blocks of whole series at a time (their rows look only at their
+    series' neighbours): any block size gives the same rows, times and seconds."""
+    from burnrate.analyzer.grid import holding
+    frame = mixed_series(40, np.random.default_rng(3))
+    whole = hold_table(frame, GPU_KEYS, 15.0, T0 + 400 * 60.0)
+    assert len(whole) > len(frame)       # the 60 s series are repeated into the 15 s steps
+    for rows in (1, 7, 100):
+        monkeypatch.setattr(holding, "BLOCK_ROWS", rows)
+        assert len(holding._blocks(np.sort(frame["UUID"].cat.codes.to_numpy()))) > (1 if rows == 100 else 39)
+        pd.testing.assert_frame_equal(hold_table(frame, GPU_KEYS, 15.0, T0 + 400 * 60.0), whole)

@@ -120,24 +120,12 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
                if "sample_count" in frame
                else np.ones(len(t)))
     interval = series_intervals(t, c, samples, staleness_s)
-    interval = np.where(np.isfinite(interval), interval, step)[c]
-    nxt = np.append(np.where(c[1:] == c[:-1], t[1:] - t[:-1], np.inf), np.inf)
-    # A lone sample whose series' next one comes steps later stands for the time until then,
-    # whatever the series' usual interval: 15 s history before 1 s live samples on a 3 s grid.
-    lone = (samples <= 1) & (nxt > step * 1.01) & (nxt <= np.maximum(staleness_s, BRIDGED_INTERVALS * interval))
-    coarse = (interval < COARSE * step) & ~lone
-    linked = np.where(coarse, nxt <= step * 1.01, nxt <= np.maximum(staleness_s, BRIDGED_INTERVALS * interval))
-    linked_before = np.insert(linked[:-1], 0, False) & np.insert(c[1:] == c[:-1], 0, False)
-    edge = np.where(coarse, np.minimum(samples * interval, step), interval)
-    held = np.where(coarse, np.where(linked & linked_before, step, edge), np.where(linked, nxt, edge))
-    # A fine sample holds forward from its time, at most one interval past the window's
-    # end (n samples stand for n intervals, whatever the step); a coarse row stands for
-    # the step before it.
-    held = np.where(coarse, held, np.clip(np.minimum(held, limit + interval - t), 0.0, None))
-    # Fine regime: a sample repeated into each grid point it stands for.
-    copies = np.where(coarse, 1, np.maximum(np.ceil(held / step - 1e-9), 1)).astype(np.int64)
-    # No copy past the window's last point: the last copy in it carries the rest.
-    copies = np.clip(copies, 1, np.maximum(np.floor((limit - t) / step + 1e-9) + 1, 1).astype(np.int64))
+    interval = np.where(np.isfinite(interval), interval, step)
+    held, copies = np.empty(len(t)), np.empty(len(t), np.int64)
+    # A block of whole series at a time: each row looks only at its series' neighbours, and a
+    # dozen row-long temporaries of a day of a thousand ranks were the read's peak.
+    for a, b in _blocks(c):
+        held[a:b], copies[a:b] = _held(t[a:b], c[a:b], samples[a:b], interval[c[a:b]], step, limit, staleness_s)
     source = frame.drop(columns="sample_count", errors="ignore")
     if (copies == 1).all():
         held_rows = np.empty(len(t), np.float32)     # seconds: float32 holds them to the millisecond
@@ -157,6 +145,43 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
         out[REPEATED] = (offset > 0)[resort]
     return out
 
+
+
+# Rows held at once by hold_table's general path (whole series each, so a block may be longer).
+BLOCK_ROWS = 1 << 20
+
+
+def _blocks(codes: np.ndarray) -> list[tuple[int, int]]:
+    """Row ranges of about BLOCK_ROWS, each of whole series (rows sorted by series)."""
+    starts = np.flatnonzero(codes[1:] != codes[:-1]) + 1
+    cuts = np.unique(starts[np.searchsorted(starts, np.arange(BLOCK_ROWS, len(codes), BLOCK_ROWS))
+                            .clip(max=max(len(starts) - 1, 0))]) if len(starts) else np.empty(0, np.int64)
+    bounds = [0, *cuts.tolist(), len(codes)]
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def _held(t: np.ndarray, c: np.ndarray, samples: np.ndarray, interval: np.ndarray, step: float, limit: float,
+          staleness_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """The seconds each row (sorted by series, then time) stands for, and the grid points it
+    is repeated into, from its series' `interval` (one per row)."""
+    nxt = np.append(np.where(c[1:] == c[:-1], t[1:] - t[:-1], np.inf), np.inf)
+    # A lone sample whose series' next one comes steps later stands for the time until then,
+    # whatever the series' usual interval: 15 s history before 1 s live samples on a 3 s grid.
+    lone = (samples <= 1) & (nxt > step * 1.01) & (nxt <= np.maximum(staleness_s, BRIDGED_INTERVALS * interval))
+    coarse = (interval < COARSE * step) & ~lone
+    linked = np.where(coarse, nxt <= step * 1.01, nxt <= np.maximum(staleness_s, BRIDGED_INTERVALS * interval))
+    linked_before = np.insert(linked[:-1], 0, False) & np.insert(c[1:] == c[:-1], 0, False)
+    edge = np.where(coarse, np.minimum(samples * interval, step), interval)
+    held = np.where(coarse, np.where(linked & linked_before, step, edge), np.where(linked, nxt, edge))
+    # A fine sample holds forward from its time, at most one interval past the window's
+    # end (n samples stand for n intervals, whatever the step); a coarse row stands for
+    # the step before it.
+    held = np.where(coarse, held, np.clip(np.minimum(held, limit + interval - t), 0.0, None))
+    # Fine regime: a sample repeated into each grid point it stands for.
+    copies = np.where(coarse, 1, np.maximum(np.ceil(held / step - 1e-9), 1)).astype(np.int64)
+    # No copy past the window's last point: the last copy in it carries the rest.
+    copies = np.clip(copies, 1, np.maximum(np.floor((limit - t) / step + 1e-9) + 1, 1).astype(np.int64))
+    return held, copies
 
 
 def _on_grid(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, step: float) -> np.ndarray | None:
