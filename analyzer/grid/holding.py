@@ -146,7 +146,6 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
     return out
 
 
-
 # Rows held at once by hold_table's general path (whole series each, so a block may be longer).
 BLOCK_ROWS = 1 << 20
 

@@ -230,20 +230,29 @@ class _Points:
                 codes: Sequence[int] | None = None) -> list[tuple[slice | np.ndarray, np.ndarray | int]]:
         """The series' points within the window as (cells, values), in the order they came:
         their own values, or one code per series (`codes`). On a grid, Steps are a slice of it,
-        so that most cells are never computed one by one."""
+        so that most cells are never computed one by one; the other series between two Steps
+        are placed together."""
         if not layout.dense:
             return [self._cells(layout, points, codes)] if points else []
-        placed = []
+        placed: list = []
+        pairs: list[int] = []       # positions in `points` of series of (time, value) pairs not yet placed
+
+        def place_pairs() -> None:
+            if pairs:
+                placed.append(self._cells(layout, [points[n] for n in pairs],
+                                          None if codes is None else [codes[n] for n in pairs]))
+                pairs.clear()
+
         for n, (k, series) in enumerate(points):
-            if not len(series):
+            if not isinstance(series, Steps):
+                pairs.append(n)
                 continue
-            if isinstance(series, Steps):
-                first = self._step_of(series.first)
-                a, b = max(first, 0), min(first + len(series), layout.n_times)
-                if a < b:
-                    placed.append((layout.cells(k, a, b), series.values[a - first:b - first] if codes is None else codes[n]))
-            else:
-                placed.append(self._cells(layout, [(k, series)], None if codes is None else [codes[n]]))
+            place_pairs()
+            first = self._step_of(series.first)
+            a, b = max(first, 0), min(first + len(series), layout.n_times)
+            if a < b:
+                placed.append((layout.cells(k, a, b), series.values[a - first:b - first] if codes is None else codes[n]))
+        place_pairs()
         return placed
 
     def _step_of(self, time: float) -> int:
