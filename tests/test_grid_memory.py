@@ -6,6 +6,8 @@ allocations to tracemalloc, so the peak of each step is measured here on a small
 in units of its own rows or cells; the bounds sit between the step's in-place code and
 the copies it made before.
 """
+import subprocess
+import sys
 import tracemalloc
 
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 
 from burnrate.analyzer.costing import accounting
 from burnrate.analyzer.costing.pricing import load_catalog
-from burnrate.analyzer.grid import frames as frames_module, resample
+from burnrate.analyzer.grid import frames as frames_module, freed, resample
 from burnrate.analyzer.grid.holding import _on_grid, hold_table
 from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS, Views
 from burnrate.analyzer.output.report import analyze, render_json
@@ -161,3 +163,63 @@ def test_an_analysis_handed_the_frames_holds_its_grids_instead_of_the_frames_too
         assert len(getattr(handed, t)) == len(getattr(whole, t))
     assert values > 0.7 * sum(getattr(whole, t).memory_usage(index=False).sum() for t in tables)
     assert held < kept - 0.9 * values
+
+
+def test_a_table_put_together_from_its_answers_lets_each_column_go_once_in_the_frame():
+    """A day of a thousand ranks read per GPU: 18 columns whose answers, held until the table
+    was made, were as large as the table itself (bench/RESULTS.md)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from burnrate.analyzer.grid.frames import Window
+    from burnrate.analyzer.sources.promtables import Assembly, consecutive
+    from burnrate.exporter.recording import TABLES
+
+    step, n_times, ranks = 15.0, 2000, 64
+    keys, columns = TABLES["rank"][0], list(TABLES["rank"][1])
+    times = 1_000_000.0 + step * np.arange(n_times)
+    rng = np.random.default_rng(2)
+
+    def answers() -> dict[str, list[dict]]:
+        out = {}
+        for column in columns:
+            pairs = [np.column_stack([times, rng.normal(size=n_times)]) for _ in range(ranks)]
+            out[column] = [{"metric": {k: f"{k}-{r}" for k in keys}, "values": points}
+                           for r, points in enumerate(consecutive(pairs, step))]
+        return out
+
+    window = Window(times[0], times[-1])
+    with ThreadPoolExecutor(1) as builder:
+        assembly = Assembly(window, step, times[0], None, None, None, builder)
+        made = []
+        # tracemalloc sees a free only of what it saw allocated: the answers are made inside.
+        peak = peak_bytes(lambda: made.append(assembly._plain("rank", answers())))
+    frame = made[0]
+    assert len(frame) == ranks * n_times
+    answered = len(columns) * ranks * n_times * 8
+    table = frame.memory_usage(index=False).sum()
+    # The answers, then the table made as they go: 0.44 of a table above them (the layout's
+    # indices, a column and its copy), where holding every answer until the table was made took
+    # the two together (1.3 tables above them).
+    assert peak < answered + 0.6 * table, (peak, answered, table)
+
+
+@pytest.mark.skipif(freed._TRIM is None, reason="the C library has no malloc_trim (not glibc)")
+def test_memory_let_go_goes_back_to_the_system():
+    """Arrays of a few megabytes freed between others that stay: glibc keeps their pages in
+    the process until `give_back`. In a process of its own, so that nothing else allocates."""
+    script = """
+import numpy as np
+from burnrate.analyzer.grid import freed
+
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+large = np.ones(30 << 20, np.uint8)
+del large                          # an array freed above the threshold raises it: glibc's own tuning
+arrays = [np.ones(4 << 20, np.uint8) for _ in range(60)]
+del arrays[::2]                    # 120 MB freed between arrays that stay
+before = rss()
+freed.give_back()
+print(before - rss())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert int(out.stdout) > 100 << 20

@@ -34,7 +34,7 @@ import pandas as pd
 from burnrate.exporter import catalog as C
 from burnrate.exporter import labels as L
 
-from ..grid.frames import OWNER_COLUMNS, Frames, Window, empty_owners
+from ..grid.frames import FLOAT32, OWNER_COLUMNS, Frames, Window, empty_owners
 from ..grid.holding import hold
 from ..grid.resample import MAX_POINTS, reduction, step_for
 from .timeparse import parse_duration
@@ -286,7 +286,8 @@ class PrometheusSource:
         if q.scale != 1.0:
             for series in answer:
                 series["values"][:, 1] *= q.scale
-        for series, points in zip(answer, consecutive([series["values"] for series in answer], step)):
+        narrow = np.float32 if q.column in FLOAT32.get(q.table, ()) else np.float64
+        for series, points in zip(answer, consecutive([series["values"] for series in answer], step, narrow)):
             series["values"] = points
         self._answer_counted(total, progress)
         return answer

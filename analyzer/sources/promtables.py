@@ -22,6 +22,7 @@ from burnrate.exporter import catalog as C
 from burnrate.exporter import labels as L
 
 from ..grid.frames import Frames, Window, frame_dtypes
+from ..grid.freed import give_back, let_go
 from ..grid.series import distinct_text, labelled, text
 from .allocation import best_allocation, empty_alloc
 from .common import column_order, is_simulated, missing_signals
@@ -71,6 +72,7 @@ class Assembly:
             if table not in self.built:
                 self.add(table, ())
         built = {table: future.result() for table, future in self.built.items()}
+        give_back()     # what decoding the answers left: the holding's temporaries come next
         if self.n_times == 0 or not self.answered:
             return empty_frames(self.window, self.step)
         gpu, dcgm_nodes, n_hosts = built.pop("gpu")
@@ -84,11 +86,14 @@ class Assembly:
         the one builder thread)."""
         return _owner_names(self.owners.result())
 
-    def _points(self, table: str, results: Mapping[str, list[dict]]) -> _Points:
+    def _points(self, table: str, results: dict[str, list[dict]]) -> _Points:
+        """The answers as points, taken out of `results` (left empty): the points alone hold
+        them, and let each column's go once it is in the frame (_Points.frame)."""
         points = _Points(KEYS[table], self.first, self.step)
-        for column, answer in results.items():
+        while results:
+            column = next(iter(results))     # in the order asked: the series are numbered as they come
             row_labels = L.POD_LABELS if table == "gpu" and column not in _UNHELD else ()
-            for series in answer:
+            for series in results.pop(column):
                 points.add(column, series, row_labels)
         return points
 
@@ -98,14 +103,14 @@ class Assembly:
             return None
         return [c for c in TABLES[table][1] if self.columns is None or c in self.columns[table]]
 
-    def _plain(self, table: str, results: Mapping[str, list[dict]]) -> pd.DataFrame:
+    def _plain(self, table: str, results: dict[str, list[dict]]) -> pd.DataFrame:
         chosen = self._chosen(table)
         if chosen is None:
             return empty_table(table)
         frame = self._points(table, results).frame(frame_dtypes(table, chosen), self.n_times)
         return frame[column_order(table, chosen)]
 
-    def _gpu(self, table: str, results: Mapping[str, list[dict]]) -> tuple[pd.DataFrame, list[str], int]:
+    def _gpu(self, table: str, results: dict[str, list[dict]]) -> tuple[pd.DataFrame, list[str], int]:
         chosen = self._chosen(table)
         if chosen is None:
             gpu = empty_table(table)
@@ -119,7 +124,7 @@ class Assembly:
             gpu["xid_total"] = np.where(_agent_rows(gpu) & np.isnan(xid), 0.0, xid).astype(xid.dtype)
         return gpu, dcgm_only(gpu), len(distinct_text(gpu[L.HOSTNAME]))
 
-    def _alloc(self, table: str, results: Mapping[str, list[dict]]) -> pd.DataFrame:
+    def _alloc(self, table: str, results: dict[str, list[dict]]) -> pd.DataFrame:
         if self._chosen(table) is None:
             return empty_alloc()
         counted = ["sample_count"] if results.get("sample_count") else []
@@ -129,12 +134,13 @@ class Assembly:
         alloc = _label_jobs(alloc, self.owned)
         return alloc[column_order(table) + ["signal"] + [c for c in counted if c in alloc]]
 
-    def _node(self, table: str, results: Mapping[str, list[dict]]) -> pd.DataFrame:
+    def _node(self, table: str, results: dict[str, list[dict]]) -> pd.DataFrame:
         chosen = self._chosen(table)
         if chosen is None:
             return empty_table(table)
+        cpu = results.get("cpu_utilization", [])
         info = self._points(table, results).frame({"_info": "<f8"}, self.n_times)
-        node = _node_cpu(info.drop(columns="_info"), results.get("cpu_utilization", []), self.first, self.step)
+        node = _node_cpu(info.drop(columns="_info"), cpu, self.first, self.step)
         return node[column_order(table, chosen)]
 
 
@@ -151,16 +157,17 @@ class Steps:
         return len(self.values)
 
 
-def consecutive(answer: list[np.ndarray], step: float) -> list[np.ndarray | Steps]:
+def consecutive(answer: list[np.ndarray], step: float, dtype=np.float64) -> list[np.ndarray | Steps]:
     """A range query's series' (time, value) points, each as Steps where they are one a step
     with none left out, as a store answers a series that did not stop within the query (its
     times are the query's steps), else as they are. For the whole answer at once: a read has
-    tens of thousands of series, and a few numpy calls on each would cost seconds."""
+    tens of thousands of series, and a few numpy calls on each would cost seconds. The Steps'
+    values are `dtype`: float32 for a column its frame holds so (frames.FLOAT32)."""
     lengths = np.fromiter(map(len, answer), np.int64, len(answer))
     if not lengths.any():
         return list(answer)
     times = np.concatenate([points[:, 0] for points in answer])
-    values = np.concatenate([points[:, 1] for points in answer])    # one buffer for the answer's Steps
+    values = np.concatenate([points[:, 1] for points in answer], dtype=dtype)    # one buffer for the answer's Steps
     ends = np.cumsum(lengths)
     starts = ends - lengths
     last = np.maximum(ends - 1, 0)
@@ -211,20 +218,28 @@ class _Points:
             categories = pd.Categorical([key[position] for key in key_table])
             frame[name] = pd.Categorical.from_codes(categories.codes[layout.keys], categories.categories)
         if row_label_names:
-            row_sets: dict[tuple[str, ...], int] = {}
-            points, codes = [], []
-            for k, values, labels in self.row_labels:
-                points.append((k, values))
-                codes.append(row_sets.setdefault(labels, len(row_sets)))
-            # Labels of a point in no chosen column name no row; a row without any, the last entry.
-            at = layout.column(self._placed(layout, points, codes), np.int32, len(row_sets))
-            row_table = list(row_sets) + [("",) * len(row_label_names)]
+            at, row_table = self._row_labels(layout, len(row_label_names))
             for position, name in enumerate(row_label_names):
                 categories = pd.Categorical([labels[position] for labels in row_table])
                 frame[name] = pd.Categorical.from_codes(categories.codes[at], categories.categories)
         for column, dtype in columns.items():
-            frame[column] = layout.column(located[column], dtype)
+            frame[column] = layout.column(located.pop(column), dtype)
+            # The column's answer goes as its values are in the frame: a table of a day of a
+            # thousand ranks is not held twice over, once as answers and once as columns.
+            let_go(sum(s.values.nbytes if isinstance(s, Steps) else s.nbytes for _, s in self.points.pop(column, ())))
         return frame
+
+    def _row_labels(self, layout: _Layout, n_names: int) -> tuple[np.ndarray, list[tuple[str, ...]]]:
+        """Each row's entry in the table of label sets, which ends with one of empty labels."""
+        row_sets: dict[tuple[str, ...], int] = {}
+        points, codes = [], []
+        for k, values, labels in self.row_labels:
+            points.append((k, values))
+            codes.append(row_sets.setdefault(labels, len(row_sets)))
+        self.row_labels = []
+        # Labels of a point in no chosen column name no row; a row without any, the last entry.
+        return (layout.column(self._placed(layout, points, codes), np.int32, len(row_sets)),
+                list(row_sets) + [("",) * n_names])
 
     def _placed(self, layout: _Layout, points: Sequence[tuple[int, Points]],
                 codes: Sequence[int] | None = None) -> list[tuple[slice | np.ndarray, np.ndarray | int]]:
