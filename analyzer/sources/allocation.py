@@ -46,17 +46,25 @@ def best_allocation(alloc: pd.DataFrame, gpu: pd.DataFrame, first: float, step: 
     # would be taken and merged only to be dropped (half the rows of a day of 1,024 GPUs).
     gpus = [pd.Categorical(table[L.UUID]) for table, _, _ in signals]
     uuids = pd.Index(np.concatenate([g.categories.to_numpy(object) for g in gpus])).unique()
-    uuid = np.concatenate([uuids.get_indexer(g.categories)[g.codes[rows]]
+    # Row-long arrays of both tables' rows (twice a table's length): made in place, one at a time.
+    point = np.concatenate([table["t"].to_numpy()[rows] for table, rows, _ in signals])
+    point -= first
+    point /= step
+    point = np.rint(point, out=point).astype(np.int64)
+    low, span = int(point.min()), int(point.max()) + 1
+    cell = np.concatenate([uuids.get_indexer(g.categories)[g.codes[rows]]
                            for g, (_, rows, _) in zip(gpus, signals)]).astype(np.int64)
-    point = np.rint((np.concatenate([table["t"].to_numpy()[rows] for table, rows, _ in signals]) - first)
-                    / step).astype(np.int64)
-    cell = uuid * (int(point.max()) + 1) + (point - int(point.min()))
+    cell *= span
+    cell += point
+    cell -= low
+    del point
     rank = np.repeat(np.asarray([SIGNALS.index(signal) for _, _, signal in signals], np.int8),
                      [len(rows) for _, rows, _ in signals])
     best = np.full(int(cell.max()) + 1, len(SIGNALS), np.int8)
     for level in range(len(SIGNALS) - 1, -1, -1):     # best last, so it overwrites
         best[cell[rank == level]] = level
     kept = rank == best[cell]
+    del best, rank
     cell = cell[kept]
     bounds = np.cumsum([0] + [len(rows) for _, rows, _ in signals])
     candidates = [_candidate(table, rows[kept[a:b]], signal)
@@ -69,6 +77,7 @@ def best_allocation(alloc: pd.DataFrame, gpu: pd.DataFrame, first: float, step: 
     if any("sample_count" in c for c in candidates):
         merged["sample_count"] = np.concatenate([c["sample_count"].to_numpy(np.float32) if "sample_count" in c
                                                  else np.full(len(c), np.nan, np.float32) for c in candidates])
+    del candidates
     equal = merged["share"].isna().to_numpy()
     if equal.any():
         # Each holder of a GPU gets an equal share where the signal has no ratio.

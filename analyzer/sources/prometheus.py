@@ -35,12 +35,13 @@ from burnrate.exporter import catalog as C
 from burnrate.exporter import labels as L
 
 from ..grid.frames import FLOAT32, OWNER_COLUMNS, Frames, Window, empty_owners
+from ..grid.freed import let_go
 from ..grid.holding import hold
 from ..grid.resample import MAX_POINTS, reduction, step_for
 from .timeparse import parse_duration
 from .common import DEFAULT_STEP_S, Progress, within
 from .promhttp import Limits, PrometheusError, PrometheusHTTP, Tally
-from .promtables import TABLE_ORDER, Assembly, consecutive, empty_frames
+from .promtables import TABLE_ORDER, Assembly, Steps, consecutive, empty_frames
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
@@ -287,8 +288,13 @@ class PrometheusSource:
             for series in answer:
                 series["values"][:, 1] *= q.scale
         narrow = np.float32 if q.column in FLOAT32.get(q.table, ()) else np.float64
-        for series, points in zip(answer, consecutive([series["values"] for series in answer], step, narrow)):
+        pairs = [series["values"] for series in answer]
+        for series, points in zip(answer, consecutive(pairs, step, narrow)):
             series["values"] = points
+        # The decoded pairs of the series kept as Steps go: a read decodes ten times what it keeps.
+        freed = sum(p.nbytes for p, series in zip(pairs, answer) if isinstance(series["values"], Steps))
+        del pairs
+        let_go(freed)
         self._answer_counted(total, progress)
         return answer
 
