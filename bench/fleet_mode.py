@@ -81,7 +81,8 @@ def measure(url: str, start: float, end: float, fleet: bool | str, interval: flo
     elif fleet:
         report = analyze_fleet(source, window, load_catalog(), interval_s=interval)
     else:
-        report = analyze(source.frames(window, ANALYSIS_COLUMNS), load_catalog())
+        # As `burnrate analyze --per-gpu` runs it: the grids take the frames' columns (release_frames).
+        report = analyze(source.frames(window, ANALYSIS_COLUMNS), load_catalog(), release_frames=True)
     render_json(report)
     accounting = report.accounting
     basis = next((n for n in report.notes if n.startswith("fleet mode:")), "")

@@ -17,7 +17,7 @@ import ctypes.util
 import threading
 
 # Let go of at least this much before a call: a small table's columns never pay for one.
-AT_LEAST = 64 << 20
+AT_LEAST = 128 << 20
 
 
 def _trim():
