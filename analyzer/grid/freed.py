@@ -5,10 +5,11 @@ read in 8 MB chunks). glibc's malloc serves arrays below its mmap threshold, whi
 32 MB as larger arrays are freed, from its heaps, and a heap keeps what is freed in it for the
 process: the process's memory stays as large as if the answers were still held, and a
 column's answer let go once it is in its table (analyzer.sources.promtables) lowers nothing.
-`malloc_trim` gives those pages back. On a day of 1,024 GPUs read per GPU it took the read's
-peak from 2.44 to 1.99 GB (bench/RESULTS.md); each call costs milliseconds, so it is made
-once enough has been let go. Where the C library has no `malloc_trim` (musl, macOS) nothing
-is done.
+`malloc_trim` gives those pages back. On a day of 1,024 GPUs read per GPU, the read's answers
+let go as they are used and given back brought the analysis' peak from 2.3-2.4 to 1.64 GiB
+(bench/RESULTS.md). A call walks the whole heap (20 to 28 ms there), so it is made once enough
+has been let go: 19 calls in that read. Where the C library has no `malloc_trim` (musl,
+macOS) nothing is done.
 """
 from __future__ import annotations
 
@@ -36,9 +37,11 @@ _pending = 0
 def give_back() -> None:
     """Give back whatever has been freed: once a read is done with its answers."""
     global _pending
-    if _TRIM is not None:
+    if _TRIM is None:
+        return
+    with _lock:
         _pending = 0
-        _TRIM(0)
+    _TRIM(0)
 
 
 def let_go(nbytes: int) -> None:
