@@ -206,52 +206,21 @@ def prometheus_first_paint(args: argparse.Namespace) -> int:
     """Per page, cold loads (a fresh app each): seconds to the first paint and to the page drawn
     from the range's analysis."""
     import fleet_mode
-    from fleets import END
-    from burnrate.analyzer.sources import PrometheusSource
-    from burnrate.analyzer.sources.timeparse import format_time
     import psutil
-    from burnrate.dashboard.app import create_app
-    from burnrate.dashboard.testing import chromium, serve, wait_drawn
-    from burnrate.dashboard.ui import job_href
-    from selenium.common.exceptions import TimeoutException
+    from fleets import END
+    from burnrate.analyzer.sources.timeparse import format_time
 
     data = fleet_mode.stored_fleet(args.cache, args.gpus, args.hours)
     proc, url = fleet_mode.prometheus(data.parent, data)
     search = f"?start={format_time(END - args.hours * 3600)}&end={format_time(END)}"
     times: dict[str, list[tuple[float, float, float]]] = {}
-    job = None
-    store = psutil.Process(proc.pid)
+    job, way = None, "-"
     try:
         for page in COLD_PAGES:
             for _ in range(args.repeat):
-                # A fresh app each time: nothing cached, the analysis not started before the visit.
-                app = create_app(PrometheusSource(url, min_step_s=15.0, timeout_s=600.0), ttl_s=3600, refresh_s=3600)
-                path = job_href(*job, search) if page.path == "{job}" else f"/{page.path}{search}"
-                # The store's CPU and the whole machine's over the load: a load slowed by something
-                # else on the machine shows as machine CPU beyond the store's and the app's.
-                store_cpu, machine, app_cpu = sum(store.cpu_times()[:2]), psutil.cpu_times(), time.process_time()
-                with serve(app) as base, tempfile.TemporaryDirectory() as profile, chromium(profile) as driver:
-                    driver.get(base + path)
-                    first = wait_drawn(driver, page.early, timeout_s=600, poll_s=0.05)
-                    try:
-                        full = wait_drawn(driver, page.full, timeout_s=args.full_timeout, poll_s=0.2)
-                    except TimeoutException:
-                        # What the page says instead: the analysis still running, or why it failed.
-                        said = driver.find_element("tag name", "main").text
-                        print(f"\n{page.name}: not drawn within {args.full_timeout:g} s; the page said: {said[:600]}")
-                        full = math.nan
-                    # The next load starts with nothing of this one's still running.
-                    complete = wait_drawn(driver, page.complete, timeout_s=args.full_timeout,
-                                          poll_s=0.2) if page.complete and not math.isnan(full) else full
-                    after = psutil.cpu_times()
-                    busy = sum(after[:3]) - sum(machine[:3])
-                    print(f"  {page.name}: first paint {first / 1000:.1f} s, analysis drawn {full / 1000:.1f} s, "
-                          f"complete {complete / 1000:.1f} s; "
-                          f"CPU s: store {sum(store.cpu_times()[:2]) - store_cpu:.1f}, app "
-                          f"{time.process_time() - app_cpu:.1f}, machine {busy:.1f}", file=sys.stderr, flush=True)
-                    if job is None:
-                        job = job_on_most_gpus(app, search)
-                times.setdefault(page.name, []).append((first / 1000, full / 1000, complete / 1000))
+                loaded = cold_load(url, page, search, job, psutil.Process(proc.pid), args.full_timeout)
+                times.setdefault(page.name, []).append(loaded.seconds)
+                job, way = job or loaded.job, way if way != "-" else loaded.way
     finally:
         fleet_mode.stop(proc)
     print(f"\nEvery page, cold, from Prometheus: {args.gpus} GPUs × {args.hours:g} h at 15 s, {args.repeat} loads "
@@ -266,8 +235,50 @@ def prometheus_first_paint(args: argparse.Namespace) -> int:
               f"{complete:.1f} | {'yes' if first <= FIRST_PAINT_SECONDS else 'NO'} |")
     print(f"\nfirst paint: the page drawn from the overview's read; the analysis drawn: its findings, ledger or "
           f"waste; complete: the Cost page's showback too, whose calendar days are analysed after the range "
-          f"(target for the first paint ≤ {FIRST_PAINT_SECONDS:g} s)")
+          f"(target for the first paint ≤ {FIRST_PAINT_SECONDS:g} s)\nthe analysis read the store: {way}")
     return 0 if worst <= FIRST_PAINT_SECONDS else 1
+
+
+@dataclass(frozen=True)
+class ColdLoad:
+    seconds: tuple[float, float, float]     # first paint, the analysis drawn, the page complete
+    job: tuple[str, str]                    # the job on the most GPUs, from the load's analysis
+    way: str                                # how the analysis read the store, as the header says
+
+
+def cold_load(url: str, page: ColdPage, search: str, job: tuple[str, str] | None, store, full_timeout: float) -> ColdLoad:
+    """One load of `page` from a fresh app with nothing cached, the analysis not started before it."""
+    import psutil
+    from burnrate.analyzer.sources import PrometheusSource
+    from burnrate.dashboard.app import create_app
+    from burnrate.dashboard.testing import chromium, serve, wait, wait_drawn
+    from burnrate.dashboard.ui import job_href
+    from selenium.common.exceptions import TimeoutException
+
+    app = create_app(PrometheusSource(url, min_step_s=15.0, timeout_s=600.0), ttl_s=3600, refresh_s=3600)
+    path = job_href(*job, search) if page.path == "{job}" else f"/{page.path}{search}"
+    # The store's CPU and the whole machine's over the load: a load slowed by something else on
+    # the machine shows as machine CPU beyond the store's and the app's.
+    store_cpu, machine, app_cpu = sum(store.cpu_times()[:2]), psutil.cpu_times(), time.process_time()
+    with serve(app) as base, tempfile.TemporaryDirectory() as profile, chromium(profile) as driver:
+        driver.get(base + path)
+        first = wait_drawn(driver, page.early, timeout_s=600, poll_s=0.05)
+        try:
+            full = wait_drawn(driver, page.full, timeout_s=full_timeout, poll_s=0.2)
+            way = wait(driver, 30, 0.2).until(lambda d: d.find_elements("id", "app-way"))[0].text
+        except TimeoutException:
+            # What the page says instead: the analysis still running, or why it failed.
+            said = driver.find_element("tag name", "main").text
+            print(f"\n{page.name}: not drawn within {full_timeout:g} s; the page said: {said[:600]}")
+            full, way = math.nan, "-"
+        # The next load starts with nothing of this one's still running.
+        complete = (wait_drawn(driver, page.complete, timeout_s=full_timeout, poll_s=0.2)
+                    if page.complete and not math.isnan(full) else full)
+        busy = sum(psutil.cpu_times()[:3]) - sum(machine[:3])
+        print(f"  {page.name}: first paint {first / 1000:.1f} s, analysis drawn {full / 1000:.1f} s, complete "
+              f"{complete / 1000:.1f} s; CPU s: store {sum(store.cpu_times()[:2]) - store_cpu:.1f}, app "
+              f"{time.process_time() - app_cpu:.1f}, machine {busy:.1f}", file=sys.stderr, flush=True)
+    return ColdLoad((first / 1000, full / 1000, complete / 1000), job or job_on_most_gpus(app, search), way)
 
 
 def job_on_most_gpus(app, search: str) -> tuple[str, str]:
