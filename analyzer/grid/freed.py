@@ -14,7 +14,6 @@ macOS) nothing is done.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import threading
 
 # Let go of at least this much before a call: a small table's columns never pay for one.
@@ -22,9 +21,9 @@ AT_LEAST = 128 << 20
 
 
 def _trim():
-    name = ctypes.util.find_library("c")
+    # The C library the process runs on, as it is already loaded: no search for it.
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
 
