@@ -246,7 +246,8 @@ class ColdLoad:
     way: str                                # how the analysis read the store, as the header says
 
 
-def cold_load(url: str, page: ColdPage, search: str, job: tuple[str, str] | None, store, full_timeout: float) -> ColdLoad:
+def cold_load(url: str, page: ColdPage, search: str, job: tuple[str, str] | None, store,
+              full_timeout: float) -> ColdLoad:
     """One load of `page` from a fresh app with nothing cached, the analysis not started before it."""
     import psutil
     from burnrate.analyzer.sources import PrometheusSource
