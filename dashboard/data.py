@@ -31,6 +31,7 @@ from burnrate.analyzer.fleet.choice import Choice, choose
 from burnrate.analyzer.fleet.mode import analyze_fleet
 from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS, Views
 from burnrate.analyzer.grid.frames import Frames, Window
+from burnrate.analyzer.grid.freed import give_back
 from burnrate.analyzer.costing.pricing import Catalog
 from burnrate.analyzer.sources.recording_tables import RecordingError
 from burnrate.analyzer.output.report import Report, analyze
@@ -408,6 +409,9 @@ class TtlCache:
                 with self._lock:
                     self._started.pop(key, None)
             self._store(key, value)
+            # What the computation freed goes back to the system: the dashboard lives for weeks and
+            # analyses each range anew every refresh (a day of 1,024 GPUs: 0.47 → 0.26 GiB after one).
+            give_back()
             return value
 
     def _refresh_in_background(self, key: object) -> None:

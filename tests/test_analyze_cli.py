@@ -21,6 +21,7 @@ import pytest
 
 from burnrate.analyzer import cli
 from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.grid import freed
 from burnrate.analyzer.output.report import analyze, render_json
 from burnrate.cli import main as burnrate
 from burnrate.exporter.errors import UserError
@@ -197,11 +198,18 @@ def scrape_once_analyzed(url: str, headers: dict[str, str] | None = None, contex
     return body
 
 
-def test_serve_exports_costs_and_findings(recording):
+def test_serve_exports_costs_and_findings(recording, monkeypatch):
+    trims = []
+    monkeypatch.setattr(freed, "_TRIM", trims.append)
     port = free_port()
     args = parse("--recording", recording, "--serve", "--listen", f"127.0.0.1:{port}", "--interval", "60")
     with serving(args):
         body = scrape_once_analyzed(f"http://127.0.0.1:{port}/metrics")
+        deadline = time.monotonic() + 10
+        while not trims and time.monotonic() < deadline:
+            time.sleep(0.05)
+    # Between evaluations the process gives back what the last one freed (analyzer/grid/freed.py).
+    assert trims == [0]
     assert 'burnrate_job_cost_dollars{capacity_type=' in body
     assert 'burnrate_job_waste_dollars{cause="straggler"' in body
     assert 'burnrate_finding{Hostname=' in body and 'kind="stalled"' in body

@@ -23,6 +23,7 @@ from dash import html, no_update
 from burnrate.analyzer.costing.ledger import Ledger, RunLedger
 from burnrate.analyzer.sources import PrometheusSource, RecordingSource
 from burnrate.exporter.ledger import BADPUT, NAMES
+from burnrate.analyzer.grid import freed
 from burnrate.analyzer.grid.views import RankSteps
 from burnrate.cli import main as burnrate
 from burnrate.dashboard import aggregate, figures
@@ -144,6 +145,16 @@ def test_the_cache_serves_a_stale_analysis_while_it_refreshes_in_the_background(
     while cache.get("k") != 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert cache.get("k") == 2
+
+
+def test_the_cache_gives_back_what_each_computation_freed(monkeypatch):
+    """A dashboard lives for weeks, analysing each range anew every refresh (analyzer/grid/freed.py)."""
+    trims = []
+    monkeypatch.setattr(freed, "_TRIM", trims.append)
+    cache = TtlCache(lambda key: key * 2, ttl_s=10, clock=lambda: 0.0)
+    assert cache.get(3) == 6 and trims == [0]
+    assert cache.get(3) == 6 and trims == [0]      # a fresh entry: nothing computed, nothing freed
+    assert cache.get(4) == 8 and trims == [0, 0]
 
 
 def test_the_cache_keeps_an_error_for_its_ttl_but_never_serves_it_stale():

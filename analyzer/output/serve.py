@@ -25,6 +25,7 @@ from burnrate.exporter.webconfig import WebConfig
 
 from ..costing import budgets as B
 from ..detectors.findings import iso
+from ..grid.freed import give_back
 from ..sources.summaries import RunKey, append_summary, read_summaries, run_key
 from .report import Report
 
@@ -226,6 +227,7 @@ def serve(analysis: Callable[[], Report], listen: str, interval_s: float,
     try:
         while not stop.is_set():
             evaluate(analysis, collector, keeper, budgets)
+            give_back()     # between evaluations the process holds its last report, not the busiest moment's memory
             stop.wait(interval_s)
     finally:
         server.stop()
