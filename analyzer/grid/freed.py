@@ -8,7 +8,8 @@ column's answer let go once it is in its table (analyzer.sources.promtables) low
 `malloc_trim` gives those pages back. On a day of 1,024 GPUs read per GPU, the read's answers
 let go as they are used and given back brought the analysis' peak from 2.3-2.4 to 1.64 GiB
 (bench/RESULTS.md). A call walks the whole heap (20 to 28 ms there), so it is made once enough
-has been let go: 19 calls in that read. Where the C library has no `malloc_trim` (musl,
+has been let go: 19 calls in that read. The dashboard and `analyze --serve`, which live for
+weeks, give back after each analysis too. Where the C library has no `malloc_trim` (musl,
 macOS) nothing is done.
 """
 from __future__ import annotations
@@ -34,7 +35,8 @@ _pending = 0
 
 
 def give_back() -> None:
-    """Give back whatever has been freed: once a read is done with its answers."""
+    """Give back whatever has been freed: once a read is done with its answers, or a long-lived
+    process with a computation."""
     global _pending
     if _TRIM is None:
         return
