@@ -9,6 +9,7 @@ the copies it made before.
 import subprocess
 import sys
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -17,11 +18,15 @@ import pytest
 from burnrate.analyzer.costing import accounting
 from burnrate.analyzer.costing.pricing import load_catalog
 from burnrate.analyzer.grid import frames as frames_module, freed, resample
+from burnrate.analyzer.grid.frames import Window
 from burnrate.analyzer.grid.holding import _on_grid, hold_table
 from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS, Views
 from burnrate.analyzer.output.report import analyze, render_json
 from burnrate.analyzer.sources import RecordingSource
+from burnrate.analyzer.sources.allocation import best_allocation
+from burnrate.analyzer.sources.promtables import Assembly, consecutive
 from burnrate.analyzer.sources.recording_tables import Span, load_table
+from burnrate.exporter.recording import TABLES
 from burnrate.simulator.simulate import Spec, simulate
 
 POINTS = 360     # 12 hours at 15 s read at 120 s steps: several samples a step, as a week is read
@@ -169,10 +174,6 @@ def test_an_analysis_handed_the_frames_holds_its_grids_instead_of_the_frames_too
 def test_a_table_put_together_from_its_answers_lets_each_column_go_once_in_the_frame():
     """A day of a thousand ranks read per GPU: 18 columns whose answers, held until the table
     was made, were as large as the table itself (bench/RESULTS.md)."""
-    from concurrent.futures import ThreadPoolExecutor
-    from burnrate.analyzer.grid.frames import Window
-    from burnrate.analyzer.sources.promtables import Assembly, consecutive
-    from burnrate.exporter.recording import TABLES
 
     step, n_times, ranks = 15.0, 2000, 64
     keys, columns = TABLES["rank"][0], list(TABLES["rank"][1])
@@ -229,8 +230,6 @@ print(before - rss())
 def test_choosing_the_allocation_signal_makes_its_row_long_arrays_in_place():
     """Agents on every GPU: a share ratio for each holder's row and pod labels on each device row,
     both tables' rows in one set of arrays (a day of 1,024 GPUs: 12 M rows)."""
-    from burnrate.analyzer.sources.allocation import best_allocation
-    from burnrate.exporter.recording import TABLES
 
     gpus, steps, step = 16, 20_000, 15.0
     t = np.tile(1_000_000.0 + step * np.arange(steps), gpus)

@@ -156,6 +156,10 @@ class Steps:
     def __len__(self) -> int:
         return len(self.values)
 
+    @property
+    def nbytes(self) -> int:
+        return self.values.nbytes
+
 
 def consecutive(answer: list[np.ndarray], step: float, dtype=np.float64) -> list[np.ndarray | Steps]:
     """A range query's series' (time, value) points, each as Steps where they are one a step
@@ -226,7 +230,7 @@ class _Points:
             frame[column] = layout.column(located.pop(column), dtype)
             # The column's answer goes as its values are in the frame: a table of a day of a
             # thousand ranks is not held twice over, once as answers and once as columns.
-            let_go(sum(s.values.nbytes if isinstance(s, Steps) else s.nbytes for _, s in self.points.pop(column, ())))
+            let_go(sum(s.nbytes for _, s in self.points.pop(column, ())))
         return frame
 
     def _row_labels(self, layout: _Layout, n_names: int) -> tuple[np.ndarray, list[tuple[str, ...]]]:
