@@ -4,10 +4,12 @@ import os
 import subprocess
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from burnrate.agent.recording import Recorder
-from burnrate.analyzer.sources.recording_tables import RecordingError, load_table
+from burnrate.analyzer.sources import recording_tables
+from burnrate.analyzer.sources.recording_tables import RecordingError, Span, load_table
 from tests.conftest import PYTHON, ROOT
 from tests.snapshots import fixed_snapshot
 
@@ -59,6 +61,27 @@ def test_crash_mid_write_keeps_every_complete_row(tmp_path):
     gpu = load_table(str(tmp_path), "gpu")
     assert len(gpu) == 10
     assert gpu["t"].max() == snap.time + 4
+
+
+def mapped_paths_under(root):
+    with open("/proc/self/maps", encoding="utf-8") as fh:
+        return [line.split()[-1] for line in fh if str(root) in line]
+
+
+@pytest.mark.parametrize("span", [None, Span(0.0, 4e9, first=0.0, step=60.0)], ids=["as sampled", "reduced"])
+def test_a_table_read_in_chunks_at_any_row_is_the_table_read_at_once(tmp_path, monkeypatch, span):
+    """Columns are mapped a chunk at a time (recording_tables._mapped_rows): chunks of 7 rows
+    start off every page boundary, a 60 s point holds 8 rows (2 GPUs × 4 samples) and is
+    never split between chunks, and each chunk's mapping goes with it."""
+    snap = fixed_snapshot()
+    record(tmp_path, [shifted(snap, i * 15.0) for i in range(40)])
+    whole = load_table(str(tmp_path), "gpu", span=span)
+    monkeypatch.setattr(recording_tables, "CHUNK_ROWS", 7)
+    chunked = load_table(str(tmp_path), "gpu", span=span)
+    points = len(np.unique(np.ceil((snap.time + np.arange(40) * 15.0) / 60.0)))
+    assert len(whole) == 2 * (40 if span is None else points)
+    pd.testing.assert_frame_equal(chunked, whole)
+    assert mapped_paths_under(tmp_path) == []
 
 
 def test_rows_whose_key_was_lost_are_dropped(tmp_path):
