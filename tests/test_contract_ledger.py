@@ -337,8 +337,29 @@ def restarted(**spec) -> JobSpec:
                       **spec})
 
 
+def behind() -> JobSpec:
+    """A drawn job: run 2, in the same pods 147 s after run 1's last step (within the store's
+    5-minute lookback), resumes from step 1395 and ends at 2033, before run 1's last step (2056),
+    so run 1's last number is held over into run 2's first samples."""
+    return JobSpec(nodes=(("gpu-node-a", 4), ("gpu-node-b", 4)), interval_s=15.0, runs=(
+        RunSpec(steps=2056, step_s=0.8690578135668628, startup_s=30.0,
+                compute=(0.7171, 0.7692, 0.7157, 0.7007, 0.7853, 0.7938, 0.7925, 0.7227),
+                data_wait=(0.0227, 0.0168, 0.0239, 0.0216, 0.0177, 0.0153, 0.0085, 0.0164), stall_after=None,
+                stall_s=0.0, hang_s=0.0, new_pods=False, gap_s=10.0, release_s=0.0, pending_s=100.0, pull_s=5.0),
+        RunSpec(steps=638, step_s=0.7514167292209603, startup_s=266.23839652925363,
+                compute=(0.3825, 0.4024, 0.4108, 0.4444, 0.405, 0.3846, 0.4259, 0.4484), data_wait=(0.0,) * 8,
+                stall_after=440, stall_s=600.0, hang_s=1573.1011131396472, new_pods=False,
+                gap_s=147.12824254901594, release_s=28.709948320662754, pending_s=273.4464547599699,
+                pull_s=160.7986395895734)),
+        checkpoint_every=1395, checkpoint_s=10.0, eval_every=1372, eval_s=293.6074357989098,
+        alloc_start=1748822400.0, pod_skew_s=(1.501931632578271, 8.510085909203782e-145),
+        schedule_s=483.25387108441504, keep_s=0.0, before_s=2325.403344301865, after_s=1482.7601225993808,
+        jitter_s=2.00001, phase_s=9.63927937460306, namespace="ml", name="llm-pretrain", telemetry=True,
+        report_resumed_from=True, bystander=False, step_jitter=0.1, stale_step_gauges=False, seed=0)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "forgotten", "single"])
+@pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "forgotten", "single", "behind"])
 def test_fixed_jobs_ledgers_match_their_truth(vm, variant):
     spec = restarted()
     if variant == "fresh_gauges":  # the agent drops a restarted trainer's step gauges until its first step
@@ -349,6 +370,8 @@ def test_fixed_jobs_ledgers_match_their_truth(vm, variant):
                                    replace(runs[2], release_s=2.0, hang_s=1500.0)))
     elif variant == "forgotten":  # a restart in the same pods after more than forget-after
         spec = replace(spec, runs=(spec.runs[0], replace(spec.runs[1], gap_s=900.0), spec.runs[2]))
+    elif variant == "behind":
+        spec = behind()
     elif variant == "single":    # one run on 4 GPUs of one node that finishes and frees them at once
         spec = replace(spec, runs=(_run(steps=4000, world=4),), keep_s=0.0, nodes=(("gpu-node-a", 4),),
                        pod_skew_s=(0.0,), interval_s=30.0)

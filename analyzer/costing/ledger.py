@@ -292,7 +292,9 @@ def _run_facts(v: Views, cells: np.ndarray, steps: np.ndarray, gauge: dict[str, 
     last = int(v.n - 1 - np.argmax(counted[::-1])) if counted.any() else first
     # The least: a sample moved here from the next run (its last steps) carries that run's.
     resumed = np.where(cells, gauge["resumed_from"], np.nan)
-    number = np.where(cells, gauge["global_step"], np.nan)
+    # The predecessor's last number, held over into this run's first samples, is not this run's
+    # (it is higher where the run resumed from an earlier step), unless no step time tells them apart.
+    number = np.where(own if own.any() else cells, gauge["global_step"], np.nan)
     return {"process_start": start, "first": first, "last": last, "first_step": None,
             "first_time": (_finite(np.nanmin, step_times[:, first]) or float(v.time(first))) if first is not None else None,
             "last_time": _finite(np.nanmax, step_times),
