@@ -106,10 +106,16 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
     rank = v.rank
     basis: dict[str, str] = {}
 
+    widened: dict[str, np.ndarray] = {}
+
     def counter(name: str) -> np.ndarray:
-        if name not in rank.values:
-            return np.zeros((len(rows), v.n))
-        return np.nan_to_num(rank.values[name][rows].astype(np.float64))
+        """The job's increases of a counter, float64, 0 where unknown; read-only, as categories
+        share their counters."""
+        if name not in widened:
+            widened[name] = (np.nan_to_num(rank.values[name][rows].astype(np.float64)) if name in rank.values
+                             else np.zeros((len(rows), v.n)))
+            widened[name].flags.writeable = False
+        return widened[name]
 
     steps, step_s = counter("steps"), counter("step_s")
     # Each counted category's rank-seconds, from the definitions the recording rules use too.

@@ -302,13 +302,14 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
     if not filled:
         return None
     values = [*columns, *(["sample_count"] if reducing else [])]
-    frame = pd.DataFrame({"t": out["t"][:filled], **{c: out[c][:filled] for c in values}}, copy=False)
-    # Labels via the small key table, not per row: one take per label column.
+    # Labels via the small key table, not per row: one take per label column. Handed to the
+    # frame as it is made, which keeps them (assigned afterwards, each would be copied).
     at = out["series"][:filled]
+    labels = {}
     for name in label_names:
-        values = pd.Categorical([keys[k].get(name, "") for k in order])
-        frame[name] = pd.Categorical.from_codes(values.codes[at], values.categories)
-    return frame
+        each = pd.Categorical([keys[k].get(name, "") for k in order])
+        labels[name] = pd.Categorical.from_codes(each.codes[at], each.categories)
+    return pd.DataFrame({"t": out["t"][:filled], **{c: out[c][:filled] for c in values}, **labels}, copy=False)
 
 
 def empty_table(table: str, columns: Iterable[str] | None = None) -> pd.DataFrame:
