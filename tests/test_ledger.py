@@ -101,40 +101,6 @@ def test_two_runs_split_exactly(fresh_pod):
     assert job["advice"]["basis"]["restart_seconds"] == job["advice"]["basis"]["mtbf_seconds"] == "measured: 1 restarts"
 
 
-def one_run(last_step: int, held_to: int) -> Fleet:
-    """480 bins of 15 s, 2 ranks on 2 GPUs: one run steps from bin 20 to `last_step` (10 steps
-    a bin) and its ranks report to the end; its GPUs are held to bin `held_to`."""
-    f = Fleet()
-    f.node("node-a")
-    b = np.arange(f.n)
-    stepping = (b >= 20) & (b <= last_step)
-    held = b <= held_to
-    per = {"steps": np.where(stepping, 10.0, 0.0), "step_s": np.where(stepping, 15.0, 0.0),
-           "wait_s": np.where(stepping, 1.0, 0.0), "compute_s": np.where(stepping, 12.0, 0.0),
-           "tokens": np.where(stepping, 1000.0, 0.0)}
-    number = np.clip(10 * (np.minimum(b, last_step) - 19), 0, None)
-    for r in range(GPUS):
-        f.gpu("node-a", r)
-        f.alloc("node-a", r, f"llm-{r}", "llm", mask=held)
-        _rank(f, r, f"llm-{r}", per, number, np.full(f.n, T0), np.zeros(f.n), held)
-    return f
-
-
-@pytest.mark.parametrize("held_to, tail", [(479, "stalled"), (470, "no_process")],
-                         ids=["still held when the window closes", "let go before it"])
-def test_a_runs_last_minutes_are_stalled_while_held_and_no_process_once_let_go(held_to, tail):
-    """Minutes without a step (8 bins let go, 17 held), ranks reporting, shorter than the `stalled` detector
-    calls a stall (10 minutes): GPUs let go then were a job ending (no_process); GPUs still held
-    when the window closes belong to a process that is alive (docs/ledger.md, Liveness), which
-    is stalled, never no_process, however short the wait (an evaluation reports when it ends)."""
-    job, _, _ = ledger_of(one_run(last_step=462, held_to=held_to))
-    hours = {k: v["gpu_hours"] for k, v in job["ledger"].items()}
-    other = {"stalled": "no_process", "no_process": "stalled"}[tail]
-    assert hours[tail] == pytest.approx((held_to - 462) * BIN_GPU_HOURS, abs=1e-3)
-    assert hours[other] == 0
-    assert sum(hours.values()) == pytest.approx(job["gpu_hours"], abs=1e-3)
-
-
 def test_a_restart_without_its_resume_point_leaves_lost_progress_unknown():
     job, _, report = ledger_of(two_runs(resumed=False))
     assert job["ledger"]["lost_progress"] is None

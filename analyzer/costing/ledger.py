@@ -207,11 +207,8 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         held_bins = np.flatnonzero(tail > 0)
         usual = _usual_step(step_s[run_of == last], steps[run_of == last])
         short = max(stalled.interval_factor * usual, stalled.floor_minutes * 60)
-        # (Two samples' slack: the last step and the release are each known to a sample.) GPUs still
-        # held when the window closes were not let go: a process still reporting then is alive.
-        released = len(held_bins) and held_bins[-1] < v.n - 1
-        if len(held_bins) and (not alive[held_bins[-2:]].any() or
-                               released and hi[held_bins[-1]] - cursor + 2 * v.step < short):
+        # (Two samples' slack: the last step and the release are each known to a sample.)
+        if len(held_bins) and (not alive[held_bins[-2:]].any() or hi[held_bins[-1]] - cursor + 2 * v.step < short):
             alive[:] = False
         waiting = _I["startup"] if runs[last]["first"] is None else _I["stalled"]
         for category, mask in ((waiting, alive), (_I["no_process"], ~alive)):
