@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
-from tests.conftest import require
+from tests.processes import promtool_backfill
 
 # dcgm-exporter 4.9.0 exports the default fields under their DCGM 4.7 names and in base units:
 # 4.8 name -> (4.9 name, factor from the 4.8 unit to the 4.9 unit).
@@ -605,12 +604,10 @@ def openmetrics(fleet: Fleet) -> str:
 
 def backfill_prometheus(fleet: Fleet, tmp_path: Path) -> str:
     """Write the fleet into TSDB blocks with promtool; returns the directory to start Prometheus on."""
-    promtool = require("promtool")
     source = Path(tmp_path) / "fleet.om"
     source.write_text(openmetrics(fleet))
     blocks = Path(tmp_path) / "blocks"
-    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(blocks)],
-                   check=True, capture_output=True, timeout=300)
+    promtool_backfill(source, blocks)
     return str(blocks)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import ssl
 import subprocess
 import threading
@@ -106,6 +107,14 @@ class Prometheus:
                 return result
             time.sleep(0.5)
         raise TimeoutError(f"no data for {promql} within {timeout}s")
+
+
+def promtool_backfill(openmetrics: str | os.PathLike, data: str | os.PathLike) -> None:
+    """promtool's backfill of an OpenMetrics file into the TSDB blocks of `data`. Blocks of up to
+    31 days, not promtool's 2 hours: the tests' stores span days, and in two-hour blocks three
+    days of 16 GPUs took 25.7 s to write against 2.2 s."""
+    subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=744h",
+                    str(openmetrics), str(data)], check=True, capture_output=True, timeout=300)
 
 
 @contextlib.contextmanager

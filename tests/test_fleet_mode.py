@@ -31,9 +31,8 @@ from burnrate.analyzer.sources import PrometheusSource
 from burnrate.analyzer.fleet.rollups import RollUpReader, RollUps
 from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS
 from burnrate.simulator.simulate import Spec, simulate
-from tests.conftest import require
 from tests.contract_fleet import BASE_TIME, Node, Workload, backfill_prometheus, generate, import_victoria
-from tests.processes import prometheus, victoria_metrics
+from tests.processes import prometheus, promtool_backfill, victoria_metrics
 from tests.recorded_counters import write_gpu_time
 from tests.rollup_stores import evaluate_in_prometheus, miss_evaluations, replay_in_victoria, rollup_rules
 
@@ -380,8 +379,7 @@ def simulated_store(tmp_path, nodes: int, end: float, ruler_from: float) -> tupl
         write_gpu_time(recording, fh, 15.0)
         fh.write("# EOF\n")
     data = str(tmp_path / "tsdb")
-    subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(text), data],
-                   check=True, capture_output=True, timeout=300)
+    promtool_backfill(text, data)
     rules = rollup_rules(tmp_path)
     evaluate_in_prometheus(tmp_path, data, rules, ruler_from, end)
     return data, rules

@@ -29,8 +29,8 @@ from burnrate.analyzer.sources import prometheus as prometheus_module
 from burnrate.analyzer.sources import promtables
 from burnrate.analyzer.sources.prometheus import _grouped, selector
 from burnrate.analyzer.sources.promtables import Steps, _Points, consecutive, job_from_pod
-from tests.conftest import free_port, require
-from tests.processes import http_server, prometheus
+from tests.conftest import free_port
+from tests.processes import http_server, prometheus, promtool_backfill
 
 pytestmark = pytest.mark.slow
 STEP = 15.0
@@ -41,8 +41,7 @@ def backfill(tmp, recording: str, window: Window | None = None) -> str:
     with open(om, "w", encoding="utf-8") as fh:
         write_openmetrics(recording, fh, window)
     data = tmp / "tsdb"
-    subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(om), str(data)],
-                   check=True, capture_output=True)
+    promtool_backfill(om, data)
     return str(data)
 
 
@@ -198,8 +197,7 @@ def dcgm_only_store(tmp_path, now: float) -> str:
                      f'instance="n1:9400",job="dcgm"}} 0 {t}')
     (tmp_path / "dcgm.om").write_text("\n".join(lines) + "\n# EOF\n")
     data = tmp_path / "tsdb"
-    subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "dcgm.om"),
-                    str(data)], check=True, capture_output=True)
+    promtool_backfill(tmp_path / "dcgm.om", data)
     return str(data)
 
 

@@ -28,8 +28,8 @@ from burnrate.dashboard.timerange import from_query
 from burnrate.dashboard.ui import current_service
 from burnrate.exporter.catalog import IDLE_UTIL_PCT
 from burnrate.simulator.simulate import Spec, simulate
-from tests.conftest import PYTHON, ROOT, require
-from tests.processes import prometheus
+from tests.conftest import PYTHON, ROOT
+from tests.processes import prometheus, promtool_backfill
 from tests.recorded_counters import write_gpu_time
 from tests.rollup_stores import evaluate_in_prometheus, rollup_rules
 from tests.test_alert_rules import RULES
@@ -119,8 +119,7 @@ def test_fleet_mode_says_its_roll_ups_count_idle_at_the_contracts_threshold(reco
         write_gpu_time(recording, fh, SPEC.step_s)
         fh.write("# EOF\n")
     data = str(tmp_path / "tsdb")
-    subprocess.run([require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(text), data],
-                   check=True, capture_output=True, timeout=300)
+    promtool_backfill(text, data)
     rules = rollup_rules(tmp_path)
     evaluate_in_prometheus(tmp_path, data, rules, END - 3600.0, END)
     path = tmp_path / "detectors.yaml"
