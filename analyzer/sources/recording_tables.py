@@ -107,11 +107,11 @@ def _mapped_rows(path: str, dtype: str, lo: int, count: int) -> np.ndarray:
     into fresh memory first, and on a week of a thousand GPUs that copy and the faults of
     the memory it went into were most of the read's time. The mapping lives as long as the
     array, a chunk's worth, so the process holds no more of the files than a read would."""
-    start = lo * np.dtype(dtype).itemsize
+    size = np.dtype(dtype).itemsize
+    start = lo * size
     aligned = start - start % mmap.ALLOCATIONGRANULARITY
     with open(path, "rb") as fh:
-        mapped = mmap.mmap(fh.fileno(), start - aligned + count * np.dtype(dtype).itemsize,
-                           access=mmap.ACCESS_READ, offset=aligned)
+        mapped = mmap.mmap(fh.fileno(), start - aligned + count * size, access=mmap.ACCESS_READ, offset=aligned)
     return np.frombuffer(mapped, dtype=dtype, count=count, offset=start - aligned)
 
 
@@ -153,7 +153,7 @@ def read_times(segment: str, rows: int) -> Times:
 
 
 def _mapped(path: str, rows: int) -> np.ndarray:
-    return np.memmap(path, dtype="<f8", mode="r", shape=(rows,)) if rows else np.empty(0)
+    return _mapped_rows(path, "<f8", 0, rows) if rows else np.empty(0)
 
 
 @lru_cache(maxsize=32)
