@@ -189,7 +189,9 @@ def test_the_browser_shows_fleet_modes_findings_and_a_jobs_ledger(store, tmp_pat
     reported = json.loads(capsys.readouterr().out)
     with serve(app) as base, chromium(str(tmp_path / "profile")) as driver:
         driver.get(base + "/" + search)
-        wait(driver, 90).until(lambda d: d.find_elements(By.ID, "fleet-findings"))
+        # The header says how the range was read once its own callback polls after the analysis:
+        # the findings table may be drawn a moment before it.
+        wait(driver, 90).until(lambda d: d.find_elements(By.ID, "fleet-findings") and d.find_elements(By.ID, "app-way"))
         assert driver.find_element(By.ID, "app-way").text.startswith("read the roll-ups (fleet mode)")
         assert stat_cards(driver)["findings"][0] == str(len(fleet.findings))
         screenshot(driver, "fleet-mode-fleet")
