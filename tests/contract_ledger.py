@@ -28,10 +28,11 @@ Choices the interface leaves open, made here and named so that a disagreement ca
   previous process's values where it still holds the rank (last value wins:
   JobSpec.stale_step_gauges, the default) or drops them when the new process first reports;
 - a run that finishes leaves its pods holding GPUs either not at all or for longer than
-  FORGET_AFTER_S plus two scrape intervals, and a final hang lasts 10 minutes or more: a
-  shorter tail after a clean exit is, in the exported series, indistinguishable from a hang
-  (the agent keeps exporting a silent rank for FORGET_AFTER_S), so the truth of such a case
-  would not be decidable from the interface;
+  FORGET_AFTER_S plus two scrape intervals, and a final hang lasts 10 minutes or more and ends
+  with its pods, deleted together: a shorter tail after a clean exit, or a pod held on after
+  the hang's end, is in the exported series indistinguishable from a hang (the agent keeps
+  exporting a silent rank for FORGET_AFTER_S), so the truth of such a case would not be
+  decidable from the interface;
 - a run that hangs before a restart is ended by its pods' deletion (an eviction), so that its
   end is seen as the end of their allocation; the hang counts as `restart`, which the
   definition makes everything between a run's last step and the next run's start.
@@ -89,7 +90,7 @@ class JobSpec:
     eval_every: int | None
     eval_s: float
     alloc_start: float                    # A0: the first pod's allocation
-    pod_skew_s: tuple[float, ...] = ()    # per pod, allocation (and release) later by this much
+    pod_skew_s: tuple[float, ...] = ()    # per pod, allocation (and release, but a hang's) later by this much
     schedule_s: float = 120.0             # last pod allocated -> first process starts
     keep_s: float = 0.0                   # last run finished: pods keep their GPUs this long after
     before_s: float = 600.0               # window start = A0 - before_s
@@ -284,9 +285,11 @@ def timeline(spec: JobSpec) -> tuple[list[Process], list[PodHold]]:
                 start = prev.end + run.gap_s
         processes.append(_lay_out(spec, run, k, start, resumed_from, rng, pods))
     last = processes[-1]
-    tail = 0.0 if spec.runs[-1].hang_s else spec.keep_s
+    # A last run that hangs ends with its pods, deleted together: a pod held past its process's
+    # end would, in the exported series, be a hang too (the agent keeps a silent rank).
     for i, (node, _) in enumerate(spec.nodes):
-        holds.append(PodHold(pods[i], node, gpus[i], ranks[i], alloc[i], last.end + tail + skew[i]))
+        release = last.end + (0.0 if spec.runs[-1].hang_s else spec.keep_s + skew[i])
+        holds.append(PodHold(pods[i], node, gpus[i], ranks[i], alloc[i], release))
     for h in holds:
         for p in processes:
             if h.pod in p.pods and not (h.start <= p.start and p.end <= h.end):

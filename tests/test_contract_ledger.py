@@ -141,6 +141,9 @@ def test_generated_truth_adds_up_and_series_behave(spec):
         assert prev.resumed_from <= nxt.resumed_from <= prev.last_step
         assert nxt.resumed_from % spec.checkpoint_every == 0 or nxt.resumed_from == prev.resumed_from
         assert prev.end <= nxt.start
+    # a last run's hang ends with its pods, so that no pod's GPUs outlive it unseen (a hang still)
+    if spec.runs[-1].hang_s:
+        assert all(h.end == case.processes[-1].end for h in case.holds if h.pod in case.processes[-1].pods)
     for s in case.series:
         assert (s.t[1:] > s.t[:-1]).all() and s.t[0] >= case.start and s.t[-1] < case.end, s.name
     # counters fall only where the agent forgot the rank: forget-after or more past a process's end
