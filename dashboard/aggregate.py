@@ -49,7 +49,7 @@ def bucket_sum(values: np.ndarray, k: int) -> np.ndarray:
 
 def bucket_times(views: Views, k: int) -> np.ndarray:
     """The start of each bucket, as UTC datetimes Plotly puts on a date axis."""
-    starts = views.start + np.arange(0, views.n, k) * views.step
+    starts = views.begins(np.arange(0, views.n, k))
     return pd.to_datetime(starts, unit="s").to_numpy()
 
 
@@ -462,7 +462,7 @@ def badput_timeline(report: Report, views: Views, max_buckets: int = MAX_BUCKETS
         for j in jobs:
             if cause not in j.ledger.timeline:
                 continue
-            seconds = j.ledger.binned(cause, views.start, views.step, views.n)
+            seconds = j.ledger.binned(cause, float(views.time(0) - views.lag), views.step, views.n)
             # GPU-seconds per bucket; at the job's own rate when every job has one
             scale = (j.ledger_dollars(1.0) if dollars else 1.0) / 3600
             total += bucket_sum(seconds, k)[0] * scale

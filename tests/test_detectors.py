@@ -79,7 +79,9 @@ class Fleet:
                   "Hostname": host, "xid": str(code)}
         self._add("xid", labels, {"count": counts}, counts > 0)
 
-    def frames(self) -> Frames:
+    def frames(self, rows_end_steps: bool = False) -> Frames:
+        """Each row a sample standing from its time on, or (`rows_end_steps`) what a store answers at
+        its time: the step before it (a counter's increase over it, the state at its end)."""
         tables = {}
         for name, (labels, columns) in TABLES.items():
             parts = self.rows[name]
@@ -91,7 +93,7 @@ class Fleet:
             for label in labels:
                 frame[label] = frame[label].astype("category")
             tables[name] = frame
-        return Frames(Window(T0, T0 + (self.n - 1) * STEP), STEP, **tables)
+        return Frames(Window(T0, T0 + (self.n - 1) * STEP), STEP, rows_end_steps=rows_end_steps, **tables)
 
 
 def healthy_job(f: Fleet, job: str = "llm", host: str = "node-a", ranks: int = 4,
@@ -136,6 +138,21 @@ def test_idle_gpu_fires_on_an_allocated_gpu_at_zero():
     assert kinds(found) == ["idle_gpu"]
     assert found[0].pod == "jupyter-0" and found[0].gpu == "0"
     assert found[0].wasted_gpu_hours == pytest.approx(N * STEP / 3600)
+
+
+def test_an_episode_spans_what_its_samples_stand_for_raw_or_as_a_stores_points():
+    f = Fleet()
+    f.node("nb")
+    util = np.full(N, 90.0)
+    util[100:300] = 0.0        # 50 minutes: the samples of bins 100 to 299
+    f.gpu("nb", 0, util=util)
+    f.alloc("nb", 0, "svc-0", "svc")
+    # A raw sample stands from its time to the next; a store's point for the step before it.
+    [raw] = idle_gpu.detect(f.frames())
+    assert (raw.start, raw.end) == (T0 + 100 * STEP, T0 + 300 * STEP)
+    [points] = idle_gpu.detect(f.frames(rows_end_steps=True))
+    assert (points.start, points.end) == (T0 + 99 * STEP, T0 + 299 * STEP)
+    assert points.wasted_gpu_hours == raw.wasted_gpu_hours == pytest.approx(200 * STEP / 3600)
 
 
 def test_idle_gpu_needs_sustained_idleness():

@@ -67,7 +67,8 @@ def _rank(f: Fleet, r: int, pod: str, per: dict, number, start, resumed, mask) -
 
 
 def ledger_of(f: Fleet, job: str = "llm") -> dict:
-    report = analyze(f.frames(), load_catalog())
+    # Each bin as a store answers it: the step that ends at its time.
+    report = analyze(f.frames(rows_end_steps=True), load_catalog())
     doc = to_document(report)
     return next(j for j in doc["jobs"] if j["training_job"] == job), doc, report
 
@@ -77,7 +78,7 @@ def test_two_runs_split_exactly(fresh_pod):
     job, doc, _ = ledger_of(two_runs(fresh_pod=fresh_pod))
     hours = {k: v["gpu_hours"] for k, v in job["ledger"].items()}
     kept = 150 + 181
-    # Samples stand for the interval before them: run 2's start at bin 210's time leaves that
+    # A bin stands for the step before it: run 2's start at bin 210's time leaves that
     # bin to the restart, and its first steps (bin 220) began at bin 219's time.
     expected = {"startup": 29, "restart": 11, "lost_progress": 30, "productive": kept * 12 / 15,
                 "data_wait": kept / 15, "sync_wait": kept * 2 / 15, "checkpoint": 0, "evaluation": 0,

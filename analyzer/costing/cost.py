@@ -240,8 +240,8 @@ def held_within_jobs(findings: list[Finding], v: Views, accounting: Accounting,
 
 def _span(v: Views, f: Finding) -> slice:
     """The time bins from the one holding a finding's start to the one holding its end."""
-    lo = min(max(int(np.floor((f.start - v.start) / v.step)), 0), v.n - 1)
-    return slice(lo, min(max(int(np.floor((f.end - v.start) / v.step)) + 1, lo + 1), v.n))
+    lo = min(max(v.bin_of(f.start), 0), v.n - 1)
+    return slice(lo, min(max(v.bin_of(f.end) + 1, lo + 1), v.n))
 
 
 def _job_bins(v: Views, accounting: Accounting, rows: np.ndarray, row_rates: np.ndarray

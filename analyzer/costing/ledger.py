@@ -73,15 +73,14 @@ class Ledger:
         return max(len(self.runs) - 1, 0)
 
     def binned(self, category: str, start: float, step: float, n: int) -> np.ndarray:
-        """The category's GPU-seconds in each of `n` bins of `step` seconds, bin k ending at
-        `start + k·step` (analyzer.grid.views' bins): on the grid the ledger was measured on,
-        its own bins; on a page's coarser grid (fleet mode draws the fleet at its display's
-        step), the sums of the bins that end within each."""
+        """The category's GPU-seconds in each of `n` bins of `step` seconds, bin k beginning at
+        `start + k·step` (Views.begins' bins): on the grid the ledger was measured on, its own
+        bins; on a coarser grid, the sums of the bins that begin within each."""
         part = self.timeline.get(category)
         if part is None or not len(part):
             return np.zeros(n)
-        ends = self.start + self.step * np.arange(1, len(part) + 1)
-        at = np.ceil((ends - start) / step - 1e-6).astype(np.int64)
+        begins = self.start + self.step * np.arange(len(part))
+        at = np.floor((begins - start) / step + 1e-6).astype(np.int64)
         inside = (at >= 0) & (at < n)
         return np.bincount(at[inside], weights=part[inside].astype(np.float64), minlength=n)
 
@@ -135,10 +134,12 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
              for name in ("global_step", "resumed_from", "last_step_time")}
     runs = [_run_facts(v, run_of == k, steps, gauge, start) for k, start in enumerate(starts)]
 
-    # Each bin's samples stand for the interval before them: (time - step, time]. A stretch of
-    # time takes the part of each bin's held seconds that it covers.
-    hi = v.time(np.arange(v.n))
-    lo = hi - v.step
+    # When each bin's samples were seen, and the time they stand for (a raw sample's from its
+    # time on, a step's point the step before it: Views.begins). A stretch of time takes the
+    # part of each bin's held seconds that it covers.
+    seen = v.time(np.arange(v.n))
+    lo = seen - v.lag
+    hi = lo + v.step
 
     def cover(t0: float, t1: float) -> np.ndarray:
         return np.clip((np.minimum(hi, t1) - np.maximum(lo, t0)) / v.step, 0.0, 1.0)
@@ -167,16 +168,16 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
                 cursor = start
             continue
         usual = _usual_step(step_s[cells], steps[cells])
-        last = max(run["last_time"] or hi[run["last"]], start)
+        last = max(run["last_time"] or seen[run["last"]], start)
         if k == len(runs) - 1 and held[-1] > 0 and (cells & present)[:, -1].any() and \
-                hi[-1] - last < max(stalled.interval_factor * usual, v.step):
-            last = hi[-1]       # still stepping when the window closes: its last step is under way
+                seen[-1] - last < max(stalled.interval_factor * usual, v.step):
+            last = seen[-1]     # still stepping when the window closes: its last step is under way
         # The first steps began as long before they reported as the time they report (or, in a
         # series' first sample, which has no increase to read, as their number of usual steps).
         reported = parts[:, cells[:, run["first"]], run["first"]].sum(axis=0)
         took = float(reported.max()) if len(reported) and reported.max() > 0 else usual * _steps_in(
             gauge, cells, run["first"], run["resumed_from"])
-        begin = min(max((run["first_time"] or hi[run["first"]]) - took, start), last)
+        begin = min(max((run["first_time"] or seen[run["first"]]) - took, start), last)
         # A rank's series begins with its first report, after its first steps: that alone does not
         # make a run that started inside the window one that was stepping before it.
         if k == 0 and (run["process_start"] is None or run["process_start"] < v.start) and \
@@ -208,7 +209,7 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         usual = _usual_step(step_s[run_of == last], steps[run_of == last])
         short = max(stalled.interval_factor * usual, stalled.floor_minutes * 60)
         # (Two samples' slack: the last step and the release are each known to a sample.)
-        if len(held_bins) and (not alive[held_bins[-2:]].any() or hi[held_bins[-1]] - cursor + 2 * v.step < short):
+        if len(held_bins) and (not alive[held_bins[-2:]].any() or seen[held_bins[-1]] - cursor + 2 * v.step < short):
             alive[:] = False
         waiting = _I["startup"] if runs[last]["first"] is None else _I["stalled"]
         for category, mask in ((waiting, alive), (_I["no_process"], ~alive)):
@@ -229,7 +230,7 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
                                            r["last_number"], h) for r, h in zip(runs, run_hours)],
                   {name: seconds[i, held_bins[0]:held_bins[-1] + 1].astype(np.float32)
                    for i, name in enumerate(NAMES) if seconds[i].any()}, gpus=float(held.max() / v.step),
-                  start=float(v.time(held_bins[0]) - v.step), end=float(v.time(held_bins[-1])),
+                  start=float(lo[held_bins[0]]), end=float(hi[held_bins[-1]]),
                   saves=saves, save_seconds=save_seconds, step=v.step)
 
 
@@ -240,7 +241,7 @@ def _saves(v: Views, rows: np.ndarray, checkpoint_s: np.ndarray, held_bins: np.n
     if times is None:
         return 0, None
     times = times[rows][:, held_bins[0]:held_bins[-1] + 1]
-    saves = len(np.unique(times[np.isfinite(times) & (times >= v.time(held_bins[0]) - v.step)]))
+    saves = len(np.unique(times[np.isfinite(times) & (times >= v.time(held_bins[0]) - v.lag)]))
     ranks = len(np.unique(v.rank.keys["rank"].to_numpy()[rows]))
     if not saves or checkpoint_s.sum() <= 0:
         return saves, None

@@ -72,7 +72,7 @@ def _from_telemetry(v: Views, config: Config) -> list[Finding]:
                 continue
             out.append(Finding(
                 kind=KIND, severity="critical" if ratio >= config.critical_share else "warning",
-                start=float(v.time(r.start)), end=float(v.time(r.end)), namespace=job[0], training_job=job[1],
+                start=float(v.begins(r.start)), end=float(v.begins(r.end)), namespace=job[0], training_job=job[1],
                 wasted_gpu_hours=float(wait[span].sum() / 3600),
                 evidence={"data_wait_share": ratio, "data_wait_seconds": float(wait[span].sum()),
                           "step_seconds": float(total), "ranks": int(len(rows)), "signal": "trainer telemetry"},
@@ -112,7 +112,7 @@ def _from_sawtooth(v: Views, config: Config) -> list[Finding]:
             ratio = fmean(low[:, span][held[:, span]]) or 0.0
             out.append(Finding(
                 kind=KIND, severity="critical" if ratio >= config.critical_share else "warning",
-                start=float(v.time(r.start)), end=float(v.time(r.end)), namespace=job[0], training_job=job[1],
+                start=float(v.begins(r.start)), end=float(v.begins(r.end)), namespace=job[0], training_job=job[1],
                 wasted_gpu_hours=float((share * waiting).sum() * v.step / 3600),
                 evidence={"low_util_share": ratio, "high_util_share": fmean(high[:, span][held[:, span]]),
                           "mean_util_pct": fmean(util[:, span][held[:, span]]),

@@ -123,7 +123,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
                 evidence["grad_norm_max"] = float(finite.max())
         out.append(Finding(
             kind=KIND, severity="critical" if "non_finite" in onsets else "warning",
-            start=float(v.time(start)), end=float(v.time(end)), namespace=job[0], training_job=job[1],
+            start=float(v.begins(start)), end=float(v.begins(end)), namespace=job[0], training_job=job[1],
             wasted_gpu_hours=gpu_hours, evidence=evidence,
             recommendation="Stop the run and resume from the last checkpoint before the divergence with a lower "
                            "learning rate (or longer warm-up) and gradient clipping; check the data around that step.",
@@ -136,7 +136,7 @@ def _job_median(values: np.ndarray, present: np.ndarray) -> np.ndarray:
 
 
 def _iso(v: Views, col: int) -> str:
-    return iso(float(v.time(col)))
+    return iso(float(v.begins(col)))
 
 
 def _last_finite(values: np.ndarray) -> float | None:

@@ -74,7 +74,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
                     "down_minutes": float(down_bins.sum() * v.step / 60)}
         out.append(Finding(
             kind=KIND, severity="critical" if serious else "warning",
-            start=float(v.time(r.start)), end=float(v.time(r.end)), hostname=k["Hostname"], gpu=k["gpu"],
+            start=float(v.begins(r.start)), end=float(v.begins(r.end)), hostname=k["Hostname"], gpu=k["gpu"],
             wasted_gpu_hours=float((share * down_bins).sum() * v.step / 3600), evidence=evidence,
             recommendation=("Drain the node and have the GPU reset or replaced; resume the job elsewhere from its "
                             "last checkpoint." if serious else

@@ -54,7 +54,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         hours = (r.end - r.start) * v.step / 3600
         out.append(Finding(
             kind=KIND, severity="critical" if hours >= config.critical_hours else "warning",
-            start=float(v.time(r.start)), end=float(v.time(r.end)),
+            start=float(v.begins(r.start)), end=float(v.begins(r.end)),
             namespace=k["namespace"], training_job=k["job"], hostname=k["Hostname"], gpu=k["gpu"],
             pod=k["pod"], wasted_gpu_hours=float(held.sum() * v.step / 3600),
             evidence={"idle_hours": hours, "mean_util_pct": fmean(util[r.row, span]),

@@ -46,7 +46,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         gpu_hours = float(working.sum() * v.step / 3600)
         out.append(Finding(
             kind=KIND, severity="critical" if value < config.critical_floor else "warning",
-            start=float(v.time(cols[0])), end=float(v.time(cols[-1] + 1)), namespace=job[0], training_job=job[1],
+            start=float(v.begins(cols[0])), end=float(v.begins(cols[-1] + 1)), namespace=job[0], training_job=job[1],
             wasted_gpu_hours=gpu_hours * (1 - value / config.floor),
             evidence={"mfu": value, "floor": config.floor, "ranks": int(len(rows)), "gpu_hours": gpu_hours},
             recommendation="Profile a few steps (torch.profiler) and raise arithmetic intensity: larger micro-batches, "

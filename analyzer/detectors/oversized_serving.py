@@ -108,7 +108,7 @@ def rightsize(v: Views, rows: np.ndarray, target_pct: float, idle_pct: float) ->
     busy_hours = [n for n in whole.values() if n > 0]
     fleet = float(held.max())
     return {
-        "start": float(v.time(present[0])), "end": float(v.time(present[-1] + 1)),
+        "start": float(v.begins(present[0])), "end": float(v.begins(present[-1] + 1)),
         "gpus_per_replica": per_replica, "fleet_gpus": fleet,
         "fleet_replicas": math.ceil(fleet / per_replica - _ROUNDING),
         "fleet_gpu_hours": float(sum(held_h.values())), "present_hours": float(sum(present_h.values())),

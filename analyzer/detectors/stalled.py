@@ -86,9 +86,9 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         stalled = (held > 0) & _confirmed(known, last) & (times - last > limit)
         for r in runs(stalled[None, :]):
             since = float(last[r.start])
-            begin = max(int(np.floor((since - v.start) / v.step)), 0)
+            begin = max(v.bin_of(since), 0)
             span = slice(begin, r.end)
-            evidence = {"last_step": iso(since), "stalled_minutes": (v.time(r.end) - since) / 60,
+            evidence = {"last_step": iso(since), "stalled_minutes": (v.begins(r.end) - since) / 60,
                         "usual_step_seconds": usual, "threshold_minutes": limit / 60,
                         "gpus_held": float(held[r.start:r.end].max())}
             if util is not None and held_rows is not None:
@@ -97,7 +97,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
                 if len(gpu_rows):
                     evidence["mean_util_pct"] = fmean(util[gpu_rows, r.start:r.end])
             out.append(Finding(
-                kind=KIND, severity="critical", start=since, end=float(v.time(r.end)),
+                kind=KIND, severity="critical", start=since, end=float(v.begins(r.end)),
                 namespace=job[0], training_job=job[1],
                 wasted_gpu_hours=float(held[span].sum() * v.step / 3600), evidence=evidence,
                 recommendation="Restart the job from its last checkpoint and set a collective timeout "

@@ -89,7 +89,7 @@ def _from_telemetry(v: Views, config: Config) -> list[Finding]:
             span = slice(r.start, r.end)
             excess = np.nan_to_num(comp[r.row, span] - ref[span] * steps[r.row, span])
             mean_ratio = float(np.nansum(comp[r.row, span]) / np.nansum(ref[span] * steps[r.row, span]))
-            start, end = float(v.time(r.start * k)), float(v.time(min(r.end * k, v.n)))
+            start, end = float(v.begins(r.start * k)), float(v.begins(min(r.end * k, v.n)))
             out.append(Finding(
                 kind=KIND, severity="critical" if mean_ratio >= config.critical_slowdown else "warning",
                 start=start, end=end, namespace=job[0], training_job=job[1], hostname=key["Hostname"],
@@ -141,7 +141,7 @@ def _from_gpus(v: Views, config: Config) -> list[Finding]:
             key = alloc.keys.iloc[rows[r.row]]
             span = slice(r.start, r.end)
             peers_wait = np.nan_to_num(np.clip(util[r.row, span] - med_util[span], 0, None) / 100)
-            start, end = float(v.time(r.start * k)), float(v.time(min(r.end * k, v.n)))
+            start, end = float(v.begins(r.start * k)), float(v.begins(min(r.end * k, v.n)))
             out.append(Finding(
                 kind=KIND, severity="warning", start=start, end=end, namespace=job[0], training_job=job[1],
                 hostname=key["Hostname"], gpu=key["gpu"], pod=key["pod"],

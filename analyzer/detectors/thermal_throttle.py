@@ -58,7 +58,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         codes = np.unique(bits[r.row, span][(bits[r.row, span] & throttle.THERMAL) != 0])
         out.append(Finding(
             kind=KIND, severity="critical" if mean_ratio < config.critical_ratio else "warning",
-            start=float(v.time(r.start)), end=float(v.time(r.end)), hostname=k["Hostname"], gpu=k["gpu"],
+            start=float(v.begins(r.start)), end=float(v.begins(r.end)), hostname=k["Hostname"], gpu=k["gpu"],
             wasted_gpu_hours=float(np.nansum(1 - ratio) * v.step / 3600),
             evidence={"sm_clock_mhz": fmean(clock[r.row, span]), "usual_peak_sm_clock_mhz": float(ref[r.row]),
                       "clock_ratio": mean_ratio, "throttle_reasons": [hex(int(c)) for c in codes],

@@ -44,7 +44,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
             evidence["mean_util_pct"] = fmean(util[r.row, r.start:r.end])
         out.append(Finding(
             kind=KIND, severity="critical" if hours >= config.critical_hours else "warning",
-            start=float(v.time(r.start)), end=float(v.time(r.end)), hostname=k["Hostname"], gpu=k["gpu"],
+            start=float(v.begins(r.start)), end=float(v.begins(r.end)), hostname=k["Hostname"], gpu=k["gpu"],
             wasted_gpu_hours=hours, evidence=evidence,
             recommendation="Scale the GPU node pool down or schedule queued work onto this node.",
         ))

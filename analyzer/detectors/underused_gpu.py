@@ -56,7 +56,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         keys = alloc.keys.iloc[rows]
         hosts = sorted(set(keys["Hostname"]))
         out.append(Finding(
-            kind=KIND, severity="warning", start=float(v.time(columns[0])), end=float(v.time(columns[-1] + 1)),
+            kind=KIND, severity="warning", start=float(v.begins(columns[0])), end=float(v.begins(columns[-1] + 1)),
             namespace=job[0], training_job=job[1], hostname=hosts[0] if len(hosts) == 1 else None,
             gpu=",".join(sorted(set(keys["gpu"]), key=int)) if len(hosts) == 1 else None,
             pod=keys["pod"].iloc[0] if keys["pod"].nunique() == 1 else None,

@@ -57,6 +57,9 @@ class Frames:
     # hold (fleet mode's parts: analyzer.fleet.partition); otherwise the thermal detector takes it
     # from the GPUs here.
     usual_peak_sm_clock_mhz: dict[str, float] = field(default_factory=dict)
+    # Each row is a step's point (a store's `*_over_time` answer, a recording reduced to steps):
+    # it stands for the step that ends at its time, where a raw sample stands from its time on.
+    rows_end_steps: bool = False
 
 
 def frame_dtypes(table: str, columns: Iterable[str]) -> dict[str, str]:

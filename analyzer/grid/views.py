@@ -304,6 +304,8 @@ class Views:
         self.release = release
         self.step = float(frames.step_s)
         self.start = float(frames.window.start)
+        # A step's point stands for the step before it (Frames.rows_end_steps).
+        self.lag = self.step if frames.rows_end_steps else 0.0
         # Samples fall into the nearest bin (build_grid), so a window not on the step's
         # multiples needs the bin its last samples round up to.
         self.n = max(int(np.rint((frames.window.end - frames.window.start) / self.step)) + 1, 1)
@@ -336,7 +338,18 @@ class Views:
         return data if isinstance(data, Views) else cls(data)
 
     def time(self, col: int | np.ndarray) -> float | np.ndarray:
+        """The bins' times: a raw sample's, or a step's point."""
         return self.start + np.asarray(col) * self.step
+
+    def begins(self, col: int | np.ndarray) -> float | np.ndarray:
+        """Where the time the bins stand for begins, never before the window: a finding's start,
+        and (the bin after its last) its end. From a step's point, the step before it: a state
+        that a point first shows changed after the point before it."""
+        return np.maximum(self.time(col) - self.lag, self.start)
+
+    def bin_of(self, t: float) -> int:
+        """The bin whose time holds `t` (begins' inverse, unbounded)."""
+        return int(np.floor((t - self.start + self.lag) / self.step))
 
     @cached_property
     def gpu(self) -> Grid:

@@ -76,7 +76,7 @@ class Assembly:
         if self.n_times == 0 or not self.answered:
             return empty_frames(self.window, self.step)
         gpu, dcgm_nodes, n_hosts = built.pop("gpu")
-        return Frames(window=self.window, step_s=self.step,
+        return Frames(window=self.window, step_s=self.step, rows_end_steps=True,
                       missing=missing_signals(gpu, built["rank"], built["node"], dcgm_nodes, n_hosts),
                       simulated=is_simulated(gpu), gpu=gpu, **built)
 
@@ -432,4 +432,5 @@ def _label_jobs(frame: pd.DataFrame, owned: dict[tuple[str, str], str]) -> pd.Da
 
 
 def empty_frames(window: Window, step: float) -> Frames:
-    return Frames(window=window, step_s=step, **{name: empty_table(name) for name in TABLES} | {"alloc": empty_alloc()})
+    return Frames(window=window, step_s=step, rows_end_steps=True,
+                  **{name: empty_table(name) for name in TABLES} | {"alloc": empty_alloc()})

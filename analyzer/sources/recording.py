@@ -81,7 +81,8 @@ class RecordingSource:
         window = within(window, data, sample_interval(self.root, window or data))
         native = sample_interval(self.root, window)
         step = step_for(window, native)
-        if step > native * 1.01:
+        reducing = step > native * 1.01
+        if reducing:
             first, points = grid_points(window, step)
             span = Span(window.start, first + (points - 1) * step, first, step)
         else:
@@ -106,7 +107,7 @@ class RecordingSource:
         simulated = os.path.exists(os.path.join(self.root, SIMULATED_MARKER)) or is_simulated(gpu)
         missing = missing_signals(gpu, rank, node) + tuple(damage(self.root, window.start, window.end))
         return hold(Frames(window=window, step_s=step, missing=missing,
-                           simulated=simulated, **tables))
+                           simulated=simulated, rows_end_steps=reducing, **tables))
 
 
 def _wanted(table: str, columns: Mapping[str, Sequence[str]] | None) -> list[str]:
