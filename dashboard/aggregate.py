@@ -128,7 +128,7 @@ def fleet(views: Views, prices: GpuPrices, idle_config: idle_gpu.Config = idle_g
         window_dollars=window_dollars,
         unpriced_gpus=int(np.isnan(prices.actual).sum()),
         reporting_now=int(reporting[:, seen[-1]].sum()) if len(seen) else 0,
-        silent=int(gone.sum()), silent_since=float(views.time(max(last_seen)) + views.step) if last_seen else None)
+        silent=int(gone.sum()), silent_since=float(views.begins(max(last_seen) + 1)) if last_seen else None)
 
 
 def job_table(report: Report, views: Views) -> pd.DataFrame:
