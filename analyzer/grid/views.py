@@ -348,7 +348,7 @@ class Views:
         return np.maximum(self.time(col) - self.lag, self.start)
 
     def bin_of(self, t: float) -> int:
-        """The bin whose time holds `t` (begins' inverse, unbounded)."""
+        """The bin whose stretch of time (from where `begins` puts it) holds `t`; unbounded."""
         return int(np.floor((t - self.start + self.lag) / self.step))
 
     @cached_property
