@@ -397,8 +397,23 @@ def evaluating() -> JobSpec:
         step_jitter=0.1, stale_step_gauges=False, seed=1000000)
 
 
+def saved_after() -> JobSpec:
+    """A drawn job scraped every 60 s: a 1,171 s stall ends with two steps, then a 102 s save that
+    reports a sample later. The save came after the stall, and takes none of its time."""
+    return JobSpec(nodes=(("gpu-node-a", 2),), interval_s=60.0, runs=(
+        RunSpec(steps=1260, step_s=1.863915276878814, startup_s=333.1345227697245, compute=(0.4286, 0.45),
+                data_wait=(0.1626, 0.0835), stall_after=1133, stall_s=1170.8612529240256, gap_s=460.54104828644944,
+                release_s=26.284064524271727, pending_s=419.3506481564266, pull_s=189.8983287281233),),
+        checkpoint_every=284, checkpoint_s=102.10670666293453, eval_every=482, eval_s=283.2272101257137,
+        alloc_start=1748822400.0, pod_skew_s=(13.100529884477268,), schedule_s=300.0, keep_s=0.0,
+        before_s=2598.2388388778195, after_s=0.5, jitter_s=10.246504169334958, phase_s=7.03655703310572,
+        namespace="ml", name="llm-pretrain", telemetry=True, report_resumed_from=True, bystander=True,
+        step_jitter=0.1, stale_step_gauges=True, seed=0)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "forgotten", "single", "behind", "evaluating"])
+@pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "forgotten", "single", "behind", "evaluating",
+                                     "saved_after"])
 def test_fixed_jobs_ledgers_match_their_truth(vm, variant):
     spec = restarted()
     if variant == "fresh_gauges":  # the agent drops a restarted trainer's step gauges until its first step
@@ -413,6 +428,8 @@ def test_fixed_jobs_ledgers_match_their_truth(vm, variant):
         spec = behind()
     elif variant == "evaluating":
         spec = evaluating()
+    elif variant == "saved_after":
+        spec = saved_after()
     elif variant == "single":    # one run on 4 GPUs of one node that finishes and frees them at once
         spec = replace(spec, runs=(_run(steps=4000, world=4),), keep_s=0.0, nodes=(("gpu-node-a", 4),),
                        pod_skew_s=(0.0,), interval_s=30.0)

@@ -356,8 +356,11 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
         if not usual or not (sampled[a:b] & ~moved[a:b]).any():
             continue        # samples missing, not samples saying nothing happened
         gap = (b - a) * step
-        # Ranks on other nodes may report the save or evaluation that ended the gap a sample later.
-        stalled_s = gap - apart[b:b + 2].sum() / max(ranks[b:b + 2].max(), 1) - usual
+        # A save or an evaluation that ended the gap reports with the gap's end (ranks on other
+        # nodes may report it a sample later); steps reported there without one ended the gap
+        # themselves, and a save reported after them came after them.
+        ended = apart[b:b + 2].sum() if apart[b] > 0 else 0.0
+        stalled_s = gap - ended / max(ranks[b:b + 2].max(), 1) - usual
         if gap <= stall_factor * usual or stalled_s <= step:
             continue        # a save or an evaluation, or steps this slow
         stall[a:b] = min(stalled_s / gap, 1.0)
