@@ -411,9 +411,27 @@ def saved_after() -> JobSpec:
         step_jitter=0.1, stale_step_gauges=True, seed=0)
 
 
+def stall_edges() -> JobSpec:
+    """A drawn job on two nodes scraped every 60 s with 9 s of jitter: a 600 s stall between
+    steps, with no save near it. The samples on either side of the stall each hold one node's
+    last (or first) step and the other node's silence: most of those samples is the stall."""
+    return JobSpec(nodes=(("gpu-node-a", 1), ("gpu-node-b", 1)), interval_s=60.0, runs=(
+        RunSpec(steps=356, step_s=2.320722410143498, startup_s=108.76577069775003, compute=(0.5418, 0.579),
+                data_wait=(0.0001, 0.0), gap_s=444.9281247954814, release_s=53.63280359862333,
+                pending_s=256.6916565655775, pull_s=62.36748376452601),
+        RunSpec(steps=1051, step_s=2.4082134394281964, startup_s=205.41422676300618, compute=(0.6309, 0.7263),
+                data_wait=(0.0193, 0.0241), stall_after=892, stall_s=600.0, gap_s=14.835715623542805,
+                release_s=9.210332702258716, pending_s=0.0, pull_s=5.0)),
+        checkpoint_every=520, checkpoint_s=84.09101073566733, eval_every=None, eval_s=163.9672964438023,
+        alloc_start=1750255200.0, pod_skew_s=(5.960464477539063e-08, 18.19792897330873), schedule_s=250.9094300216338,
+        keep_s=0.0, before_s=436.12059394731085, after_s=138.61923493122214, jitter_s=9.239223596700834,
+        phase_s=55.09269311885595, namespace="ml", name="llm-pretrain", telemetry=True, report_resumed_from=True,
+        bystander=False, step_jitter=0.1, stale_step_gauges=True, seed=102167)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "forgotten", "single", "behind", "evaluating",
-                                     "saved_after"])
+                                     "saved_after", "stall_edges"])
 def test_fixed_jobs_ledgers_match_their_truth(vm, variant):
     spec = restarted()
     if variant == "fresh_gauges":  # the agent drops a restarted trainer's step gauges until its first step
@@ -430,6 +448,8 @@ def test_fixed_jobs_ledgers_match_their_truth(vm, variant):
         spec = evaluating()
     elif variant == "saved_after":
         spec = saved_after()
+    elif variant == "stall_edges":
+        spec = stall_edges()
     elif variant == "single":    # one run on 4 GPUs of one node that finishes and frees them at once
         spec = replace(spec, runs=(_run(steps=4000, world=4),), keep_s=0.0, nodes=(("gpu-node-a", 4),),
                        pod_skew_s=(0.0,), interval_s=30.0)

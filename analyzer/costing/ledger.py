@@ -346,6 +346,8 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
     steps_time = split[_STEP_PARTS].sum(axis=0)
     apart = split[_I["checkpoint"]] + split[_I["evaluation"]]
     moved = steps_time + apart > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        unreported = np.where(ranks > 0, np.clip(1.0 - (steps_time + apart) / (ranks * step), 0.0, 1.0), 0.0)
     n = len(moved)
     stall = np.zeros(n)                 # the share of each bin that is a stall
     usual_mix = split[_STEP_PARTS].sum(axis=1)
@@ -364,6 +366,11 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
         if gap <= stall_factor * usual or stalled_s <= step:
             continue        # a save or an evaluation, or steps this slow
         stall[a:b] = min(stalled_s / gap, 1.0)
+        # The samples on either side hold the time each rank reported before it stopped and after
+        # it went on (a sample late, or early, on nodes scraped at other moments): the rest of
+        # them is the stall's too.
+        for edge in (a - 1, b):
+            stall[edge] = max(stall[edge], unreported[edge])
         # The step that ended the stall reported the stall as its own time: take it back out of
         # the phases it swelled (a hang in a collective is sync wait, one in the loader data wait).
         body = split[_STEP_PARTS, b]
