@@ -8,7 +8,7 @@ from burnrate.exporter.recording import TABLES
 from burnrate.analyzer.costing.accounting import account
 from burnrate.analyzer.grid.views import Views
 from burnrate.analyzer.grid.frames import Frames, Window
-from burnrate.analyzer.grid.holding import STALENESS_S, hold_table
+from burnrate.analyzer.grid.holding import STALENESS_S, hold_table, series_intervals
 from burnrate.analyzer.costing.pricing import load_catalog
 from burnrate.analyzer.sources.recording_tables import empty_table
 from burnrate.analyzer.output.report import analyze
@@ -54,6 +54,15 @@ def test_jittered_samples_hold_until_the_next_one():
     held = hold_table(gpu_rows(times), GPU_KEYS, 15.0, T0 + 1e6)
     # Every sample holds until the next; the last for the interval, a median of the gaps.
     assert held["held_s"].sum() == pytest.approx(times[-1] - times[0] + 57.0, abs=8.0)
+
+
+def test_a_series_that_went_from_15s_to_1s_samples_has_one_of_those_intervals():
+    """As many 15 s gaps as 1 s ones (history, then a live tail): the middle of them is no
+    interval the series ever had, and a recording read at 8 s steps would be read at neither."""
+    times = np.concatenate([T0 + 15.0 * np.arange(33), T0 + 480.0 + np.arange(1, 33)])
+    assert np.diff(times).tolist().count(15.0) == np.diff(times).tolist().count(1.0) == 32
+    interval = series_intervals(times, np.zeros(len(times), np.int64), np.ones(len(times)), STALENESS_S)
+    assert interval.tolist() == [1.0]
 
 
 def test_coarse_steps_count_only_the_samples_a_step_holds():

@@ -69,7 +69,9 @@ def series_intervals(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, stal
                      per_series: int = PAIRS) -> np.ndarray:
     """Each series' sampling interval (rows sorted by series, then time): the median
     of (time to the next row) / (samples in that row) over up to `per_series` pairs
-    spread along the series. Series with one row take the median of the others."""
+    spread along the series, the lower of the middle two where they are even: an interval
+    the series had (one that went from 15 s samples to 1 s ones as often is sampled every
+    second, not every 8). Series with one row take the median of the others."""
     n_series = int(codes.max()) + 1 if len(codes) else 0
     rows = np.bincount(codes, minlength=n_series)
     begin = np.cumsum(rows) - rows
@@ -85,7 +87,7 @@ def series_intervals(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, stal
     with np.errstate(all="ignore"):
         known = ~np.isnan(ratio).all(axis=1)
         out = np.full(n_series, np.nan)
-        out[known] = np.nanmedian(ratio[known], axis=1)
+        out[known] = np.nanquantile(ratio[known], 0.5, axis=1, method="lower")
     found = np.isfinite(out)
     out[~found] = float(np.median(out[found])) if found.any() else np.nan
     return out
