@@ -1,6 +1,7 @@
 """PrometheusSource against a real Prometheus: a simulated fleet back-filled with
 promtool gives the same frames as the recording it came from; errors are one line."""
 import contextlib
+from dataclasses import replace
 import http.server
 import json
 import math
@@ -20,6 +21,7 @@ from hypothesis import given, settings, strategies as st
 from burnrate.exporter.recording import TABLES
 from burnrate.analyzer.grid import resample
 from burnrate.analyzer.grid.frames import Window, frame_dtypes
+from burnrate.analyzer.grid.views import RANK_KEY, Views
 from burnrate.analyzer.sources.openmetrics import write_openmetrics
 from burnrate.simulator.simulate import Spec, simulate
 from burnrate.analyzer.sources import PrometheusError, PrometheusSource, RecordingSource
@@ -129,6 +131,30 @@ def test_a_coarser_step_keeps_counters_exact(fleet):
                            by=list(TABLES["rank"][0]), direction="backward")
     assert len(merged) == len(frames.rank) > 0
     np.testing.assert_array_equal(merged["steps_x"], merged["steps_y"])
+
+
+def test_a_window_opening_mid_run_reads_its_first_increase_as_a_longer_window_does(fleet):
+    """A counter's increase at a window's first point is read from the counts before it, as a
+    store's increase over the step before a point is: the same as a longer window's increase
+    at that time, from either source and at a coarser step; without them it would be unknown."""
+    url, recording, window = fleet
+    later = Window(window.start + 900 + 0.4, window.end)
+    for source in (PrometheusSource(url), RecordingSource(recording), PrometheusSource(url, min_step_s=60.0)):
+        frames = source.frames(later)
+        whole, part = Views(source.frames(window)), Views(frames)
+        assert part.step == whole.step
+        first = frames.rank["t"].min()       # the window's first point or sample, in either's bins
+        begin, col = (int(np.floor((first - v.start) / v.step + 0.5)) for v in (part, whole))
+        assert begin <= 1 and part.rank.present[:, begin].all() and not part.rank.present[:, :begin].any()
+        keys = [tuple(k) for k in whole.rank.keys[list(RANK_KEY)].to_numpy()]
+        rows = [keys.index(tuple(k)) for k in part.rank.keys[list(RANK_KEY)].to_numpy()]
+        assert len(rows) == 5     # the ranks stepping then
+        for counter in ("steps", "step_s", "data_wait_s", "compute_s"):
+            first = part.rank.values[counter][:, begin]
+            assert (first > 0).all(), counter
+            np.testing.assert_allclose(first, whole.rank.values[counter][rows, col], rtol=1e-6, err_msg=counter)
+        unknown = Views(replace(source.frames(later), rank_before=None)).rank.values["steps"][:, begin]
+        assert np.isnan(unknown).all()
 
 
 def test_label_values_cannot_change_the_query(fleet):

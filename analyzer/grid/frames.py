@@ -29,6 +29,8 @@ from burnrate.exporter.recording import TABLES
 # them as float32 (analyzer.grid.views' grids), and in float64 a week of a thousand ranks holds
 # 0.22 GB more. Never a time, nor a counter: those need float64's precision.
 FLOAT32 = {"rank": ("mfu", "loss", "grad_norm", "global_step", "resumed_from")}
+# The rank table's cumulative counters: each bin's increase is read from them.
+RANK_COUNTERS = ("steps", "step_s", "data_wait_s", "compute_s", "tokens", "checkpoint_s", "eval_s")
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,11 @@ class Frames:
     # Each row is a step's point (a store's `*_over_time` answer, a recording reduced to steps):
     # it stands for the step that ends at its time, where a raw sample stands from its time on.
     rows_end_steps: bool = False
+    # Each rank series' counters as last read before the window's first point (`t`: when, the
+    # rank table's labels, the counters it has): the first point's increase is then known, as
+    # a store's increase over the step before a point is, wherever the window opens. None
+    # where the source gives none; a series it lacks has no increase in its first point.
+    rank_before: pd.DataFrame | None = None
 
 
 def frame_dtypes(table: str, columns: Iterable[str]) -> dict[str, str]:

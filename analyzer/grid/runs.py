@@ -33,7 +33,8 @@ def label_runs(frames: Frames, staleness_s: float = STALENESS_S, in_place: bool 
     if not starts:
         return frames
     tables = {name: _relabel(getattr(frames, name), starts, in_place) for name in RENAMED}
-    return replace(frames, **tables)
+    before = frames.rank_before
+    return replace(frames, **tables, rank_before=None if before is None else _relabel(before, starts, False))
 
 
 def run_starts(rank: pd.DataFrame, staleness_s: float = STALENESS_S) -> dict[tuple[str, str], np.ndarray]:

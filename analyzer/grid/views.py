@@ -18,11 +18,11 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from .frames import Frames
-from .holding import REPEATED, hold
+from .frames import RANK_COUNTERS, Frames
+from .holding import REPEATED, STALENESS_S, hold
 from .runs import label_runs
 from . import workers
-from .series import category_codes, ramps, series_codes
+from .series import category_codes, ramps, series_codes, series_numbers
 from .workloads import WorkloadClass, classify
 
 # Time-sliced and MIG GPUs carry no single owner in the gpu table, so ownership
@@ -32,7 +32,6 @@ HOLDER = ("namespace", "pod", "training_job")
 # that runs one job after another keeps each job's steps and time apart.
 RANK_KEY = ("namespace", "training_job", "pod", "rank")
 RANK_LABELS = ("Hostname",)
-RANK_COUNTERS = ("steps", "step_s", "data_wait_s", "compute_s", "tokens", "checkpoint_s", "eval_s")
 RANK_TIMES = ("last_step_time", "last_checkpoint_time", "start_time")
 # Step numbers, which the ledger compares with the step a run resumed from: float32, exact up
 # to 2**24 steps, where float64 would add 180 MB to a week of a thousand ranks.
@@ -84,12 +83,26 @@ def last_rows(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame.take(last[last >= 0])
 
 
+def last_counts(rank: pd.DataFrame) -> pd.DataFrame:
+    """Each rank series' last row (rows sorted by time): its counts before a window
+    (Frames.rank_before)."""
+    if not len(rank):
+        return rank
+    numbers = series_numbers(rank, RANK_KEY)
+    last = np.empty(int(numbers.max()) + 1, np.int64)
+    last[numbers] = np.arange(len(numbers))
+    return rank.take(last).reset_index(drop=True)
+
+
 def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...],
                start: float, step: float, n: int, labels: tuple[str, ...] = (),
                counters: tuple[str, ...] = (), wide: tuple[str, ...] | None = None,
-               summed: tuple[str, ...] = (), release: bool = False) -> Grid:
+               summed: tuple[str, ...] = (), release: bool = False,
+               counted_before: pd.DataFrame | None = None) -> Grid:
     """`counters` become per-bin increases (counter_delta), spread over the bins their
-    sample stands for where the frame says which rows are held over (`spread`);
+    sample stands for where the frame says which rows are held over (`spread`); a series'
+    first sample's increase is read from its row in `counted_before` (its counters before the
+    window, Frames.rank_before) where that is no further back than the staleness bound;
     `summed` columns add up the rows that fall in one bin (time held,
     analyzer.grid.holding) where others keep the last, in float32 where that holds every
     sum exactly (readers widen them before they multiply); float64 columns stay float64 only
@@ -126,6 +139,7 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         sampled = np.zeros((s, n), bool)
         sampled.ravel()[cell[fresh if keep.all() else fresh[keep]]] = True
     owner = _owners(present, sampled) if counters and sampled is not None and not sampled[present].all() else None
+    before = _counted_before(counted_before, counters, keys, by, present, start, step) if counters else None
     values = {}
     cumulative = np.empty((s, n)) if counters else None     # one buffer for every counter
     # Sums first: their float64 bincount is briefly beside its float32 copy, before the other grids exist.
@@ -145,13 +159,46 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         if name in counters:
             cumulative.fill(np.nan)
             cumulative.ravel()[cell] = data
-            values[name] = counter_delta(cumulative) if owner is None else spread(counter_delta(cumulative), *owner)
+            delta = counter_delta(cumulative)
+            if before is not None and name in before[2]:
+                _first_increase(delta, cumulative, before[0], before[1], before[2][name])
+            values[name] = delta if owner is None else spread(delta, *owner)
             continue
         exact = data.dtype == np.float64 and (wide is None or name in wide)
         arr = np.full((s, n), np.nan, dtype=np.float64 if exact else np.float32)
         arr.ravel()[cell] = data
         values[name] = arr
     return Grid(keys, {name: values[name] for name in columns}, present, sampled)
+
+
+def _counted_before(counted: pd.DataFrame | None, counters: tuple[str, ...], keys: pd.DataFrame,
+                    by: tuple[str, ...], present: np.ndarray, start: float, step: float
+                    ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
+    """The grid rows with a count before the window, each one's first bin, and the counts
+    (by column): where the first sample is within the staleness bound of that count, as a
+    missed scrape is bridged and a series gone for longer is not (analyzer.grid.holding)."""
+    if counted is None or not len(counted) or not len(keys):
+        return None
+    index = pd.MultiIndex.from_frame(keys[list(by)])
+    at = index.get_indexer(pd.MultiIndex.from_frame(counted[list(by)].astype(str)))
+    found = np.flatnonzero(at >= 0)
+    rows = at[found]
+    seen = present[rows].any(axis=1)
+    first = np.argmax(present[rows], axis=1)
+    when = counted["t"].to_numpy()[found]
+    since = start + first * step - when
+    usable = seen & (since > 0) & (since <= STALENESS_S)
+    counts = {c: counted[c].to_numpy(np.float64)[found][usable] for c in counters if c in counted.columns}
+    return rows[usable], first[usable], counts
+
+
+def _first_increase(delta: np.ndarray, cumulative: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+                    before: np.ndarray) -> None:
+    """Each row's first bin's increase from its count before the window (a drop is a reset)."""
+    now = cumulative[rows, cols]
+    increase = np.where(now >= before, now - before, now)
+    known = np.isfinite(increase) & np.isnan(delta[rows, cols])
+    delta[rows[known], cols[known]] = increase[known]
 
 
 def _same(narrow: np.ndarray, wide: np.ndarray, at_once: int = 1 << 20) -> bool:
@@ -404,7 +451,8 @@ class Views:
         f = self.frames.rank
         cols = tuple(c for c in RANK_COUNTERS + RANK_GAUGES if c in f.columns)
         grid = build_grid(f, RANK_KEY, cols, self.start, self.step, self.n, labels=RANK_LABELS,
-                          counters=RANK_COUNTERS, wide=RANK_TIMES, release=self.release)
+                          counters=RANK_COUNTERS, wide=RANK_TIMES, release=self.release,
+                          counted_before=self.frames.rank_before)
         keys = grid.keys
         keys["job"] = job_name(keys["training_job"], keys["pod"])
         keys["rank_no"] = pd.to_numeric(keys["rank"], errors="coerce")

@@ -34,14 +34,14 @@ import pandas as pd
 from burnrate.exporter import catalog as C
 from burnrate.exporter import labels as L
 
-from ..grid.frames import FLOAT32, OWNER_COLUMNS, Frames, Window, empty_owners
+from ..grid.frames import FLOAT32, OWNER_COLUMNS, RANK_COUNTERS, Frames, Window, empty_owners
 from ..grid.freed import let_go
 from ..grid.holding import hold
 from ..grid.resample import MAX_POINTS, reduction, step_for
 from .timeparse import parse_duration
 from .common import DEFAULT_STEP_S, Progress, within
 from .promhttp import Limits, PrometheusError, PrometheusHTTP, Tally
-from .promtables import TABLE_ORDER, Assembly, Steps, consecutive, empty_frames
+from .promtables import TABLE_ORDER, Assembly, Steps, consecutive, counts_before, empty_frames
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
@@ -113,6 +113,7 @@ def _queries() -> list[_Query]:
 
 QUERIES = _queries()
 QUERIES += _renamed(QUERIES)
+COUNTED = [q for q in QUERIES if q.table == "rank" and q.column in RANK_COUNTERS]
 # Where a step holds several samples, how many each series had: how much of the step
 # it covered (analyzer.grid.holding). Asked only for the holders' time: a GPU's own rows
 # hold for its interval, inferred from them.
@@ -330,7 +331,7 @@ class PrometheusSource:
         after = {(c.table, c.metric): c for c in COUNTS if c.unless} if counted else {}
         asked = [(q, after.get((q.table, q.metric)) if q.unless else None) for q in QUERIES]
         asked += [(c, None) for c in COUNTS if counted and not c.unless]
-        jobs = []
+        jobs, before = [], []
         unread = [(job, set(on)) for job, on in (unread_jobs or {}).items()]
         for part, source in ([(window, self)] if reads is None else
                              [(part, self.on_hosts(hosts, [job for job, on in unread if not on.isdisjoint(hosts)]))
@@ -340,16 +341,18 @@ class PrometheusSource:
             chunks = [grid[k:k + self.chunk_points] for k in range(0, len(grid), self.chunk_points)]
             jobs += [(source, q, chunk, counts if counts is not None and _wanted(counts, columns) else None)
                      for chunk in chunks for q, counts in asked if _wanted(q, columns)]
+            # The point before the part's first: its first point's increase (Frames.rank_before).
+            before += [(source, q, grid[:1] - step) for q in COUNTED if len(grid) and _wanted(q, columns)]
         if not jobs:   # a drill-down with nothing to read: the store's prices still price the rest
             return hold(replace(empty_frames(window, step), gpu_hour_prices=self.opencost_prices(window)))
-        return self._read(jobs, window, step, first, columns, reads, progress)
+        return self._read(jobs, before, window, step, first, columns, reads, progress)
 
-    def _read(self, jobs: list, window: Window, step: float, first: float,
+    def _read(self, jobs: list, before: list, window: Window, step: float, first: float,
               columns: Mapping[str, Sequence[str]] | None, reads: Mapping[Window, Sequence[str]] | None,
               progress: Progress | None) -> Frames:
         """The jobs' answers table by table (the chunks of each in time order), each table put
         together while the next is read (analyzer.sources.promtables); the pods' owners, the
-        exporters' pods and OpenCost's prices asked beside them."""
+        exporters' pods, OpenCost's prices and the rank counters `before` the read asked beside them."""
         jobs = sorted(jobs, key=lambda job: TABLE_ORDER.index(job[1].table))
         self._answered = 0
         tally = self._http.tally()      # one count for all of the read's range answers
@@ -359,6 +362,9 @@ class PrometheusSource:
             owners = pool.submit(self.owners, window)
             exporters = pool.submit(exporting.exporter_pods, exporting_window)
             prices = pool.submit(self.opencost_prices, window)
+            apart = self._http.tally()     # a point a series: bounded by the read's own answers
+            counted = [(points[0], q.column, pool.submit(self._answer, source, q, points, step, 0, None, apart))
+                       for source, q, points in before]
             assembly = Assembly(window, step, first, columns, owners, exporters, builder)
             total = len(jobs) + sum(job[3] is not None for job in jobs)
             answered = pool.map(lambda job: self._answers(job, step, total, progress, tally), jobs)
@@ -370,7 +376,8 @@ class PrometheusSource:
                 answers += [(q.column, answer) for q, answer in pairs]
             assembly.add(table, answers)
             frames = assembly.frames()
-        return hold(replace(frames, owners=owners.result(), gpu_hour_prices=prices.result()))
+        return hold(replace(frames, owners=owners.result(), gpu_hour_prices=prices.result(),
+                            rank_before=counts_before([(at, c, answer.result()) for at, c, answer in counted], step)))
 
     def opencost_prices(self, window: Window) -> dict[str, float]:
         """OpenCost's price of one GPU-hour per node, averaged over the window, where

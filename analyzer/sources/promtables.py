@@ -187,6 +187,20 @@ def consecutive(answer: list[np.ndarray], step: float, dtype=np.float64) -> list
 Points = np.ndarray | Steps     # a series' points: (time, value) pairs, or Steps
 
 
+def counts_before(answers: Sequence[tuple[float, str, list[dict]]], step: float) -> pd.DataFrame | None:
+    """Frames.rank_before from the rank counters' answers (point time, column, series) at the
+    point before each part of a read."""
+    parts = {}
+    for at, column, answer in answers:
+        points = parts.setdefault(at, _Points(KEYS["rank"], at, step))
+        for series in answer:
+            points.add(column, series)
+    frames = [points.frame({c: "f8" for c in points.points}, 1) for points in parts.values() if points.points]
+    if not frames:
+        return None
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
 class _Points:
     """One table's query answers, kept as points (series, time index, value) until its
     rows are asked for."""

@@ -10,12 +10,13 @@ import pandas as pd
 
 from burnrate.exporter.recording import TABLES
 
-from ..grid.frames import Frames, Window
+from ..grid.frames import RANK_COUNTERS, Frames, Window
 from .recording_tables import Span, check, damage, empty_table, load_table, placed_rows, read_times, segments
 from ..grid.holding import STALENESS_S, hold, series_intervals
 from .allocation import SHARE_RATIO
 from .common import DEFAULT_STEP_S, Progress, is_simulated, missing_signals, within
 from ..grid.resample import grid_points, step_for
+from ..grid.views import last_counts
 
 SIMULATED_MARKER = "simulated.json"
 STEP_SAMPLE_ROWS = 100_000   # enough rows to see many sample times, cheap to read
@@ -106,8 +107,13 @@ class RecordingSource:
         gpu, rank, node = tables["gpu"], tables["rank"], tables["node"]
         simulated = os.path.exists(os.path.join(self.root, SIMULATED_MARKER)) or is_simulated(gpu)
         missing = missing_signals(gpu, rank, node) + tuple(damage(self.root, window.start, window.end))
+        counted = [c for c in RANK_COUNTERS if c in rank.columns]
+        # The last counts before the window's first point: a sample before its step, or before the window.
+        before = span.first - step if reducing else np.nextafter(window.start, -np.inf)
         return hold(Frames(window=window, step_s=step, missing=missing,
-                           simulated=simulated, rows_end_steps=reducing, **tables))
+                           simulated=simulated, rows_end_steps=reducing, **tables,
+                           rank_before=last_counts(load_table(self.root, "rank", counted,
+                                                              Span(before - STALENESS_S, before))) if counted else None))
 
 
 def _wanted(table: str, columns: Mapping[str, Sequence[str]] | None) -> list[str]:
