@@ -36,7 +36,7 @@ from datetime import datetime
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings, strategies as st
 
 from tests.conftest import PYTHON, ROOT
 from tests.contract_fleet import backfill_prometheus, import_victoria
@@ -535,6 +535,81 @@ def test_two_windows_holding_the_whole_job_give_the_same_ledger(vm, spec):
             diffs.append(f"runs {a['runs']} vs {b['runs']}")
     assert not diffs, "\n".join(diffs) + "\n" + case.describe()
 
+
+
+def steady_cut(case: LedgerCase, where: float) -> float | None:
+    """A time amid a run's steps, three edge allowances from its start and end and from any save,
+    evaluation or stall, in steps no later run computes again (a window that ends before a
+    restart cannot know them lost); None where the job has no such time."""
+    margin = 3 * edge_s(case)
+    times = []
+    for k, p in enumerate(case.processes):
+        busy = np.flatnonzero((p.ckpt > 0) | (p.evals > 0) | (p.stall > 0))
+        spans = np.stack([p.step_end[busy], p.step_end[busy] + p.ckpt[busy] + p.evals[busy] + p.stall[busy]], axis=1)
+        kept = p.global_step <= (case.processes[k + 1].resumed_from if k + 1 < len(case.processes) else np.inf)
+        for t in p.step_begin[kept]:
+            if p.first_begin + margin <= t <= p.step_end[-1] - margin and \
+                    not ((spans[:, 0] < t + margin) & (spans[:, 1] > t - margin)).any():
+                times.append(float(t))
+    return times[int(where * len(times))] if times else None
+
+
+@pytest.mark.slow
+@settings(max_examples=max(3, EXAMPLES // 5), deadline=None, derandomize=not os.environ.get("BURNRATE_RANDOM"),
+          database=None, phases=PHASES,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@given(spec=ledger_jobs(), where=st.floats(0.0, 1.0, exclude_max=True))
+def test_a_job_cut_in_two_windows_costs_in_them_what_it_does_in_one(vm, spec, where):
+    """A window that ends amid a run's steps, and one that opens there, hold between them the
+    job's GPU-hours and every category of its ledger as one window over it all does."""
+    case = in_slot(spec)
+    cut = steady_cut(case, where)
+    assume(cut is not None)
+    import_victoria(case, vm.url)
+    (whole, step), (before, step_a), (after, step_b) = (analyse(vm.url, case), analyse(vm.url, case, end=cut),
+                                                        analyse(vm.url, case, start=cut))
+
+    def entries(doc: dict) -> list[dict]:
+        return [j for j in doc["jobs"] if j["namespace"] == spec.namespace
+                and (j["training_job"] == spec.name or j["training_job"].startswith(spec.name + "@"))]
+
+    def total(docs: list[dict], category: str | None) -> float | None:
+        parts = [j["gpu_hours"] if category is None else ((j.get("ledger") or {}).get(category) or {}).get("gpu_hours")
+                 for doc in docs for j in entries(doc)]
+        return None if None in parts else sum(parts)
+
+    assert all(entries(doc) for doc in (whole, before, after)), case.describe()
+    unit = edge_s(case) + max(0.0, max(step, step_a, step_b) - case.spec.interval_s)
+    allowed = 2 * case.spec.world_size * unit / H + 1e-3     # the cut is an edge of each part
+    diffs = []
+    for category in (None, *CATEGORIES):
+        one, two = total([whole], category), total([before, after], category)
+        if (one is None) != (two is None):
+            diffs.append(f"{category}: {one} in one window, {two} in two")
+        elif one is not None and abs(one - two) > allowed:
+            diffs.append(f"{category or 'gpu_hours'}: {one:.4f} in one window, {two:.4f} in two (allowed {allowed:.4f})")
+    assert not diffs, "\n".join(diffs) + f"\ncut at {cut - case.alloc_start:.0f} s after A0\n" + case.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("share", [0.2, 0.8])
+def test_a_window_that_opens_amid_a_stall_reads_the_rest_of_it_as_stalled(vm, share):
+    """The first run's 900 s stall, cut `share` of the way in: the window that opens there holds
+    the rest of it as `stalled`, and between them the two windows hold every other step category
+    as one window does (how the first window reads the stall's start is docs/ledger.md's
+    Liveness: it cannot tell a hang from a finish that soon after the last step)."""
+    case = in_slot(restarted())
+    run = case.processes[0]
+    at = int(np.flatnonzero(run.stall > 0)[0])
+    cut = float(run.step_end[at] + share * run.stall[at])
+    import_victoria(case, vm.url)
+    docs = [analyse(vm.url, case)[0], analyse(vm.url, case, end=cut)[0], analyse(vm.url, case, start=cut)[0]]
+    whole, before, after = ({c: the_job(doc, case)["ledger"][c]["gpu_hours"] for c in CATEGORIES} for doc in docs)
+    allowed = 2 * case.spec.world_size * edge_s(case) / H + 1e-3
+    rest = case.spec.world_size * (run.step_end[at] + run.stall[at] - cut) / H
+    assert after["stalled"] == pytest.approx(rest, abs=allowed), (after, rest)
+    for c in ("productive", "data_wait", "sync_wait", "checkpoint", "evaluation", "lost_progress"):
+        assert before[c] + after[c] == pytest.approx(whole[c], abs=allowed), (c, before, after, whole)
 
 @pytest.mark.slow
 def test_a_back_filled_prometheus_read_by_the_cli_gives_the_truth(tmp_path):

@@ -180,8 +180,9 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         begin = min(max((run["first_time"] or seen[run["first"]]) - took, start), last)
         # A rank's series begins with its first report, after its first steps: that alone does not
         # make a run that started inside the window one that was stepping before it.
-        if k == 0 and (run["process_start"] is None or run["process_start"] < v.start) and \
-                _stepping_at_first_sample(cells, gauge, run["resumed_from"]):
+        opened_stepping = k == 0 and (run["process_start"] is None or run["process_start"] < v.start) and \
+            _stepping_at_first_sample(cells, gauge, run["resumed_from"])
+        if opened_stepping:
             begin = start       # already past its first step when the window opened
         run["first_step"] = begin + usual if np.isfinite(begin) else run["first_time"]
         give("startup", k, start, begin)
@@ -192,7 +193,7 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         split = _step_split(parts[:, :, span] * cells[None, :, span], steps[:, span] * cells[:, span],
                             gauge["global_step"][:, span], cells[:, span], nxt)
         done = _spread(held * cover(begin, last), span, split, cells[:, span].sum(axis=0),
-                       (cells & present)[:, span].any(axis=0), usual, stalled.interval_factor, v.step)
+                       (cells & present)[:, span].any(axis=0), usual, stalled.interval_factor, v.step, opened_stepping)
         seconds += done
         per_run[k] += done.sum(axis=1)
         cursor = last
@@ -339,9 +340,11 @@ def _step_split(parts: np.ndarray, steps: np.ndarray, global_step: np.ndarray, c
 
 
 def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray, sampled: np.ndarray,
-            usual: float, stall_factor: float, step: float) -> np.ndarray:
+            usual: float, stall_factor: float, step: float, opened_stepping: bool = False) -> np.ndarray:
     """(category, bin) seconds of a run's stepping stretch: `held` (its held seconds per bin),
-    split by the run's counters over `span` (the bins they grew in)."""
+    split by the run's counters over `span` (the bins they grew in). `opened_stepping`: the run
+    was past its first step when the window opened, so samples before its first step in the
+    window are a gap between steps too."""
     out = np.zeros((len(NAMES), len(held)))
     steps_time = split[_STEP_PARTS].sum(axis=0)
     apart = split[_I["checkpoint"]] + split[_I["evaluation"]]
@@ -354,7 +357,10 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
     usual_mix = usual_mix / usual_mix.sum() if usual_mix.sum() > 0 else usual_mix
     idx = np.flatnonzero(moved)
     jumps = np.diff(idx) > 1
-    for a, b in zip(idx[:-1][jumps] + 1, idx[1:][jumps]):
+    gaps = list(zip(idx[:-1][jumps] + 1, idx[1:][jumps]))
+    if opened_stepping and len(idx) and idx[0] > 0:
+        gaps.insert(0, (0, idx[0]))     # a window that opened amid a stall
+    for a, b in gaps:
         if not usual or not (sampled[a:b] & ~moved[a:b]).any():
             continue        # samples missing, not samples saying nothing happened
         gap = (b - a) * step
@@ -370,7 +376,8 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
         # it went on (a sample late, or early, on nodes scraped at other moments): the rest of
         # them is the stall's too.
         for edge in (a - 1, b):
-            stall[edge] = max(stall[edge], unreported[edge])
+            if edge >= 0:
+                stall[edge] = max(stall[edge], unreported[edge])
         # The step that ended the stall reported the stall as its own time: take it back out of
         # the phases it swelled (a hang in a collective is sync wait, one in the loader data wait).
         body = split[_STEP_PARTS, b]
