@@ -13,7 +13,8 @@ from burnrate.exporter.recording import TABLES
 from burnrate.analyzer.detectors import DETECTORS, DetectorConfig, Views, detect_all
 from burnrate.analyzer.detectors import dataloader_starvation, diverging, gpu_error, idle_gpu, low_mfu, stalled
 from burnrate.analyzer.detectors import straggler, thermal_throttle, unallocated_gpu
-from burnrate.analyzer.grid.views import runs
+from burnrate.analyzer.detectors.findings import iso
+from burnrate.analyzer.grid.views import last_counts, runs
 from burnrate.analyzer.grid.frames import Frames, Window
 
 T0 = 1_800_000_000.0
@@ -236,6 +237,39 @@ def test_stalled_job_while_gpus_stay_allocated():
     assert kinds(found) == ["stalled"]
     assert found[0].start == pytest.approx(T0 + 199 * STEP)
     assert found[0].wasted_gpu_hours == pytest.approx(2 * (N - 199) * STEP / 3600, rel=0.02)
+
+
+def _opening_at(frames: Frames, col: int) -> Frames:
+    """The frames of a window that opens at sample `col`, with the counts before it a source gives."""
+    start = T0 + col * STEP
+    tables = {name: getattr(frames, name)[getattr(frames, name)["t"] >= start].reset_index(drop=True) for name in TABLES}
+    return replace(frames, window=Window(start, frames.window.end), **tables,
+                   rank_before=last_counts(frames.rank[frames.rank["t"] < start]))
+
+
+def test_a_window_that_opens_amid_a_stall_finds_it_from_its_start():
+    """No step in the window: the ranks' step time says when the job last stepped, and their
+    counters' totals how long its steps took."""
+    f = Fleet()
+    steps = np.where(np.arange(N) < 200, 10.0, 0.0)
+    healthy_job(f, ranks=2, per_rank={r: {"steps": steps, "step_s": np.where(steps > 0, 10.0, 0.0)} for r in range(2)})
+    found = stalled.detect(_opening_at(f.frames(), 300))
+    assert kinds(found) == ["stalled"]
+    assert found[0].start == T0 + 300 * STEP and found[0].end == pytest.approx(T0 + N * STEP)
+    assert found[0].evidence["last_step"] == iso(T0 + 199 * STEP) and found[0].evidence["usual_step_seconds"] == 1.0
+    assert found[0].wasted_gpu_hours == pytest.approx(2 * (N - 300) * STEP / 3600, rel=0.02)
+
+
+def test_a_window_that_opens_as_a_new_process_starts_up_does_not_date_a_stall_from_the_old_ones_step():
+    """The step time a restarted trainer's ranks report until its first step is the previous
+    process's: its 7.5-minute start-up in the window is no stall, however long ago that step was."""
+    f = Fleet()
+    steps = np.where((np.arange(N) < 200) | (np.arange(N) >= 330), 10.0, 0.0)
+    healthy_job(f, ranks=2, per_rank={r: {"steps": steps} for r in range(2)})
+    frames = f.frames()
+    frames.rank["start_time"] = np.where(frames.rank["t"] >= T0 + 290 * STEP, T0 + 290 * STEP, T0)
+    assert stalled.detect(_opening_at(frames, 300)) == []
+    assert kinds(stalled.detect(frames)) == ["stalled"]      # seen whole, the silence since that step is one
 
 
 def test_short_pause_is_not_a_stall():

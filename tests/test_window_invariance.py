@@ -18,7 +18,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import assume, example, given, settings, strategies as st
 
 from burnrate.agent.recording import open_recording
 from burnrate.analyzer.grid import resample
@@ -200,6 +200,34 @@ def test_any_window_that_holds_an_episode_finds_it_with_the_same_figures(recordi
     step, found = findings(recording, window, points=points)
     assert_same(episode(found, kind, job), reference[(kind, job)], step)
     assert not [f for f in found if f.training_job == "healthy"]
+
+
+# How long an episode must last within a window to be found at all; a stall is known from when
+# the job last stepped (its ranks report that time), however little of it a window holds.
+SHORTEST_S = {"low_mfu": DetectorConfig().low_mfu.min_minutes * MIN, "idle_gpu": DetectorConfig().idle_gpu.min_minutes * MIN,
+              "stalled": 0.0}
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("BURNRATE_EXAMPLES"), database=None)
+@given(which=st.sampled_from(EPISODES), into=st.floats(0.02, 0.98), points=st.sampled_from([resample.MAX_POINTS, 4000, 1500]))
+def test_a_window_that_opens_inside_an_episode_finds_the_rest_of_it(recording, reference, which, into, points):
+    """From the window's start to the episode's end, with its wasted dollars in proportion (a
+    hung job's last hour, looked at as its last hour, is a stall)."""
+    kind, job, _, _ = which
+    ref = reference[(kind, job)]
+    window = Window(ref.start + into * (ref.end - ref.start) + 0.4, END)
+    assume(ref.end - window.start >= SHORTEST_S[kind] + 2 * HISTORY_S)
+    step, found = findings(recording, window, points=points)
+    f = episode(found, kind, job)
+    tolerance = HISTORY_S + step + 1e-6
+    assert f.severity == ref.severity
+    assert window.start <= f.start <= window.start + tolerance, (f.start - window.start, step)
+    assert abs(f.end - ref.end) <= tolerance, (f.end - ref.end, step)
+    # n samples stand for n intervals (analyzer.grid.holding): the window's first sample may
+    # fall up to an interval after it opens, and its time is counted after the episode's end.
+    per_s = ref.wasted_dollars / (ref.end - ref.start)
+    rest = ref.wasted_dollars * (ref.end - window.start) / (ref.end - ref.start)
+    assert abs(f.wasted_dollars - rest) <= DOLLARS_TOLERANCE * rest + per_s * tolerance, (f.wasted_dollars, rest)
 
 
 def test_low_mfu_on_15s_history_and_1s_live_data_is_found_whatever_the_window_end(recording, reference):

@@ -40,6 +40,27 @@ def _confirmed(known: np.ndarray, last: np.ndarray) -> np.ndarray:
     return (later < n) & (last[np.minimum(later, n - 1)] == last)
 
 
+def _usual_step_s(rank, rows: np.ndarray, steps: np.ndarray, progress: np.ndarray) -> float:
+    """A job's usual seconds per step: the median over the window's steps, or, where it made
+    none, its processes' mean over every step they had made (their counters' totals)."""
+    made = np.nansum(steps, axis=0)
+    if made.sum() > 0:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_step = np.nansum(rank.values["step_s"][rows], axis=0) / made
+        return float(np.median(per_step[progress & np.isfinite(per_step)])) if progress.any() else 0.0
+    total_steps = np.nansum(rank.totals.get("steps", np.zeros(0))[rows]) if "steps" in rank.totals else 0.0
+    total_s = np.nansum(rank.totals["step_s"][rows]) if "step_s" in rank.totals else 0.0
+    return float(total_s / total_steps) if total_steps > 0 else 0.0
+
+
+def _process_start(rank, rows: np.ndarray) -> float:
+    """When the job's newest process started (its ranks' `start_time`), -inf where unknown."""
+    start = rank.values.get("start_time")
+    if start is None or not np.isfinite(start[rows]).any():
+        return -np.inf
+    return float(np.nanmax(start[rows]))
+
+
 def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
     v = Views.of(data)
     rank, alloc = v.rank, v.alloc
@@ -67,12 +88,9 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         # window, the interval after its last), nothing is known; where none reports while
         # the job holds GPUs, it makes no steps.
         known = np.isfinite(steps).any(axis=0) | ((held > 0) & ~rank.present[rows].any(axis=0))
-        made = np.nansum(steps, axis=0)
-        if made.sum() <= 0:
-            continue
-        with np.errstate(invalid="ignore", divide="ignore"):
-            per_step = np.nansum(rank.values["step_s"][rows], axis=0) / made
-        usual = float(np.median(per_step[progress & np.isfinite(per_step)])) if progress.any() else 0.0
+        usual = _usual_step_s(rank, rows, steps, progress)
+        if not usual:
+            continue        # no step made, in the window or before it: a start-up, not a stall
         limit = max(config.interval_factor * usual, config.floor_minutes * 60)
 
         seen = _ffill_index(progress)
@@ -82,7 +100,10 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
             reported = np.nanmax(np.where(rank.present[rows], rank.values["last_step_time"][rows], np.nan),
                                  axis=0, initial=-np.inf)
             reported = np.maximum.accumulate(np.nan_to_num(reported, nan=-np.inf))
-            last = np.maximum(last, reported)
+            # Before the window's first step, the step time its ranks report is when the job last
+            # stepped, if their process made that step (a window that opens amid a stall).
+            own = reported >= _process_start(rank, rows)
+            last = np.where((seen < 0) & own, reported, np.maximum(last, reported))
         stalled = (held > 0) & _confirmed(known, last) & (times - last > limit)
         for r in runs(stalled[None, :]):
             since = float(last[r.start])
@@ -97,7 +118,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
                 if len(gpu_rows):
                     evidence["mean_util_pct"] = fmean(util[gpu_rows, r.start:r.end])
             out.append(Finding(
-                kind=KIND, severity="critical", start=since, end=float(v.begins(r.end)),
+                kind=KIND, severity="critical", start=max(since, float(v.begins(0))), end=float(v.begins(r.end)),
                 namespace=job[0], training_job=job[1],
                 wasted_gpu_hours=float(held[span].sum() * v.step / 3600), evidence=evidence,
                 recommendation="Restart the job from its last checkpoint and set a collective timeout "

@@ -11,7 +11,7 @@ views it was computed from, and the dashboard reads them rather than build its o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Mapping, NamedTuple
 from functools import cached_property
 
@@ -67,6 +67,9 @@ class Grid:
     values: dict[str, np.ndarray]      # column -> (series, time) array, NaN where absent
     present: np.ndarray                # (series, time) bool: a sample exists
     sampled: np.ndarray | None = None  # (series, time) bool: a new sample, not one held over (analyzer.grid.holding)
+    # counter -> each series' count at its last sample in the window (NaN where it has none):
+    # what its process had made in all by then, whether or not the window saw it grow.
+    totals: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -140,8 +143,9 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         sampled.ravel()[cell[fresh if keep.all() else fresh[keep]]] = True
     owner = _owners(present, sampled) if counters and sampled is not None and not sampled[present].all() else None
     before = _counted_before(counted_before, counters, keys, by, present, start, step) if counters else None
-    values = {}
+    values, totals = {}, {}
     cumulative = np.empty((s, n)) if counters else None     # one buffer for every counter
+    last = n - 1 - np.argmax(present[:, ::-1], axis=1) if counters else None
     # Sums first: their float64 bincount is briefly beside its float32 copy, before the other grids exist.
     for name in sorted(columns, key=lambda c: c not in summed):
         data = frame[name].to_numpy()
@@ -159,6 +163,7 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         if name in counters:
             cumulative.fill(np.nan)
             cumulative.ravel()[cell] = data
+            totals[name] = cumulative[np.arange(s), last]
             delta = counter_delta(cumulative)
             if before is not None and name in before[2]:
                 _first_increase(delta, cumulative, before[0], before[1], before[2][name])
@@ -168,7 +173,7 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         arr = np.full((s, n), np.nan, dtype=np.float64 if exact else np.float32)
         arr.ravel()[cell] = data
         values[name] = arr
-    return Grid(keys, {name: values[name] for name in columns}, present, sampled)
+    return Grid(keys, {name: values[name] for name in columns}, present, sampled, totals)
 
 
 def _counted_before(counted: pd.DataFrame | None, counters: tuple[str, ...], keys: pd.DataFrame,
