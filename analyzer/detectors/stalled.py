@@ -99,10 +99,10 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         if "last_step_time" in rank.values:
             reported = np.nanmax(np.where(rank.present[rows], rank.values["last_step_time"][rows], np.nan),
                                  axis=0, initial=-np.inf)
-            reported = np.maximum.accumulate(np.nan_to_num(reported, nan=-np.inf))
+            reported = np.maximum.accumulate(np.where(np.isnan(reported), -np.inf, reported))
             # Before the window's first step, the step time its ranks report is when the job last
             # stepped, if their process made that step (a window that opens amid a stall).
-            own = reported >= _process_start(rank, rows)
+            own = np.isfinite(reported) & (reported >= _process_start(rank, rows))
             last = np.where((seen < 0) & own, reported, np.maximum(last, reported))
         stalled = (held > 0) & _confirmed(known, last) & (times - last > limit)
         for r in runs(stalled[None, :]):
