@@ -39,7 +39,7 @@ HISTORY_S, LIVE_S = 15.0, 1.0
 LIVE = T0 + 2.5 * 3600            # history until here, live samples after: 10,200 s in all, one step a second
 END = LIVE + 20 * 60
 MIN = 60.0
-HOST, MODEL = "node-a", "NVIDIA H100 80GB HBM3"
+HOST, OTHER, MODEL = "node-a", "node-b", "NVIDIA H100 80GB HBM3"
 DOLLARS_TOLERANCE = 0.03
 CATALOG = load_catalog(None)
 
@@ -54,6 +54,11 @@ class Job:
     mfu: float = 0.45
     util: float = 92.0
     pod: str | None = None              # a pod outside any training job, without telemetry
+    host: str = HOST
+    compute: float = 0.9                # of each step
+    episode: tuple[float, float] | None = None   # where the two below hold
+    data_wait: float = 0.01             # of each step: the loader's share, within the episode
+    slowdown: float = 1.0               # rank 1's compute per step, within the episode, over the others'
 
 
 JOBS = (
@@ -62,14 +67,21 @@ JOBS = (
     Job("hung-live", (4,), T0 + 90 * MIN, LIVE + 16 * MIN, stall_from=LIVE + 3 * MIN, util=100.0),
     Job("", (5,), T0 + 100 * MIN, LIVE + 12 * MIN, util=0.0, pod="nb-0"),
     Job("healthy", (6, 7), T0, END),
+    Job("starved", (0, 1), T0 + 30 * MIN, END, host=OTHER, compute=0.5, episode=(T0 + 100 * MIN, LIVE + 6 * MIN),
+        data_wait=0.4),
+    Job("lagging", (2, 3), T0 + 15 * MIN, END, host=OTHER, compute=0.6, episode=(T0 + 70 * MIN, T0 + 130 * MIN),
+        slowdown=1.3),
 )
 # kind, namespace/job, the span the episode covers (a window must hold it all: for a stall
-# the last step before it, for low MFU the job's whole life) and the severity it must have.
+# the last step before it, for low MFU the job's whole life, for a share taken over a
+# centered window that window's half on either side) and the severity it must have.
 EPISODES = (
     ("low_mfu", "slow", (T0 + 20 * MIN, LIVE + 8 * MIN), "critical"),
     ("stalled", "hung", (T0 + 50 * MIN, T0 + 120 * MIN), "critical"),
     ("stalled", "hung-live", (LIVE - 5 * MIN, LIVE + 16 * MIN), "critical"),
     ("idle_gpu", "nb-0", (T0 + 100 * MIN, LIVE + 12 * MIN), "warning"),
+    ("dataloader_starvation", "starved", (T0 + 90 * MIN, LIVE + 16 * MIN), "warning"),
+    ("straggler", "lagging", (T0 + 65 * MIN, T0 + 135 * MIN), "warning"),
 )
 
 
@@ -82,32 +94,40 @@ def sample_times(start: float, end: float) -> np.ndarray:
 
 def write_recording(root: str) -> None:
     rows: dict[str, list[tuple[float, tuple[str, ...], dict[str, float]]]] = {name: [] for name in TABLES}
-    device = lambda g: (str(g), f"GPU-{HOST}-{g}", f"0000:{g:02x}:00.0", f"nvidia{g}", MODEL, HOST)  # noqa: E731
+    device = lambda g, host: (str(g), f"GPU-{host}-{g}", f"0000:{g:02x}:00.0", f"nvidia{g}", MODEL, host)  # noqa: E731
+    gpus = {(HOST, g): 0.0 for g in range(8)} | {(OTHER, g): 0.0 for g in range(4)}
     for t in sample_times(T0, END):
-        rows["node"].append((t, (HOST, "p5.48xlarge", "on-demand", "us-east-1a", MODEL, "8"), {"cpu_utilization": 0.3}))
-    util = {g: np.full(len(sample_times(T0, END)), 0.0) for g in range(8)}
+        for host, count in ((HOST, "8"), (OTHER, "4")):
+            rows["node"].append((t, (host, "p5.48xlarge", "on-demand", "us-east-1a", MODEL, count),
+                                 {"cpu_utilization": 0.3}))
+    util = {gpu: np.full(len(sample_times(T0, END)), 0.0) for gpu in gpus}
     for job in JOBS:
         t = sample_times(job.start, job.end)
         pod_of = (lambda r: job.pod) if job.pod else (lambda r: f"{job.name}-{r}")
         for r, g in enumerate(job.gpus):
-            labels = device(g) + ("ml", pod_of(r), "main", job.name)
+            labels = device(g, job.host) + ("ml", pod_of(r), "main", job.name)
             for when in t:
                 rows["alloc"].append((when, labels, {"share": 1.0}))
-            util[g][np.isin(sample_times(T0, END), t)] = job.util
+            util[(job.host, g)][np.isin(sample_times(T0, END), t)] = job.util
             if job.pod:
                 continue
             stepping = np.minimum(t, job.stall_from or np.inf) - job.start
             steps = np.floor(stepping)                                # a step a second
-            for when, made, busy in zip(t, steps, stepping):
-                rows["rank"].append((when, ("ml", pod_of(r), job.name, str(r), HOST), {
-                    "steps": made, "step_s": busy, "compute_s": 0.9 * busy, "data_wait_s": 0.01 * busy,
+            a, b = job.episode or (job.start, job.start)
+            inside = np.clip(job.start + stepping, a, b) - a          # seconds stepped within the episode
+            waiting = 0.01 * stepping + (job.data_wait - 0.01) * inside
+            computing = job.compute * stepping - (job.data_wait - 0.01) * inside + \
+                (job.slowdown - 1.0) * job.compute * inside * (r == 1)
+            for when, made, busy, wait, compute in zip(t, steps, stepping, waiting, computing):
+                rows["rank"].append((when, ("ml", pod_of(r), job.name, str(r), job.host), {
+                    "steps": made, "step_s": busy, "compute_s": compute, "data_wait_s": wait,
                     "tokens": 4096 * made, "samples": 8 * made, "flops": 1e15 * made, "mfu": job.mfu,
                     "loss": 2.0, "grad_norm": 1.0, "world_size": float(len(job.gpus)),
                     "last_step_time": job.start + made, "global_step": made, "start_time": job.start}))
-    for g in range(8):
-        for when, u in zip(sample_times(T0, END), util[g]):
-            rows["gpu"].append((when, device(g) + ("",) * 4, {"up": 1.0, "gpu_util": u, "sm_clock_mhz": 1980.0,
-                                                              "throttle_reasons": 0.0}))
+    for (host, g), used in util.items():
+        for when, u in zip(sample_times(T0, END), used):
+            rows["gpu"].append((when, device(g, host) + ("",) * 4, {"up": 1.0, "gpu_util": u, "sm_clock_mhz": 1980.0,
+                                                                    "throttle_reasons": 0.0}))
     tables = open_recording(root, segment="fleet")
     for name, table in rows.items():
         for t, labels, values in sorted(table, key=lambda row: row[0]):
@@ -174,6 +194,16 @@ def test_the_reference_finds_each_episode_where_it_was_put(reference):
             assert abs(f.start - stall_from) <= HISTORY_S
             assert abs(f.end - end) <= HISTORY_S
             assert f.evidence["stalled_minutes"] == pytest.approx((end - stall_from) / 60, abs=0.5)
+        elif kind == "dataloader_starvation":
+            # The share is taken over a 10-minute centered window: it crosses 5 % a few minutes out.
+            starved = next(j for j in JOBS if j.name == job)
+            assert 0 < starved.episode[0] - f.start <= 5 * MIN and 0 < f.end - starved.episode[1] <= 5 * MIN
+            assert 0.3 < f.evidence["data_wait_share"] < starved.data_wait
+        elif kind == "straggler":
+            # Compute per step is compared over 5-minute blocks.
+            lagging = next(j for j in JOBS if j.name == job)
+            assert abs(f.start - lagging.episode[0]) <= 5 * MIN and abs(f.end - lagging.episode[1]) <= 5 * MIN
+            assert f.rank == 1 and f.evidence["slowdown"] == pytest.approx(lagging.slowdown, abs=0.02)
         else:
             assert abs(f.start - start) <= HISTORY_S and abs(f.end - end) <= HISTORY_S
 
@@ -204,8 +234,11 @@ def test_any_window_that_holds_an_episode_finds_it_with_the_same_figures(recordi
 
 # How long an episode must last within a window to be found at all; a stall is known from when
 # the job last stepped (its ranks report that time), however little of it a window holds.
-SHORTEST_S = {"low_mfu": DetectorConfig().low_mfu.min_minutes * MIN, "idle_gpu": DetectorConfig().idle_gpu.min_minutes * MIN,
-              "stalled": 0.0}
+CONFIG = DetectorConfig()
+SHORTEST_S = {"low_mfu": CONFIG.low_mfu.min_minutes * MIN, "idle_gpu": CONFIG.idle_gpu.min_minutes * MIN, "stalled": 0.0,
+              "dataloader_starvation": (CONFIG.dataloader_starvation.min_minutes
+                                        + CONFIG.dataloader_starvation.window_minutes / 2) * MIN,
+              "straggler": (CONFIG.straggler.min_minutes + CONFIG.straggler.block_minutes) * MIN}
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("BURNRATE_EXAMPLES"), database=None)
@@ -225,9 +258,21 @@ def test_a_window_that_opens_inside_an_episode_finds_the_rest_of_it(recording, r
     assert abs(f.end - ref.end) <= tolerance, (f.end - ref.end, step)
     # n samples stand for n intervals (analyzer.grid.holding): the window's first sample may
     # fall up to an interval after it opens, and its time is counted after the episode's end.
-    per_s = ref.wasted_dollars / (ref.end - ref.start)
-    rest = ref.wasted_dollars * (ref.end - window.start) / (ref.end - ref.start)
-    assert abs(f.wasted_dollars - rest) <= DOLLARS_TOLERANCE * rest + per_s * tolerance, (f.wasted_dollars, rest)
+    rate = waste_rate(kind, job, np.arange(ref.start, ref.end))
+    per_s = ref.wasted_dollars / rate.sum()
+    rest = per_s * rate[int(window.start - ref.start):].sum()
+    assert abs(f.wasted_dollars - rest) <= DOLLARS_TOLERANCE * rest + per_s * rate.max() * tolerance, \
+        (f.wasted_dollars, rest)
+
+
+def waste_rate(kind: str, job: str, t: np.ndarray) -> np.ndarray:
+    """How fast an episode wastes, second by second, as the recording was written: a share over a
+    centered window and blocks of compute both reach past the episode into time that wastes little."""
+    slow = next((j for j in JOBS if j.name == job and j.episode), None)
+    within = (t >= slow.episode[0]) & (t < slow.episode[1]) if slow else np.ones(len(t), bool)
+    if kind == "dataloader_starvation":
+        return np.where(within, slow.data_wait, 0.01)
+    return within.astype(float)
 
 
 def test_low_mfu_on_15s_history_and_1s_live_data_is_found_whatever_the_window_end(recording, reference):

@@ -28,7 +28,8 @@ class Config:
     Healthy data-parallel ranks run within a few percent of each other; 15% is
     well outside that noise and costs every other rank the same 15%."""
     block_minutes: float = 5.0
-    """Compute times are compared over blocks this long."""
+    """Compute times are compared over blocks this long, on the clock's multiples of it: any
+    window cuts the same data into the same blocks."""
     min_minutes: float = 20.0
     """Persistently: slower for at least this long (gaps of one block allowed)."""
     critical_slowdown: float = 1.5
@@ -57,18 +58,23 @@ def _gpu_of(v: Views, pod: str, host: str, rank_no: float) -> str | None:
     return None
 
 
+def _span(v: Views, starts: np.ndarray, first: int, end: int) -> tuple[float, float]:
+    """Where blocks `first` up to `end` (exclusive) begin and end."""
+    return float(v.begins(starts[first])), float(v.begins(starts[end] if end < len(starts) else v.n))
+
+
 def _from_telemetry(v: Views, config: Config) -> list[Finding]:
     rank = v.rank
     if not rank.size or "compute_s" not in rank.values:
         return []
-    k = v.span(config.block_minutes)
+    starts = v.blocks(config.block_minutes)
     min_blocks = max(int(np.ceil(config.min_minutes / config.block_minutes)), 1)
     out = []
     for job, rows in v.job_rows(rank).items():
         if len(rows) < 2:
             continue
-        comp = block_sum(rank.values["compute_s"][rows], k)
-        steps = block_sum(rank.values["steps"][rows], k)
+        comp = block_sum(rank.values["compute_s"][rows], starts)
+        steps = block_sum(rank.values["steps"][rows], starts)
         with np.errstate(invalid="ignore", divide="ignore"):
             per_step = np.where(steps > 0, comp / steps, np.nan)
         reporting = np.isfinite(per_step).sum(axis=0)
@@ -89,7 +95,7 @@ def _from_telemetry(v: Views, config: Config) -> list[Finding]:
             span = slice(r.start, r.end)
             excess = np.nan_to_num(comp[r.row, span] - ref[span] * steps[r.row, span])
             mean_ratio = float(np.nansum(comp[r.row, span]) / np.nansum(ref[span] * steps[r.row, span]))
-            start, end = float(v.begins(r.start * k)), float(v.begins(min(r.end * k, v.n)))
+            start, end = _span(v, starts, r.start, r.end)
             out.append(Finding(
                 kind=KIND, severity="critical" if mean_ratio >= config.critical_slowdown else "warning",
                 start=start, end=end, namespace=job[0], training_job=job[1], hostname=key["Hostname"],
@@ -108,7 +114,8 @@ def _from_gpus(v: Views, config: Config) -> list[Finding]:
     alloc, gpu = v.alloc, v.gpu
     if not alloc.size or "gpu_util" not in gpu.values:
         return []
-    k = v.span(config.block_minutes)
+    starts = v.blocks(config.block_minutes)
+    bins = np.diff(np.append(starts, v.n))
     min_blocks = max(int(np.ceil(config.min_minutes / config.block_minutes)), 1)
     out = []
     for job, rows in v.job_rows(alloc).items():
@@ -119,10 +126,10 @@ def _from_gpus(v: Views, config: Config) -> list[Finding]:
         if len(rows) < 3:
             continue
         held = np.nan_to_num(alloc.values["share"][rows]) > 0
-        n = block_sum(held, k)
+        n = block_sum(held, starts)
         with np.errstate(invalid="ignore", divide="ignore"):
-            util = block_sum(np.where(held, gpu.values["gpu_util"][gpu_rows], np.nan), k) / n
-            clock = (block_sum(np.where(held, gpu.values["sm_clock_mhz"][gpu_rows], np.nan), k) / n
+            util = block_sum(np.where(held, gpu.values["gpu_util"][gpu_rows], np.nan), starts) / n
+            clock = (block_sum(np.where(held, gpu.values["sm_clock_mhz"][gpu_rows], np.nan), starts) / n
                      if "sm_clock_mhz" in gpu.values else np.full(util.shape, np.nan))
         util[n == 0] = np.nan
         clock[n == 0] = np.nan
@@ -141,11 +148,11 @@ def _from_gpus(v: Views, config: Config) -> list[Finding]:
             key = alloc.keys.iloc[rows[r.row]]
             span = slice(r.start, r.end)
             peers_wait = np.nan_to_num(np.clip(util[r.row, span] - med_util[span], 0, None) / 100)
-            start, end = float(v.begins(r.start * k)), float(v.begins(min(r.end * k, v.n)))
+            start, end = _span(v, starts, r.start, r.end)
             out.append(Finding(
                 kind=KIND, severity="warning", start=start, end=end, namespace=job[0], training_job=job[1],
                 hostname=key["Hostname"], gpu=key["gpu"], pod=key["pod"],
-                wasted_gpu_hours=float(peers_wait.sum() * (len(rows) - 1) * k * v.step / 3600),
+                wasted_gpu_hours=float((peers_wait * bins[span]).sum() * (len(rows) - 1) * v.step / 3600),
                 evidence={"util_pct": fmean(util[r.row, span]),
                           "peer_median_util_pct": fmean(med_util[span]),
                           "sm_clock_mhz": fmean(clock[r.row, span]),

@@ -399,6 +399,14 @@ class Views:
         that a point first shows changed after the point before it."""
         return np.maximum(self.time(col) - self.lag, self.start)
 
+    def blocks(self, minutes: float) -> np.ndarray:
+        """The first bin of each block of `minutes`, the blocks on the clock's multiples of that
+        length rather than on the window's start, so that any window cuts the same data into
+        the same blocks (each bin in the block its time's middle falls in)."""
+        middle = self.time(np.arange(self.n)) - self.lag + self.step / 2
+        block = np.floor(middle / (minutes * 60))
+        return np.flatnonzero(np.r_[True, block[1:] != block[:-1]])
+
     def bin_of(self, t: float) -> int:
         """The bin whose stretch of time (from where `begins` puts it) holds `t`; unbounded."""
         return int(np.floor((t - self.start + self.lag) / self.step))
@@ -571,12 +579,9 @@ def fmean(values: np.ndarray) -> float | None:
     return float(values[ok].mean()) if ok.any() else None
 
 
-def block_sum(arr: np.ndarray, k: int) -> np.ndarray:
-    """Sums over consecutive blocks of k bins along time, NaN counted as 0."""
-    s, n = arr.shape
-    padded = np.zeros((s, -(-n // k) * k), np.float64)
-    padded[:, :n] = np.nan_to_num(arr)
-    return padded.reshape(s, -1, k).sum(axis=2)
+def block_sum(arr: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Sums over the blocks of bins that begin at `starts` (Views.blocks), NaN counted as 0."""
+    return np.add.reduceat(np.nan_to_num(arr.astype(np.float64)), starts, axis=1)
 
 
 def holder_of(v: Views, gpu_row: int, start: int, end: int) -> dict[str, str | None]:
