@@ -12,7 +12,7 @@ import numpy as np
 
 from .findings import Finding, iso
 from ..grid.frames import Frames
-from ..grid.views import Views, fmean, runs
+from ..grid.views import Grid, Views, fmean, runs
 
 KIND = "stalled"
 
@@ -40,7 +40,7 @@ def _confirmed(known: np.ndarray, last: np.ndarray) -> np.ndarray:
     return (later < n) & (last[np.minimum(later, n - 1)] == last)
 
 
-def _usual_step_s(rank, rows: np.ndarray, steps: np.ndarray, progress: np.ndarray) -> float:
+def _usual_step_s(rank: Grid, rows: np.ndarray, steps: np.ndarray, progress: np.ndarray) -> float:
     """A job's usual seconds per step: the median over the window's steps, or, where it made
     none, its processes' mean over every step they had made (their counters' totals)."""
     made = np.nansum(steps, axis=0)
@@ -48,12 +48,13 @@ def _usual_step_s(rank, rows: np.ndarray, steps: np.ndarray, progress: np.ndarra
         with np.errstate(invalid="ignore", divide="ignore"):
             per_step = np.nansum(rank.values["step_s"][rows], axis=0) / made
         return float(np.median(per_step[progress & np.isfinite(per_step)])) if progress.any() else 0.0
-    total_steps = np.nansum(rank.totals.get("steps", np.zeros(0))[rows]) if "steps" in rank.totals else 0.0
-    total_s = np.nansum(rank.totals["step_s"][rows]) if "step_s" in rank.totals else 0.0
-    return float(total_s / total_steps) if total_steps > 0 else 0.0
+    if "steps" not in rank.totals or "step_s" not in rank.totals:
+        return 0.0
+    total_steps = np.nansum(rank.totals["steps"][rows])
+    return float(np.nansum(rank.totals["step_s"][rows]) / total_steps) if total_steps > 0 else 0.0
 
 
-def _process_start(rank, rows: np.ndarray) -> float:
+def _process_start(rank: Grid, rows: np.ndarray) -> float:
     """When the job's newest process started (its ranks' `start_time`), -inf where unknown."""
     start = rank.values.get("start_time")
     if start is None or not np.isfinite(start[rows]).any():
