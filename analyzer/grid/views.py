@@ -188,8 +188,8 @@ def _counted_before(counted: pd.DataFrame | None, counters: tuple[str, ...], key
     at = index.get_indexer(pd.MultiIndex.from_frame(counted[list(by)].astype(str)))
     found = np.flatnonzero(at >= 0)
     rows = at[found]
-    seen = present[rows].any(axis=1)
-    first = np.argmax(present[rows], axis=1)
+    mine = present[rows]
+    seen, first = mine.any(axis=1), np.argmax(mine, axis=1)
     when = counted["t"].to_numpy()[found]
     since = start + first * step - when
     usable = seen & (since > 0) & (since <= STALENESS_S)
@@ -581,7 +581,7 @@ def fmean(values: np.ndarray) -> float | None:
 
 def block_sum(arr: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Sums over the blocks of bins that begin at `starts` (Views.blocks), NaN counted as 0."""
-    return np.add.reduceat(np.nan_to_num(arr.astype(np.float64)), starts, axis=1)
+    return np.add.reduceat(np.nan_to_num(arr.astype(np.float64), copy=False), starts, axis=1)
 
 
 def holder_of(v: Views, gpu_row: int, start: int, end: int) -> dict[str, str | None]:
