@@ -2,6 +2,7 @@
 and survival under hostile input."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -624,3 +625,43 @@ def test_a_report_the_agent_had_no_room_for_goes_with_the_next(tmp_path) -> None
         assert mon.sink.dropped == 3
     finally:
         agent.close()
+
+
+def test_a_loop_stuck_between_reports_still_says_its_process_lives(tmp_path) -> None:
+    """A loop that stops reporting (hung in a collective, here asleep) sends, every keep-alive
+    period, its last report again with nothing new in it: the agent keeps the rank, and its
+    counters and last step stay where they were. The JSON lines hold only the loop's intervals,
+    and once the monitor is closed nothing more is sent."""
+    path = str(tmp_path / "agent.sock")
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(path)
+    agent.settimeout(5.0)
+    jsonl = tmp_path / "records.jsonl"
+    try:
+        mon = Monitor(seq_len=8, every_steps=1, socket_path=path, jsonl_path=str(jsonl), keepalive_s=0.2)
+        for _ in range(3):
+            mon.step(samples=2, loss=1.5)
+        reports = [json.loads(agent.recv(65536)) for _ in range(3)]
+        time.sleep(1.0)                                     # the loop hangs
+        agent.setblocking(False)
+        quiet: list[dict] = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                quiet.append(json.loads(agent.recv(65536)))
+        mon.close()
+        time.sleep(0.5)
+        with pytest.raises(BlockingIOError):
+            agent.recv(65536)                               # closed: nothing more
+    finally:
+        agent.close()
+    assert [r["steps"] for r in reports] == [1, 1, 1] and reports[-1]["step"] == 3
+    assert 3 <= len(quiet) <= 6, quiet                      # one each 0.2 s of the hang
+    times = [q["time"] for q in quiet]
+    assert times == sorted(times) and times[0] >= reports[-1]["time"] + 0.2
+    for q in quiet:
+        record = validate(encode(q))
+        assert isinstance(record, Record), record
+        assert (record.step, record.steps, record.step_s, record.samples, record.tokens, record.flops) == (3, 0, 0, 0, 0, 0)
+        assert (record.loss, record.mfu, record.checkpoint_s, record.eval_s) == (None, None, 0, 0)
+        assert (record.start_time, record.resumed_from) == (reports[-1]["start_time"], reports[-1]["resumed_from"])
+    assert [json.loads(line)["steps"] for line in jsonl.read_text().splitlines()] == [1, 1, 1]

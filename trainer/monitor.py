@@ -33,14 +33,16 @@ import contextlib
 import errno
 import logging
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from burnrate.exporter.telemetry import SCHEMA_VERSION, TelemetrySink
+from burnrate.exporter.telemetry import SCHEMA_VERSION, TelemetrySink, encode
 
 from .flops import Peak, device_type, model_flops_per_token, peak_flops
+from .keepalive import PERIOD_S, KeepAlive
 
 from .telemetry import Identity
 
@@ -146,6 +148,7 @@ class Monitor:
         start_step: int | None = None,
         start_time: float | None = None,
         on_report: Callable[[dict], None] | None = None,
+        keepalive_s: float = PERIOD_S,
     ) -> None:
         """`model` and `seq_len` give the FLOPs per token (or pass `flops_per_token`);
         `device` defaults to the model's; `peak` overrides the peak FLOP/s table.
@@ -153,7 +156,9 @@ class Monitor:
         `on_report` also gets each record (to print progress, say). `start_step` is the step
         a resumed run continues from (0 for a fresh start); left out, the ledger knows the
         steps but not whether any were computed again. `start_time` is when this process
-        started (default: the kernel's record of it), for the ledger's start-up time."""
+        started (default: the kernel's record of it), for the ledger's start-up time. While no
+        report has gone out for `keepalive_s` (a hang, a long step), one with nothing new says
+        the process still lives (trainer.keepalive); 0 sends none."""
         self.seq_len = seq_len
         if flops_per_token is None and model is not None and seq_len:
             flops_per_token = model_flops_per_token(model, seq_len)
@@ -184,6 +189,12 @@ class Monitor:
         self._micro = _MicroBatches()
         self._warned = False
         self._closed = False
+        # The loop's reports and the keep-alives share the sink; the last report is what a
+        # keep-alive repeats, with nothing new.
+        self._sending = threading.Lock()
+        self._last_record: dict | None = None
+        self._keepalive = KeepAlive(self._keep_alive, lambda: time.monotonic() - self._last_report,
+                                    keepalive_s) if keepalive_s > 0 else None
         # A loop that ends without close() still sends its last partial interval.
         atexit.register(self.close)
 
@@ -317,6 +328,8 @@ class Monitor:
             return
         self._closed = True
         atexit.unregister(self.close)
+        if self._keepalive is not None:
+            self._keepalive.stop()
         iv = self._interval
         if iv.steps or iv.checkpoint_s or iv.eval_s or self._owed:
             self.report()
@@ -400,7 +413,11 @@ class Monitor:
         # What earlier datagrams could not deliver (the agent's queue full as every rank of a
         # job reports at once, or no agent yet) goes with this one: delayed, never lost.
         datagram = record if self._owed is None else {**record, **{k: record[k] + self._owed[k] for k in OWED}}
-        delivered = self.sink.send(record, datagram)
+        with self._sending:
+            delivered = self.sink.send(record, datagram)
+            first, self._last_record = self._last_record is None, record
+        if first and self._keepalive is not None and not self._closed:
+            self._keepalive.start()
         self._owed = None if delivered else {k: datagram[k] for k in OWED}
         if not delivered and not self._warned:
             self._warned = True
@@ -411,6 +428,16 @@ class Monitor:
         self._last_report = time.monotonic()
         return record
 
+
+    def _keep_alive(self) -> None:
+        """The last report again with nothing new in it: no steps or seconds, no loss or MFU (the
+        agent keeps their last values), to the agent only (the JSON lines hold intervals)."""
+        with self._sending:
+            if self._closed or self._last_record is None:
+                return
+            quiet = {**self._last_record, **dict.fromkeys(OWED, 0), "time": time.time(),
+                     "loss": None, "grad_norm": None, "mfu": None}
+            self.sink.send_bytes(encode(quiet))
 
     def _warn_undelivered(self) -> None:
         error = self.sink.last_error
