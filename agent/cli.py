@@ -19,7 +19,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from burnrate.exporter.errors import UserError
 from burnrate.exporter.listen import listen_address
-from burnrate.exporter.telemetry import DEFAULT_SOCKET_PATH, socket_path
+from burnrate.exporter.telemetry import DEFAULT_SOCKET_PATH, FORGET_AFTER_S, socket_path
 from burnrate.exporter import counters as dcgm_counters
 from burnrate.exporter import labels as L
 from burnrate.exporter import webconfig
@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the lock that keeps a second agent off the telemetry socket (default: the socket's "
                    "path with .lock); in Kubernetes a path no pod mounts, since any process that can open "
                    "it can hold it")
-    p.add_argument("--forget-after", type=float, default=300.0, metavar="S",
+    p.add_argument("--forget-after", type=float, default=FORGET_AFTER_S, metavar="S",
                    help="forget a rank silent this long, and a GPU or pod gone this long from the GPU-second "
                    "counters (default 300 s)")
     p.add_argument("--node", default=os.environ.get("NODE_NAME") or socket.gethostname(),

@@ -16,6 +16,10 @@ from typing import Any, Mapping
 SCHEMA_VERSION = 1
 DEFAULT_SOCKET_PATH = "/run/burnrate/telemetry.sock"
 SOCKET_ENV = "BURNRATE_TELEMETRY_SOCKET"
+# The agent forgets a rank silent this long (`--forget-after`): its series go then. A sender
+# reports while its process lives (the monitor's keep-alives), so the analyzer dates a process's
+# end this long before its series went.
+FORGET_AFTER_S = 300.0
 
 # The rules a field's value must keep (the agent's schema says each in full).
 VERSION = "version"        # exactly SCHEMA_VERSION

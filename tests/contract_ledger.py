@@ -27,12 +27,13 @@ Choices the interface leaves open, made here and named so that a disagreement ca
   first reported with the first step of a process; until then the agent either keeps the
   previous process's values where it still holds the rank (last value wins:
   JobSpec.stale_step_gauges, the default) or drops them when the new process first reports;
-- a run that finishes leaves its pods holding GPUs either not at all or for longer than
-  FORGET_AFTER_S plus two scrape intervals, and a final hang lasts 10 minutes or more and ends
-  with its pods, deleted together: a shorter tail after a clean exit, or a pod held on after
-  the hang's end, is in the exported series indistinguishable from a hang (the agent keeps
-  exporting a silent rank for FORGET_AFTER_S), so the truth of such a case would not be
-  decidable from the interface;
+- a hung process keeps reporting (unchanged counters) until it ends, as a live process does;
+- a run that finishes (or a final hang, 10 minutes or more, that ends in the process's death)
+  leaves its pods holding GPUs either not at all (a hang's pods are deleted together) or for
+  longer than FORGET_AFTER_S plus two scrape intervals: a shorter tail after a process's end
+  is in the exported series indistinguishable from a hang (the agent keeps exporting a silent
+  rank for FORGET_AFTER_S), so the truth of such a case would not be decidable from the
+  interface;
 - a run that hangs before a restart is ended by its pods' deletion (an eviction), so that its
   end is seen as the end of their allocation; the hang counts as `restart`, which the
   definition makes everything between a run's last step and the next run's start.
@@ -71,7 +72,7 @@ class RunSpec:
     data_wait: tuple[float, ...]      # per rank: the share of a step waiting for data (rest: sync)
     stall_after: int | None = None    # a stall after this step of the run (0-based, < steps - 1)
     stall_s: float = 0.0
-    hang_s: float = 0.0               # alive after its last step with no step, until its pods go
+    hang_s: float = 0.0               # alive after its last step with no step (a last run: until its pods go, or keep_s before)
     # how this run follows the one before (ignored for the first run)
     new_pods: bool = False            # False: the same pods, the trainer restarts in them
     gap_s: float = 60.0               # same pods: previous process's end -> this process's start
@@ -92,7 +93,7 @@ class JobSpec:
     alloc_start: float                    # A0: the first pod's allocation
     pod_skew_s: tuple[float, ...] = ()    # per pod, allocation (and release, but a hang's) later by this much
     schedule_s: float = 120.0             # last pod allocated -> first process starts
-    keep_s: float = 0.0                   # last run finished: pods keep their GPUs this long after
+    keep_s: float = 0.0                   # last run's process ended: pods keep their GPUs this long after
     before_s: float = 600.0               # window start = A0 - before_s
     after_s: float = 600.0                # window end = A1 + after_s
     jitter_s: float = 0.0
@@ -285,10 +286,10 @@ def timeline(spec: JobSpec) -> tuple[list[Process], list[PodHold]]:
                 start = prev.end + run.gap_s
         processes.append(_lay_out(spec, run, k, start, resumed_from, rng, pods))
     last = processes[-1]
-    # A last run that hangs ends with its pods, deleted together: a pod held past its process's
-    # end would, in the exported series, be a hang too (the agent keeps a silent rank).
+    # A last run that hangs ends with its pods, deleted together, or dies (a collective's
+    # timeout) and leaves its pods holding on for keep_s.
     for i, (node, _) in enumerate(spec.nodes):
-        release = last.end + (0.0 if spec.runs[-1].hang_s else spec.keep_s + skew[i])
+        release = last.end + (0.0 if spec.runs[-1].hang_s and not spec.keep_s else spec.keep_s + skew[i])
         holds.append(PodHold(pods[i], node, gpus[i], ranks[i], alloc[i], release))
     for h in holds:
         for p in processes:

@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from burnrate.exporter.snapshot import RankState
+from burnrate.exporter.telemetry import FORGET_AFTER_S
 from ..thread_names import name_thread
 from .schema import MAX_MESSAGE_BYTES, Rejection, validate
 from .senders import Senders
@@ -55,7 +56,7 @@ class TelemetryInbox:
 
     def __init__(self, path: str | os.PathLike[str], *, max_ranks: int = 4096,
                  max_ranks_per_job: int = 1024, max_ranks_per_sender: int = 256, max_jobs_per_sender: int = 32,
-                 forget_after_s: float = 300.0, clock: Callable[[], float] = time.time,
+                 forget_after_s: float = FORGET_AFTER_S, clock: Callable[[], float] = time.time,
                  senders: Senders | None = None, mode: int = 0o666, group: int | None = None,
                  lock: str | os.PathLike[str] | None = None) -> None:
         self._path = Path(path)

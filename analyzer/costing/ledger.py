@@ -9,8 +9,9 @@ bin is given to the categories by what the job's ranks were doing:
 - before a run's first step the held time is `startup` (from the allocation for the first
   run, from the process's start for later ones), after a run's last step and before the next
   run's processes start it is `restart`, after the last run's last step it is `stalled`
-  while its ranks still report and `no_process` once they do not (ranks whose series
-  vanish while the job still holds its GPUs stopped reporting at their last step);
+  while its process lives and `no_process` after (a process reports while it lives, and
+  ranks whose series vanish while the job still holds its GPUs stopped reporting the agent's
+  --forget-after before they went);
 - in between, the held time is split in proportion to the rank-seconds the run's counters
   grew by: compute, data wait, the rest of the step time (sync wait), checkpoint and
   evaluation. The split is over the run's whole stretch of steps (and, apart, over its
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from burnrate.exporter.ledger import COUNTED, NAMES, PRODUCTIVE
+from burnrate.exporter.telemetry import FORGET_AFTER_S
 
 from .accounting import Accounting, holder_seconds
 from ..detectors.stalled import Config as StalledConfig
@@ -199,23 +201,29 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         cursor = last
     if runs:
         # After the last run's last step (or, if it never stepped, its start), a process is alive
-        # while its ranks report. The agent keeps a silent rank's series for --forget-after, so
-        # series that vanish while the GPUs are still held stopped reporting at the last step;
-        # and GPUs let go sooner after it than the `stalled` detector would call a stall were a
-        # job ending, not a hang (its pod finishing and being deleted).
+        # while its ranks report: the monitor reports while its process lives, hung or not
+        # (trainer.keepalive). The agent keeps a rank's series for --forget-after after its last
+        # report, so series that go while the GPUs are still held say the process ended that
+        # long before they went. GPUs let go sooner after the last step than the `stalled`
+        # detector would call a stall were a job ending, not a hang (its pod finishing and being
+        # deleted).
         last = len(runs) - 1
-        alive = (present & (run_of == last)).any(axis=0)
+        reported = (present & (run_of == last)).any(axis=0)
+        alive = reported.astype(np.float64)
         tail = held * cover(cursor, np.inf)
         held_bins = np.flatnonzero(tail > 0)
         usual = _usual_step(step_s[run_of == last], steps[run_of == last])
         short = max(stalled.interval_factor * usual, stalled.floor_minutes * 60)
+        if len(held_bins) and not reported[held_bins[-2:]].any():
+            went = np.flatnonzero(reported)
+            alive *= cover(-np.inf, seen[went[-1]] - FORGET_AFTER_S) if len(went) else 0.0
         # (Two samples' slack: the last step and the release are each known to a sample.)
-        if len(held_bins) and (not alive[held_bins[-2:]].any() or seen[held_bins[-1]] - cursor + 2 * v.step < short):
-            alive[:] = False
+        if len(held_bins) and seen[held_bins[-1]] - cursor + 2 * v.step < short:
+            alive[:] = 0.0
         waiting = _I["startup"] if runs[last]["first"] is None else _I["stalled"]
-        for category, mask in ((waiting, alive), (_I["no_process"], ~alive)):
-            seconds[category] += tail * mask
-            per_run[last, category] += (tail * mask).sum()
+        for category, share in ((waiting, alive), (_I["no_process"], 1.0 - alive)):
+            seconds[category] += tail * share
+            per_run[last, category] += (tail * share).sum()
     hours = {name: float(seconds[i].sum()) / 3600 for i, name in enumerate(NAMES)}
     if not lost_known:
         hours["lost_progress"] = None
