@@ -16,8 +16,6 @@ from burnrate.exporter import throttle
 
 from . import fleet as F
 
-# The agent forgets a rank silent this long (`burnrate agent --forget-after` default).
-FORGET_AFTER_S = 300.0
 XID_LOST = 79          # GPU has fallen off the bus
 XID_TRANSIENT = 13     # graphics engine exception
 
@@ -175,7 +173,6 @@ class Signals:
         self.c_gauges = np.concatenate([gauges[:, -1], ckpt[-1:]])
         np.add.at(self.mfu_sum, rj, np.where(run_r, mfu, 0.0).sum(axis=0))
         np.add.at(self.mfu_count, rj, run_r.sum(axis=0))
-        present = t <= (self.stall_at[rj] - 1) * S + self.t0 + FORGET_AFTER_S
         # NCCL kernels keep the GPU partly busy during the all-reduce; a rank waiting on
         # a straggler idles. A starving GPU runs flat out only while batches are queued.
         busy = np.clip((compute + 0.5 * comm[rj]) * jitter[:, rj] / wall_r, 0.0, 0.99)
@@ -190,7 +187,7 @@ class Signals:
                 "start_time": np.broadcast_to(self.started[rj], steps.shape),
                 "resumed_from": np.zeros(steps.shape), "checkpoint_s": np.zeros(steps.shape),
                 "eval_s": np.zeros(steps.shape),
-                "_present": present, "_running": run_r,
+                "_running": run_r,
                 "_busy": busy, "_thermal": thermal}
 
     def _burst(self, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

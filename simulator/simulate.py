@@ -142,7 +142,8 @@ class Simulation:
             t = self.time_of(i)
             train = sig.training(i, rng)
             dev = sig.devices(i, train, rng)
-            _write(tables["rank"], "rank", t, keys["rank"], {c: train[c] for c in TABLES["rank"][1]}, train["_present"])
+            # A hung job's ranks are written on: their processes live and report (trainer.keepalive).
+            _write(tables["rank"], "rank", t, keys["rank"], {c: train[c] for c in TABLES["rank"][1]})
             _write(tables["gpu"], "gpu", t, keys["gpu"], {c: dev[c] for c in TABLES["gpu"][1]})
             _write(tables["alloc"], "alloc", t, keys["alloc"], {"share": keys["share"][None, :]})
             _write(tables["node"], "node", t, keys["node"],

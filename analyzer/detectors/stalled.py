@@ -40,6 +40,17 @@ def _confirmed(known: np.ndarray, last: np.ndarray) -> np.ndarray:
     return (later < n) & (last[np.minimum(later, n - 1)] == last)
 
 
+def _going_on(known: np.ndarray, over: np.ndarray) -> np.ndarray:
+    """The bins after the last known one (the time the ranks' last report holds for) where that
+    one was already past the limit: a stall the data has shown goes on while the GPUs are held,
+    whatever the step, as it does where the last report's bin holds that time itself."""
+    out = np.zeros(known.size, dtype=bool)
+    seen = np.flatnonzero(known)
+    if len(seen) and over[seen[-1]]:
+        out[seen[-1] + 1:] = True
+    return out
+
+
 def _usual_step_s(rank: Grid, rows: np.ndarray, steps: np.ndarray, progress: np.ndarray) -> float:
     """A job's usual seconds per step: the median over the window's steps, or, where it made
     none, its processes' mean over every step they had made (their counters' totals)."""
@@ -105,7 +116,8 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
             # stepped, if their process made that step (a window that opens amid a stall).
             own = np.isfinite(reported) & (reported >= _process_start(rank, rows))
             last = np.where((seen < 0) & own, reported, np.maximum(last, reported))
-        stalled = (held > 0) & _confirmed(known, last) & (times - last > limit)
+        over = times - last > limit
+        stalled = (held > 0) & over & (_confirmed(known, last) | _going_on(known, over))
         for r in runs(stalled[None, :]):
             since = float(last[r.start])
             begin = max(v.bin_of(since), 0)
