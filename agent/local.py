@@ -8,7 +8,6 @@ pod holds its GPUs however hung its loop is; where the kernel did not name the p
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Iterable, Sequence
 
