@@ -431,9 +431,42 @@ def stall_edges() -> JobSpec:
         bystander=False, step_jitter=0.1, stale_step_gauges=True, seed=102167)
 
 
+def eval_reported_apart() -> JobSpec:
+    """A drawn job on two nodes scraped every 15 s, 7.9 s apart: a 289 s evaluation ends, one
+    node's report of it (spread over two bins of the grid) comes two bins before the other's.
+    The whole gap is the evaluation's, not half of it a stall."""
+    return JobSpec(nodes=(("gpu-node-a", 1), ("gpu-node-b", 1)), interval_s=15.0, runs=(
+        RunSpec(steps=1991, step_s=1.8080972675248004, startup_s=227.86770910283389, compute=(0.5488, 0.6224),
+                data_wait=(0.3816, 0.1646), gap_s=62.890907945397245, release_s=55.97813627552628,
+                pending_s=241.75651128325245, pull_s=209.2657123969063),
+        RunSpec(steps=1627, step_s=1.7198574417518593, startup_s=322.37423535063454, compute=(0.793, 0.7935),
+                data_wait=(0.017, 0.029), new_pods=True, gap_s=173.83032115204412, release_s=3.7329834847258345,
+                pending_s=77.62571551991188, pull_s=36.649086724150706)),
+        checkpoint_every=748, checkpoint_s=61.42001645037132, eval_every=682, eval_s=289.08399221394774,
+        alloc_start=1750028400.0, pod_skew_s=(1.401298464324817e-45, 1.224590867569151), schedule_s=30.0,
+        keep_s=1595.9454861107981, before_s=1993.9038951405003, after_s=1975.0547227141062,
+        jitter_s=1.0663474896434297, phase_s=7.893956804995198, namespace="ml", name="llm-pretrain", telemetry=True,
+        report_resumed_from=True, bystander=False, step_jitter=0.1, stale_step_gauges=True, seed=11858)
+
+
+def kept_after_exit() -> JobSpec:
+    """A drawn job scraped every 60 s with 11 s of jitter: it exits at its last step and its pods
+    hold the GPUs 8 minutes more. Its series go forget-after later: all of that time is no_process,
+    none of it stalled (the last sample is dated from the earliest it can have been)."""
+    return JobSpec(nodes=(("gpu-node-a", 4),), interval_s=60.0, runs=(
+        RunSpec(steps=260, step_s=2.783474464984015, startup_s=49.72947243408238,
+                compute=(0.8807, 0.804, 0.8929, 0.8304), data_wait=(0.0172, 0.0096, 0.0191, 0.0128), gap_s=30.0,
+                release_s=12.625708761374542, pending_s=219.59294957618772, pull_s=121.4947764720003),),
+        checkpoint_every=534, checkpoint_s=5.000000000000001, eval_every=None, eval_s=165.06879782091627,
+        alloc_start=1748826000.0, pod_skew_s=(0.0,), schedule_s=171.51161876121475, keep_s=480.0,
+        before_s=0.02, after_s=3115.579455924848, jitter_s=10.774824324997073, phase_s=28.978356480813584,
+        namespace="ml", name="llm-pretrain", telemetry=True, report_resumed_from=True, bystander=True,
+        step_jitter=0.1, stale_step_gauges=False, seed=65706980)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "hung_then_died", "forgotten", "single", "behind",
-                                     "evaluating", "saved_after", "stall_edges"])
+                                     "evaluating", "saved_after", "stall_edges", "eval_reported_apart", "kept_after_exit"])
 def test_fixed_jobs_ledgers_match_their_truth(vm, variant):
     spec = restarted()
     if variant == "fresh_gauges":  # the agent drops a restarted trainer's step gauges until its first step
@@ -455,6 +488,10 @@ def test_fixed_jobs_ledgers_match_their_truth(vm, variant):
         spec = saved_after()
     elif variant == "stall_edges":
         spec = stall_edges()
+    elif variant == "eval_reported_apart":
+        spec = eval_reported_apart()
+    elif variant == "kept_after_exit":
+        spec = kept_after_exit()
     elif variant == "single":    # one run on 4 GPUs of one node that finishes and frees them at once
         spec = replace(spec, runs=(_run(steps=4000, world=4),), keep_s=0.0, nodes=(("gpu-node-a", 4),),
                        pod_skew_s=(0.0,), interval_s=30.0)
@@ -594,6 +631,9 @@ def test_a_job_cut_in_two_windows_costs_in_them_what_it_does_in_one(vm, spec, wh
         elif one is not None and abs(one - two) > allowed:
             diffs.append(f"{category or 'gpu_hours'}: {one:.4f} in one window, {two:.4f} in two (allowed {allowed:.4f})")
     assert not diffs, "\n".join(diffs) + f"\ncut at {cut - case.alloc_start:.0f} s after A0\n" + case.describe()
+    # The window that closes amid the steps holds no time after them: its last sample's is theirs.
+    cut_run = max(entries(before), key=lambda j: max(r["last_step"] or "" for r in j["runs"]))
+    assert cut_run["ledger"]["no_process"]["gpu_hours"] == 0.0, case.describe()
 
 
 @pytest.mark.slow

@@ -156,6 +156,12 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         per_run[run, _I[category]] += part.sum()
 
     cursor = -np.inf                    # where the time not yet given away begins
+    # The job's last bin with held time, where that is the window's last with data (a grid's
+    # final points may lie past the window's end, or past its last scrape: a sample's slack):
+    # -1 where it let its GPUs go before.
+    closing = int(np.flatnonzero(held > 0)[-1]) if (held > 0).any() else -1
+    if closing >= 0 and seen[closing] + 2 * v.step <= v.frames.window.end:
+        closing = -1
     for k, run in enumerate(runs):
         cells = run_of == k
         start = cursor if k == 0 or run["process_start"] is None else max(run["process_start"], cursor)
@@ -171,9 +177,12 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
             continue
         usual = _usual_step(step_s[cells], steps[cells])
         last = max(run["last_time"] or seen[run["last"]], start)
-        if k == len(runs) - 1 and held[-1] > 0 and (cells & present)[:, -1].any() and \
-                seen[-1] - last < max(stalled.interval_factor * usual, v.step):
-            last = seen[-1]     # still stepping when the window closes: its last step is under way
+        if k == len(runs) - 1 and closing >= 0 and (cells & present)[:, max(closing - 1, 0):closing + 1].any() and \
+                seen[closing] - last < max(stalled.interval_factor * usual, v.step) + v.step:
+            # Still stepping when the window closes (a sample's slack: a rank's scrape may come
+            # after the window's end): its last step is under way, through the time its last
+            # sample holds for.
+            last = hi[closing]
         # The first steps began as long before they reported as the time they report (or, in a
         # series' first sample, which has no increase to read, as their number of usual steps).
         reported = parts[:, cells[:, run["first"]], run["first"]].sum(axis=0)
@@ -215,8 +224,10 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         usual = _usual_step(step_s[run_of == last], steps[run_of == last])
         short = max(stalled.interval_factor * usual, stalled.floor_minutes * 60)
         if len(held_bins) and not reported[held_bins[-2:]].any():
+            # (From the earliest its last sample can have been: a process that exited at its
+            # last step, the usual case, has no stalled time after it.)
             went = np.flatnonzero(reported)
-            alive *= cover(-np.inf, seen[went[-1]] - FORGET_AFTER_S) if len(went) else 0.0
+            alive *= cover(-np.inf, lo[went[-1]] - FORGET_AFTER_S) if len(went) else 0.0
         # (Two samples' slack: the last step and the release are each known to a sample.)
         if len(held_bins) and seen[held_bins[-1]] - cursor + 2 * v.step < short:
             alive[:] = 0.0
@@ -373,10 +384,11 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
             continue        # samples missing, not samples saying nothing happened
         gap = (b - a) * step
         # A save or an evaluation that ended the gap reports with the gap's end (ranks on other
-        # nodes may report it a sample later); steps reported there without one ended the gap
-        # themselves, and a save reported after them came after them.
-        ended = apart[b:b + 2].sum() if apart[b] > 0 else 0.0
-        stalled_s = gap - ended / max(ranks[b:b + 2].max(), 1) - usual
+        # nodes may report it a sample later, and a sample's increase may be spread over two
+        # bins of the grid); steps reported there without one ended the gap themselves, and a
+        # save reported after them came after them.
+        ended = apart[b:b + 3].sum() if apart[b] > 0 else 0.0
+        stalled_s = gap - ended / max(ranks[b:b + 3].max(), 1) - usual
         if gap <= stall_factor * usual or stalled_s <= step:
             continue        # a save or an evaluation, or steps this slow
         stall[a:b] = min(stalled_s / gap, 1.0)
