@@ -242,6 +242,10 @@ SHORTEST_S = {"low_mfu": CONFIG.low_mfu.min_minutes * MIN, "idle_gpu": CONFIG.id
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("BURNRATE_EXAMPLES"), database=None)
+# A drawn window: the slow job's last 38 minutes read at 3 s steps, more of its ranks' points in
+# its 1 s live data than in its 15 s history; the history's points between samples were left
+# unfilled and the job read as working 8 minutes, too short to judge.
+@example(which=EPISODES[0], into=0.72375170109712, points=1500)
 @given(which=st.sampled_from(EPISODES), into=st.floats(0.02, 0.98), points=st.sampled_from([resample.MAX_POINTS, 4000, 1500]))
 def test_a_window_that_opens_inside_an_episode_finds_the_rest_of_it(recording, reference, which, into, points):
     """From the window's start to the episode's end, with its wasted dollars in proportion (a

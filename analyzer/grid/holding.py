@@ -150,9 +150,14 @@ def _every_series_coarse(codes: np.ndarray, samples: np.ndarray) -> bool:
     table has nothing to fill. Series by series: in a fleet scraped at 1 s beside one at 15 s,
     a 5 s step holds five samples of the first in a point and a third of one of the second, whose
     points between its samples must be filled (a table-wide mean of the counts, over 2, read the
-    second's steps as none)."""
-    counts = np.bincount(codes, weights=np.fmax(np.nan_to_num(samples, nan=1.0), 1.0))
-    return bool((counts >= 2 * np.bincount(codes, minlength=len(counts))).all())
+    second's steps as none). And row by row: a series with more single-sample points than its
+    two ends was sampled slower than the step in part (15 s history before 1 s live data, read
+    at 3 s steps), and its history's points between samples must be filled too."""
+    counted = np.fmax(np.nan_to_num(samples, nan=1.0), 1.0)
+    rows = np.bincount(codes)
+    counts = np.bincount(codes, weights=counted, minlength=len(rows))
+    single = np.bincount(codes, weights=counted <= 1, minlength=len(rows))
+    return bool((counts >= 2 * rows).all() and (single <= 2).all())
 
 
 # Rows held at once by hold_table's general path (whole series each, so a block may be longer).
