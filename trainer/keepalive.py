@@ -14,9 +14,11 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-PERIOD_S = 10.0
-"""Well within the agent's --forget-after (300 s by default), so that a hung rank is never
-forgotten, and rare enough to cost nothing: a loop that reports every second never sends one."""
+PERIOD_S = 2.0
+"""Within how long the agent keeps a GPU with a silent rank whose process it cannot see (5 s at
+least, docs/agent.md) and far within its --forget-after (300 s by default), so that a hung rank
+is neither forgotten nor let go of; a loop that reports every second never sends one, and a hung
+one sends half as many messages as it did while it stepped."""
 
 
 class KeepAlive:
