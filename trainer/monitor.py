@@ -428,7 +428,6 @@ class Monitor:
         self._last_report = time.monotonic()
         return record
 
-
     def _keep_alive(self) -> None:
         """The last report again with nothing new in it: no steps or seconds, no loss or MFU (the
         agent keeps their last values), to the agent only (the JSON lines hold intervals)."""
