@@ -464,9 +464,24 @@ def kept_after_exit() -> JobSpec:
         step_jitter=0.1, stale_step_gauges=False, seed=65706980)
 
 
+def hung_at_close() -> JobSpec:
+    """A drawn job on two GPUs scraped every 15 s with 1.2 s of jitter: its last step is 10
+    minutes before the window closes, the process hung since and its series still there. The
+    grid's last points (a jittered scrape, the tail after the last point) read no holder, so the
+    GPUs seem to go under 10 minutes after the last step; the series outlived --forget-after,
+    so the process lived on: all of it is stalled, not a job ending."""
+    return JobSpec(nodes=(("gpu-node-a", 2),), interval_s=15.0, runs=(
+        RunSpec(steps=1402, step_s=2.566, startup_s=30.0, compute=(0.85, 0.8167), data_wait=(0.0, 0.0),
+                stall_after=141, stall_s=600.0, hang_s=600.0),),
+        checkpoint_every=484, checkpoint_s=5.0, eval_every=None, eval_s=100.0,
+        alloc_start=1748822400.0, pod_skew_s=(1.457,), schedule_s=5.78, keep_s=0.0,
+        before_s=186.76, after_s=0.0, jitter_s=1.2, phase_s=6.0, seed=0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "hung_then_died", "forgotten", "single", "behind",
-                                     "evaluating", "saved_after", "stall_edges", "eval_reported_apart", "kept_after_exit"])
+                                     "evaluating", "saved_after", "stall_edges", "eval_reported_apart", "kept_after_exit",
+                                     "hung_at_close"])
 def test_fixed_jobs_ledgers_match_their_truth(vm, variant):
     spec = restarted()
     if variant == "fresh_gauges":  # the agent drops a restarted trainer's step gauges until its first step
@@ -492,6 +507,8 @@ def test_fixed_jobs_ledgers_match_their_truth(vm, variant):
         spec = eval_reported_apart()
     elif variant == "kept_after_exit":
         spec = kept_after_exit()
+    elif variant == "hung_at_close":
+        spec = hung_at_close()
     elif variant == "single":    # one run on 4 GPUs of one node that finishes and frees them at once
         spec = replace(spec, runs=(_run(steps=4000, world=4),), keep_s=0.0, nodes=(("gpu-node-a", 4),),
                        pod_skew_s=(0.0,), interval_s=30.0)

@@ -223,13 +223,16 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         held_bins = np.flatnonzero(tail > 0)
         usual = _usual_step(step_s[run_of == last], steps[run_of == last])
         short = max(stalled.interval_factor * usual, stalled.floor_minutes * 60)
+        went = np.flatnonzero(reported)
         if len(held_bins) and not reported[held_bins[-2:]].any():
             # (From the earliest its last sample can have been: a process that exited at its
             # last step, the usual case, has no stalled time after it.)
-            went = np.flatnonzero(reported)
             alive *= cover(-np.inf, lo[went[-1]] - FORGET_AFTER_S) if len(went) else 0.0
+        # Series still there --forget-after (and a sample's slack) after the last step say the
+        # process lived on, whenever its GPUs went; only series gone by then leave it open.
+        lived_on = len(went) > 0 and lo[went[-1]] - FORGET_AFTER_S - v.step > cursor
         # (Two samples' slack: the last step and the release are each known to a sample.)
-        if len(held_bins) and seen[held_bins[-1]] - cursor + 2 * v.step < short:
+        if len(held_bins) and not lived_on and seen[held_bins[-1]] - cursor + 2 * v.step < short:
             alive[:] = 0.0
         waiting = _I["startup"] if runs[last]["first"] is None else _I["stalled"]
         for category, share in ((waiting, alive), (_I["no_process"], 1.0 - alive)):
