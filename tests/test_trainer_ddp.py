@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +25,14 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "trainer_tiny_2rank_loss.json"
 BASE = ["--nproc", "2", "--model", "tiny", "--batch-size", "4", "--seq-len", "32", "--report-every-steps", "1"]
+
+
+@pytest.fixture
+def tmp_path():
+    """A short one: the launches' TMPDIR lies inside it, and a loader's worker makes its
+    sockets under TMPDIR, whose paths hold 107 bytes (trainer.config)."""
+    with tempfile.TemporaryDirectory(prefix="burnrate-ddp-") as tmp:
+        yield Path(tmp)
 
 
 def _command(tmp: Path, *args: str) -> list[str]:
@@ -249,6 +258,39 @@ def test_ranks_end_with_a_killed_launcher_and_one_writer_holds_the_directory(tmp
     assert manifest["reason"] == "sigterm" and manifest["step"] >= 3
     resumed = _train(tmp_path, "--steps", str(manifest["step"] + 2), "--checkpoint-dir", str(ck), "--resume")
     assert f"resumed from step-{manifest['step']:08d}.pt (step {manifest['step']})" in resumed.stdout
+
+
+def test_ranks_blocked_on_their_loaders_end_with_a_killed_launcher(tmp_path):
+    """A rank waiting on a DataLoader that never delivers gets the launcher's death as SIGTERM,
+    but its handler only asks for a stop at the next step boundary, which never comes: it ends
+    --orphan-grace after its launcher died, and its loader's worker with it."""
+    proc = _start(tmp_path, "--steps", "5", "--fault", "starve:delay=600", "--num-workers", "1",
+                  "--orphan-grace", "2")
+    family: list[psutil.Process] = []
+    ranks: list[psutil.Process] = []
+    try:
+        def loading() -> bool:      # both ranks and their loaders' workers (the ranks' children) are up
+            nonlocal family, ranks
+            ranks = psutil.Process(proc.pid).children()
+            family = psutil.Process(proc.pid).children(recursive=True)
+            return len(ranks) == 2 and all(rank.children() for rank in ranks)
+        _wait_for(loading, timeout=120)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGKILL)       # the launcher alone
+        proc.wait()
+        killed = time.monotonic()
+        gone, alive = psutil.wait_procs(family, timeout=30)
+        assert alive == [], [p.cmdline() for p in alive]
+        assert time.monotonic() - killed >= 2.0     # the grace, not the SIGTERM, ended them
+        errors = proc.stderr.read()
+        for rank in ranks:
+            assert f"process {rank.pid}: its parent ({proc.pid}) ended 2 s ago and it has not: exiting" in errors, \
+                errors[-3000:]
+    finally:
+        _kill(proc)
+        for p in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
 
 
 @pytest.mark.serial   # a share of measured compute time: run alone (tests/conftest.py SERIAL)

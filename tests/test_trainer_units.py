@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import signal
 import socket
 import subprocess
@@ -68,6 +69,26 @@ def test_cli_rejects_a_bad_fault_in_one_line():
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["burnrate train: error: bad fault 'straggler:rank=1': missing factor"]
+
+
+def test_loader_workers_under_a_too_long_tmpdir_are_one_line_not_a_hang(tmp_path):
+    """Past 107 bytes a worker's socket cannot be made: each batch would be dropped with a
+    traceback and the ranks would wait for it forever. 76 bytes of TMPDIR is one too many."""
+    deep = tmp_path / ("d" * max(1, 76 - len(str(tmp_path)) - 1))
+    deep.mkdir()
+    assert len(str(deep)) == 76
+    r = subprocess.run([PYTHON, "-m", "burnrate", "train", "--num-workers", "1", "--steps", "2"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(deep)})
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"burnrate train: error: --num-workers: the loader's workers hand batches over through sockets under {deep}, "
+        "too long a path for them (a socket's holds 107 bytes): set TMPDIR to a shorter one"], r.stderr[-2000:]
+    assert list(deep.iterdir()) == []
+    shorter = deep.with_name(deep.name[1:])
+    shorter.mkdir()
+    r = subprocess.run([PYTHON, "-m", "burnrate.trainer", "--num-workers", "1", "--steps", "2", "--batch-size", "2",
+                        "--seq-len", "16", "--telemetry-socket", str(tmp_path / "none.sock")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(shorter)})
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("command", [["-m", "burnrate", "train"], ["-m", "burnrate.trainer"]],

@@ -9,7 +9,7 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from burnrate.exporter.lifetime import end_with_parent
+from burnrate.exporter.lifetime import end_with_parent, exit_after_parent
 
 from .checkpoint import CheckpointRefused
 from .config import ConfigError, add_arguments, from_args
@@ -21,11 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m burnrate.trainer", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    end_with_parent()   # a rank ends with its launcher (torchrun, burnrate train), even one killed outright
+    launcher = os.getppid()
+    end_with_parent(launcher)   # a rank ends with its launcher (torchrun, burnrate train), even one killed outright
     try:
         cfg = from_args(args)
     except ConfigError as exc:
         parser.error(str(exc))
+    exit_after_parent(launcher, cfg.run.orphan_grace)
     try:
         return train(cfg)
     except CheckpointRefused as exc:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import tempfile
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable
 
@@ -42,10 +44,35 @@ class RunConfig:
     compile: bool = opt(True, "skip torch.compile on GPU (never used on CPU)", flag="--no-compile")
     faults: list = opt([], "inject a fault (repeatable): straggler:rank=R,factor=F | starve:delay=S | "
                            "diverge:at=STEP | stall:at=STEP | crash:at=STEP", flag="--fault")
+    orphan_grace: float = opt(30.0, "seconds a rank whose launcher died has to stop at a step boundary and save; "
+                                    "then it exits without saving (torchrun's own grace after its SIGTERM)")
 
     def __post_init__(self) -> None:
         _require(self.steps > 0, "--steps must be positive")
+        _require(self.orphan_grace >= 0 and math.isfinite(self.orphan_grace), "--orphan-grace must be >= 0")
         parse_faults(self.faults)   # a ValueError that names the bad SPEC
+
+
+# A loader's worker hands a batch's tensors to its rank through a Unix socket that
+# multiprocessing makes in a directory of its own under TMPDIR (torch's file_descriptor
+# sharing, Linux's default): <TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX. A socket's path holds
+# 107 bytes; past that the worker drops every batch (a traceback on stderr) and the rank waits
+# for it forever. Newer Pythons move that directory to /tmp where TMPDIR is too long
+# (multiprocessing.util._get_base_temp_dir). Asked of the path, not by making the directory:
+# a rank ends without the interpreter's teardown, which would have removed it.
+_SOCKET_PATH_MAX = 107
+_SOCKET_NAME = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+
+
+def _sockets_fit() -> bool:
+    import multiprocessing.util
+
+    import torch.multiprocessing
+
+    if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        return True
+    base = getattr(multiprocessing.util, "_get_base_temp_dir", lambda t: t.gettempdir())(tempfile)
+    return len(os.fsencode(base)) + _SOCKET_NAME <= _SOCKET_PATH_MAX
 
 
 @dataclass
@@ -61,6 +88,10 @@ class DataConfig:
         _require(self.seq_len >= 0, "--seq-len must be >= 0")
         _require(self.num_workers >= 0, "--num-workers must be >= 0")
         _require(self.prefetch_factor > 0, "--prefetch-factor must be positive")
+        if self.num_workers:
+            _require(_sockets_fit(), f"--num-workers: the loader's workers hand batches over through sockets under "
+                                     f"{tempfile.gettempdir()}, too long a path for them (a socket's holds "
+                                     f"{_SOCKET_PATH_MAX} bytes): set TMPDIR to a shorter one")
 
 
 @dataclass
