@@ -212,6 +212,9 @@ CATALOG: tuple[MetricSpec, ...] = (
            "grad_norm"),
     _train("burnrate_train_last_step_timestamp_seconds", GAUGE, "seconds",
            "Unix time of the last completed step.", "last_step_time"),
+    _train("burnrate_train_last_report_timestamp_seconds", GAUGE, "seconds",
+           "Unix time the agent last heard from this rank, a keep-alive included: a living process's "
+           "is seconds old, an ended one's stays where it ended.", "last_report_time"),
     _train("burnrate_train_world_size", GAUGE, "ranks", "Ranks in the job.", "world_size"),
     _train("burnrate_train_last_checkpoint_timestamp_seconds", GAUGE, "seconds",
            "Unix time of the last checkpoint saved.", "last_checkpoint_time"),

@@ -17,9 +17,15 @@ SCHEMA_VERSION = 1
 DEFAULT_SOCKET_PATH = "/run/burnrate/telemetry.sock"
 SOCKET_ENV = "BURNRATE_TELEMETRY_SOCKET"
 # The agent forgets a rank silent this long (`--forget-after`): its series go then. A sender
-# reports while its process lives (the monitor's keep-alives), so the analyzer dates a process's
-# end this long before its series went.
+# reports while its process lives (the monitor's keep-alives), so an analyzer without the ranks'
+# last-report times dates a process's end this long before its series went.
 FORGET_AFTER_S = 300.0
+# The monitor's keep-alive: while it has reported nothing this long, it says the process lives.
+# Within how long the agent keeps a GPU with a silent rank whose process it cannot see (5 s at
+# least, docs/agent.md) and far within --forget-after, so that a hung rank is neither forgotten
+# nor let go of; a loop that reports every second never sends one, and a hung one sends half as
+# many messages as it did while it stepped. A living process's last report is never older.
+KEEPALIVE_S = 2.0
 
 # The rules a field's value must keep (the agent's schema says each in full).
 VERSION = "version"        # exactly SCHEMA_VERSION

@@ -181,6 +181,9 @@ class Signals:
                 "compute_s": cum["compute_s"], "samples": cum["samples"], "tokens": cum["tokens"],
                 "flops": cum["flops"], "mfu": gauges[0], "loss": gauges[1], "grad_norm": gauges[2],
                 "last_step_time": gauges[3], "world_size": np.broadcast_to(self.size[rj], steps.shape),
+                # Every simulated process lives through the history and reports at least every
+                # KEEPALIVE_S, a hung one too: the agent heard each rank as the sample was taken.
+                "last_report_time": np.broadcast_to(t, steps.shape),
                 "last_checkpoint_time": ckpt, "global_step": done,
                 # Simulated processes began before the history, fresh (resumed from step 0),
                 # and their loop spends no time saving or evaluating (checkpoints are instants).

@@ -102,6 +102,7 @@ class JobSpec:
     name: str = "llm-pretrain"
     telemetry: bool = True                # ranks report burnrate_train_* at all
     report_resumed_from: bool = True      # burnrate_train_resumed_from_step is exported
+    report_last_heard: bool = True        # burnrate_train_last_report_timestamp_seconds is exported (an older agent: not)
     bystander: bool = False               # a serving Deployment on one more GPU of the first node
     step_jitter: float = 0.1              # each step's wall time within +-this share of its run's mean
     stale_step_gauges: bool = True        # a restarted trainer's step gauges read the previous process's until its first step
@@ -193,6 +194,7 @@ class LedgerCase:
                  f"checkpoint every {s.checkpoint_every} steps ({s.checkpoint_s:.0f} s), "
                  f"eval every {s.eval_every} steps ({s.eval_s:.0f} s), keep {s.keep_s:.0f} s, "
                  f"telemetry={s.telemetry}, resumed_from exported={s.report_resumed_from}, "
+                f"last report exported={s.report_last_heard}, "
                  f"stale step gauges={s.stale_step_gauges}, seed={s.seed}"]
         a0 = self.alloc_start
         for h in self.holds:
@@ -380,6 +382,7 @@ START_GAUGES = ("burnrate_train_start_timestamp_seconds", "burnrate_train_resume
 STEP_GAUGES = ("burnrate_train_last_step_timestamp_seconds", "burnrate_train_global_step", "burnrate_train_loss",
                "burnrate_train_mfu_ratio")
 FLOPS_PER_SAMPLE = 6 * 7e9 * TOKENS_PER_SAMPLE
+LAST_HEARD = "burnrate_train_last_report_timestamp_seconds"
 
 
 def _last_report(p: Process, v: np.ndarray) -> np.ndarray:
@@ -474,6 +477,7 @@ def agent_view(processes: list[Process], rank: int, world: int, tau: np.ndarray,
         out[name] = np.where(held, out[name], np.nan)
     for name in gauges:
         out[name] = np.where(held, gauges[name], np.nan)
+    out[LAST_HEARD] = np.where(held, last_seen, np.nan)     # the agent's time of the last report
     return out
 
 
@@ -489,7 +493,8 @@ def _rank_series(spec: JobSpec, processes: list[Process], holds: list[PodHold], 
             labels = {"namespace": spec.namespace, "pod": pod, "training_job": spec.name, "rank": str(rank),
                       "Hostname": node.name, "instance": f"{node.name}:9400", "job": node.scrape_job}
             for name, v in values.items():
-                if name == "burnrate_train_resumed_from_step" and not spec.report_resumed_from:
+                if name == "burnrate_train_resumed_from_step" and not spec.report_resumed_from or \
+                        name == LAST_HEARD and not spec.report_last_heard:
                     continue
                 ok = ~np.isnan(v)
                 sink.add(name, labels, tau[ok], v[ok])
@@ -624,7 +629,8 @@ def ledger_jobs(draw: st.DrawFn, telemetry: bool = True, report_resumed_from: bo
         pod_skew_s=tuple(draw(st.floats(0.0, 30.0)) for _ in nodes), schedule_s=draw(st.floats(5.0, 600.0)),
         keep_s=keep, before_s=draw(st.floats(0.0, 3600.0)), after_s=draw(st.floats(0.0, 3600.0)),
         jitter_s=jitter, phase_s=draw(st.floats(0.0, interval, exclude_max=True)),
-        telemetry=telemetry, report_resumed_from=report_resumed_from, bystander=draw(st.booleans()),
+        telemetry=telemetry, report_resumed_from=report_resumed_from, report_last_heard=draw(st.booleans()),
+        bystander=draw(st.booleans()),
         stale_step_gauges=draw(st.booleans()),
         seed=draw(st.integers(0, 2 ** 32 - 1)))
 

@@ -482,7 +482,9 @@ def hung_at_close() -> JobSpec:
 @pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "hung_then_died", "forgotten", "single", "behind",
                                      "evaluating", "saved_after", "stall_edges", "eval_reported_apart", "kept_after_exit",
                                      "hung_at_close"])
-def test_fixed_jobs_ledgers_match_their_truth(vm, variant):
+# from an agent that exports its ranks' last-report times, and from one that does not
+@pytest.mark.parametrize("heard", [True, False], ids=["last_report", "forget_after"])
+def test_fixed_jobs_ledgers_match_their_truth(vm, variant, heard):
     spec = restarted()
     if variant == "fresh_gauges":  # the agent drops a restarted trainer's step gauges until its first step
         spec = replace(spec, stale_step_gauges=False)
@@ -512,10 +514,36 @@ def test_fixed_jobs_ledgers_match_their_truth(vm, variant):
     elif variant == "single":    # one run on 4 GPUs of one node that finishes and frees them at once
         spec = replace(spec, runs=(_run(steps=4000, world=4),), keep_s=0.0, nodes=(("gpu-node-a", 4),),
                        pod_skew_s=(0.0,), interval_s=30.0)
-    case = in_slot(spec)
+    case = in_slot(replace(spec, report_last_heard=heard))
     import_victoria(case, vm.url)
     doc, step = analyse(vm.url, case)
     check(doc, case, step)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hang_s, after_s", [(240.0, 900.0), (400.0, 900.0), (240.0, 0.0)],
+                         ids=["short_hang_released", "hang_past_forget_after_released", "short_hang_at_close"])
+def test_a_short_hang_is_stalled_by_the_last_report_times(vm, hang_s, after_s):
+    """A hang shorter than the `stalled` detector's 10 minutes, ended with its pods. Its series
+    outlive the pods by --forget-after, which says the process lived until they went; but where
+    the window closes first, the series alone cannot tell that hang from an exit (the ledger of
+    an agent without last-report times reads a job ending). The agent's time of each rank's
+    last report can."""
+    spec = replace(restarted(), runs=(_run(steps=2000, hang_s=hang_s, release_s=2.0),), keep_s=0.0,
+                   after_s=after_s)
+    case = in_slot(spec)
+    assert case.truth.ledger["stalled"] > 0 and case.truth.ledger["no_process"] < 0.01, case.describe()
+    import_victoria(case, vm.url)
+    doc, step = analyse(vm.url, case)
+    check(doc, case, step)
+    older = in_slot(replace(spec, report_last_heard=False))
+    import_victoria(older, vm.url)
+    doc, step = analyse(vm.url, older)
+    if after_s < FORGET_AFTER_S:
+        ledger = the_job(doc, older)["ledger"]
+        assert ledger["stalled"]["gpu_hours"] < 0.1 * older.truth.ledger["stalled"], ledger
+    else:
+        check(doc, older, step)
 
 
 @pytest.mark.slow

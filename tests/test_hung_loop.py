@@ -5,9 +5,10 @@ good, as a rank stuck in a collective does; it reports to a real `burnrate agent
 records, with its ranks forgotten after 3 s of silence. The GPU stays with the hung process
 (local attribution: the process still runs). While the loop is hung its monitor's keep-alives
 keep the rank: the agent still exports it, its steps and last step unchanged, long after it
-would have forgotten a silent one, and `burnrate analyze` over the recording books the hang as
+would have forgotten a silent one, and the time it was last heard moves on with them;
+`burnrate analyze` over the recording books the hang as
 `stalled`, as its `stalled` finding calls it, and nothing as `no_process`. Once the process is
-killed the keep-alives stop and the agent forgets the rank.
+killed the keep-alives stop, the time it was last heard stays, and the agent forgets the rank.
 """
 from __future__ import annotations
 
@@ -82,6 +83,9 @@ def test_a_hung_loop_stays_a_live_rank_and_its_hang_is_stalled_time(tmp_path):
             assert exported(url, "burnrate_train_steps_total") == HANG_AT, why()
             assert exported(url, "burnrate_train_last_step_timestamp_seconds") == last_step <= hung_at
             end = time.time()
+            # ...while the time the agent last heard the rank moves with the keep-alives.
+            heard = exported(url, "burnrate_train_last_report_timestamp_seconds")
+            assert end - KEEPALIVE_S - 2 * INTERVAL_S - 0.5 <= heard <= end, (heard, end)
             time.sleep(2 * INTERVAL_S)      # the samples up to `end` are written
             analyzed = subprocess.run([PYTHON, "-m", "burnrate", "analyze", "--recording", str(recording),
                                        "--start", repr(began - 5), "--end", repr(end), "--detector-config", str(tmp_path / "thresholds.yaml"),
@@ -91,7 +95,11 @@ def test_a_hung_loop_stays_a_live_rank_and_its_hang_is_stalled_time(tmp_path):
             loop.send_signal(signal.SIGKILL)
             loop.wait()
             loop.stdout.close()
-        # Dead, the process sends nothing more: forgotten after forget-after.
+        killed = time.time()
+        time.sleep(3 * INTERVAL_S)
+        # Dead, the process sends nothing more: the time it was last heard stays where it died...
+        assert exported(url, "burnrate_train_last_report_timestamp_seconds") <= killed, why()
+        # ...and it is forgotten after forget-after.
         wait_for(lambda: exported(url, "burnrate_train_steps_total") is None, FORGET_AFTER_S + 5, why)
     doc = json.loads(analyzed.stdout)
     (job,) = [j for j in doc["jobs"] if j["training_job"] == JOB]

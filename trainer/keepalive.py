@@ -14,18 +14,14 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-PERIOD_S = 2.0
-"""Within how long the agent keeps a GPU with a silent rank whose process it cannot see (5 s at
-least, docs/agent.md) and far within its --forget-after (300 s by default), so that a hung rank
-is neither forgotten nor let go of; a loop that reports every second never sends one, and a hung
-one sends half as many messages as it did while it stepped."""
+from burnrate.exporter.telemetry import KEEPALIVE_S
 
 
 class KeepAlive:
     """Calls `send()` each time `quiet_s()` (seconds since the last report) reaches `period_s`,
     from a daemon thread, until `stop()`."""
 
-    def __init__(self, send: Callable[[], None], quiet_s: Callable[[], float], period_s: float = PERIOD_S) -> None:
+    def __init__(self, send: Callable[[], None], quiet_s: Callable[[], float], period_s: float = KEEPALIVE_S) -> None:
         self.period_s = period_s
         self._send, self._quiet_s = send, quiet_s
         self._stopped = threading.Event()

@@ -39,10 +39,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from burnrate.exporter.telemetry import SCHEMA_VERSION, TelemetrySink, encode
+from burnrate.exporter.telemetry import KEEPALIVE_S, SCHEMA_VERSION, TelemetrySink, encode
 
 from .flops import Peak, device_type, model_flops_per_token, peak_flops
-from .keepalive import PERIOD_S, KeepAlive
+from .keepalive import KeepAlive
 
 from .telemetry import Identity
 
@@ -148,7 +148,7 @@ class Monitor:
         start_step: int | None = None,
         start_time: float | None = None,
         on_report: Callable[[dict], None] | None = None,
-        keepalive_s: float = PERIOD_S,
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         """`model` and `seq_len` give the FLOPs per token (or pass `flops_per_token`);
         `device` defaults to the model's; `peak` overrides the peak FLOP/s table.

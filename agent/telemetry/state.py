@@ -41,7 +41,7 @@ class _Rank:
 
     def snapshot(self) -> RankState:
         if self.state is None:
-            values = frozen(dict(zip(COUNTER_FIELDS, self.counters), **self.gauges))
+            values = frozen(dict(zip(COUNTER_FIELDS, self.counters), **self.gauges, last_report_time=self.last_seen))
             self.state = RankState(self.key, values, self.local_rank, self.last_seen, self.pid)
         return self.state
 

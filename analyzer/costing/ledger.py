@@ -9,9 +9,10 @@ bin is given to the categories by what the job's ranks were doing:
 - before a run's first step the held time is `startup` (from the allocation for the first
   run, from the process's start for later ones), after a run's last step and before the next
   run's processes start it is `restart`, after the last run's last step it is `stalled`
-  while its process lives and `no_process` after (a process reports while it lives, and
-  ranks whose series vanish while the job still holds its GPUs stopped reporting the agent's
-  --forget-after before they went);
+  while its process lives and `no_process` after (a process reports while it lives, and the
+  agent exports when it last heard each rank; from an agent that does not, ranks whose series
+  vanish while the job still holds its GPUs stopped reporting its --forget-after before they
+  went);
 - in between, the held time is split in proportion to the rank-seconds the run's counters
   grew by: compute, data wait, the rest of the step time (sync wait), checkpoint and
   evaluation. The split is over the run's whole stretch of steps (and, apart, over its
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from burnrate.exporter.ledger import COUNTED, NAMES, PRODUCTIVE
-from burnrate.exporter.telemetry import FORGET_AFTER_S
+from burnrate.exporter.telemetry import FORGET_AFTER_S, KEEPALIVE_S
 
 from .accounting import Accounting, holder_seconds
 from ..detectors.stalled import Config as StalledConfig
@@ -133,7 +134,7 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         basis["restart"] = ("the telemetry has no process start times (an older monitor), so runs are not "
                             "told apart: a restart reads as a stall")
     gauge = {name: rank.values[name][rows] if name in rank.values else np.full((len(rows), v.n), np.nan)
-             for name in ("global_step", "resumed_from", "last_step_time")}
+             for name in ("global_step", "resumed_from", "last_step_time", "last_report_time")}
     runs = [_run_facts(v, run_of == k, steps, gauge, start) for k, start in enumerate(starts)]
 
     # When each bin's samples were seen, and the time they stand for (a raw sample's from its
@@ -209,31 +210,12 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         per_run[k] += done.sum(axis=1)
         cursor = last
     if runs:
-        # After the last run's last step (or, if it never stepped, its start), a process is alive
-        # while its ranks report: the monitor reports while its process lives, hung or not
-        # (trainer.keepalive). The agent keeps a rank's series for --forget-after after its last
-        # report, so series that go while the GPUs are still held say the process ended that
-        # long before they went. GPUs let go sooner after the last step than the `stalled`
-        # detector would call a stall were a job ending, not a hang (its pod finishing and being
-        # deleted).
+        # After the last run's last step (or, if it never stepped, its start), the held time is
+        # `stalled` (`startup`) while the process lives and `no_process` after it ended.
         last = len(runs) - 1
-        reported = (present & (run_of == last)).any(axis=0)
-        alive = reported.astype(np.float64)
         tail = held * cover(cursor, np.inf)
-        held_bins = np.flatnonzero(tail > 0)
-        usual = _usual_step(step_s[run_of == last], steps[run_of == last])
-        short = max(stalled.interval_factor * usual, stalled.floor_minutes * 60)
-        went = np.flatnonzero(reported)
-        if len(held_bins) and not reported[held_bins[-2:]].any():
-            # (From the earliest its last sample can have been: a process that exited at its
-            # last step, the usual case, has no stalled time after it.)
-            alive *= cover(-np.inf, lo[went[-1]] - FORGET_AFTER_S) if len(went) else 0.0
-        # Series still there --forget-after (and a sample's slack) after the last step say the
-        # process lived on, whenever its GPUs went; only series gone by then leave it open.
-        lived_on = len(went) > 0 and lo[went[-1]] - FORGET_AFTER_S - v.step > cursor
-        # (Two samples' slack: the last step and the release are each known to a sample.)
-        if len(held_bins) and not lived_on and seen[held_bins[-1]] - cursor + 2 * v.step < short:
-            alive[:] = 0.0
+        alive = _alive(v, present & (run_of == last), gauge["last_report_time"], tail, cursor, lo, seen,
+                       _usual_step(step_s[run_of == last], steps[run_of == last]), stalled)
         waiting = _I["startup"] if runs[last]["first"] is None else _I["stalled"]
         for category, share in ((waiting, alive), (_I["no_process"], 1.0 - alive)):
             seconds[category] += tail * share
@@ -255,6 +237,45 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
                    for i, name in enumerate(NAMES) if seconds[i].any()}, gpus=float(held.max() / v.step),
                   start=float(lo[held_bins[0]]), end=float(hi[held_bins[-1]]),
                   saves=saves, save_seconds=save_seconds, step=v.step)
+
+
+def _alive(v: Views, reporting: np.ndarray, last_report: np.ndarray, tail: np.ndarray, cursor: float,
+           lo: np.ndarray, seen: np.ndarray, usual: float, stalled: StalledConfig) -> np.ndarray:
+    """(bin,) the share of each bin of the last run's `tail` (its held time after `cursor`, its
+    last step) that its process was alive. `reporting`: the last run's ranks' samples."""
+    reported = reporting.any(axis=0)
+    went = np.flatnonzero(reported)
+    held_bins = np.flatnonzero(tail > 0)
+    kept = len(held_bins) > 0 and bool(reported[held_bins[-2:]].any())     # reporting while its GPUs were held
+    heard = np.where(reporting, last_report, np.nan)
+    if np.isfinite(heard).any():
+        # The agent's time of each rank's last message, keep-alives included: the process lived
+        # until the latest, and on through its GPUs' last held time where its last sample heard
+        # it then (a living process reports at least every KEEPALIVE_S; a sample is a step late
+        # at most).
+        latest = float(np.nanmax(heard))
+        if kept and seen[went[-1]] - latest <= v.step + 2 * KEEPALIVE_S:
+            return np.ones(v.n)
+        return np.clip((latest - lo) / v.step, 0.0, 1.0)
+    # Without those times (an older agent), a process is alive while its ranks report: the
+    # monitor reports while its process lives, hung or not (trainer.keepalive). The agent keeps
+    # a rank's series for --forget-after after its last report, so series that go while the
+    # GPUs are still held say the process ended that long before they went. GPUs let go sooner
+    # after the last step than the `stalled` detector would call a stall were a job ending, not
+    # a hang (its pod finishing and being deleted).
+    alive = reported.astype(np.float64)
+    if len(held_bins) and not kept:
+        # (From the earliest its last sample can have been: a process that exited at its
+        # last step, the usual case, has no stalled time after it.)
+        alive *= np.clip((lo[went[-1]] - FORGET_AFTER_S - lo) / v.step, 0.0, 1.0) if len(went) else 0.0
+    # Series still there --forget-after (and a sample's slack) after the last step say the
+    # process lived on, whenever its GPUs went; only series gone by then leave it open.
+    lived_on = len(went) > 0 and lo[went[-1]] - FORGET_AFTER_S - v.step > cursor
+    # (Two samples' slack: the last step and the release are each known to a sample.)
+    short = max(stalled.interval_factor * usual, stalled.floor_minutes * 60)
+    if len(held_bins) and not lived_on and seen[held_bins[-1]] - cursor + 2 * v.step < short:
+        alive[:] = 0.0
+    return alive
 
 
 def _saves(v: Views, rows: np.ndarray, checkpoint_s: np.ndarray, held_bins: np.ndarray) -> tuple[int, float | None]:

@@ -32,7 +32,7 @@ HOLDER = ("namespace", "pod", "training_job")
 # that runs one job after another keeps each job's steps and time apart.
 RANK_KEY = ("namespace", "training_job", "pod", "rank")
 RANK_LABELS = ("Hostname",)
-RANK_TIMES = ("last_step_time", "last_checkpoint_time", "start_time")
+RANK_TIMES = ("last_step_time", "last_report_time", "last_checkpoint_time", "start_time")
 # Step numbers, which the ledger compares with the step a run resumed from: float32, exact up
 # to 2**24 steps, where float64 would add 180 MB to a week of a thousand ranks.
 RANK_STEPS = ("global_step", "resumed_from")
