@@ -102,7 +102,7 @@ class JobSpec:
     name: str = "llm-pretrain"
     telemetry: bool = True                # ranks report burnrate_train_* at all
     report_resumed_from: bool = True      # burnrate_train_resumed_from_step is exported
-    report_last_heard: bool = True        # burnrate_train_last_report_timestamp_seconds is exported (an older agent: not)
+    report_last_heard: bool = True        # burnrate_train_last_report_timestamp_seconds exported (an older agent: not)
     bystander: bool = False               # a serving Deployment on one more GPU of the first node
     step_jitter: float = 0.1              # each step's wall time within +-this share of its run's mean
     stale_step_gauges: bool = True        # a restarted trainer's step gauges read the previous process's until its first step

@@ -134,7 +134,7 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         basis["restart"] = ("the telemetry has no process start times (an older monitor), so runs are not "
                             "told apart: a restart reads as a stall")
     gauge = {name: rank.values[name][rows] if name in rank.values else np.full((len(rows), v.n), np.nan)
-             for name in ("global_step", "resumed_from", "last_step_time", "last_report_time")}
+             for name in ("global_step", "resumed_from", "last_step_time")}
     runs = [_run_facts(v, run_of == k, steps, gauge, start) for k, start in enumerate(starts)]
 
     # When each bin's samples were seen, and the time they stand for (a raw sample's from its
@@ -214,8 +214,9 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         # `stalled` (`startup`) while the process lives and `no_process` after it ended.
         last = len(runs) - 1
         tail = held * cover(cursor, np.inf)
-        alive = _alive(v, present & (run_of == last), gauge["last_report_time"], tail, cursor, lo, seen,
-                       _usual_step(step_s[run_of == last], steps[run_of == last]), stalled)
+        heard = rank.latest.get("last_report_time")
+        alive = _alive(v, present & (run_of == last), heard[rows] if heard is not None else np.full(len(rows), np.nan),
+                       tail, cursor, lo, seen, _usual_step(step_s[run_of == last], steps[run_of == last]), stalled)
         waiting = _I["startup"] if runs[last]["first"] is None else _I["stalled"]
         for category, share in ((waiting, alive), (_I["no_process"], 1.0 - alive)):
             seconds[category] += tail * share
@@ -239,15 +240,16 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
                   saves=saves, save_seconds=save_seconds, step=v.step)
 
 
-def _alive(v: Views, reporting: np.ndarray, last_report: np.ndarray, tail: np.ndarray, cursor: float,
+def _alive(v: Views, reporting: np.ndarray, heard: np.ndarray, tail: np.ndarray, cursor: float,
            lo: np.ndarray, seen: np.ndarray, usual: float, stalled: StalledConfig) -> np.ndarray:
     """(bin,) the share of each bin of the last run's `tail` (its held time after `cursor`, its
-    last step) that its process was alive. `reporting`: the last run's ranks' samples."""
+    last step) that its process was alive. `reporting`: the last run's ranks' samples; `heard`:
+    when the agent last heard each of the job's ranks (NaN: not exported)."""
     reported = reporting.any(axis=0)
     went = np.flatnonzero(reported)
     held_bins = np.flatnonzero(tail > 0)
     kept = len(held_bins) > 0 and bool(reported[held_bins[-2:]].any())     # reporting while its GPUs were held
-    heard = np.where(reporting, last_report, np.nan)
+    heard = heard[reporting.any(axis=1)]
     if np.isfinite(heard).any():
         # The agent's time of each rank's last message, keep-alives included: the process lived
         # until the latest, and on through its GPUs' last held time where its last sample heard

@@ -32,7 +32,9 @@ HOLDER = ("namespace", "pod", "training_job")
 # that runs one job after another keeps each job's steps and time apart.
 RANK_KEY = ("namespace", "training_job", "pod", "rank")
 RANK_LABELS = ("Hostname",)
-RANK_TIMES = ("last_step_time", "last_report_time", "last_checkpoint_time", "start_time")
+RANK_TIMES = ("last_step_time", "last_checkpoint_time", "start_time")
+# When the agent last heard each rank: read at each series' last sample only (Grid.latest).
+RANK_LATEST = ("last_report_time",)
 # Step numbers, which the ledger compares with the step a run resumed from: float32, exact up
 # to 2**24 steps, where float64 would add 180 MB to a week of a thousand ranks.
 RANK_STEPS = ("global_step", "resumed_from")
@@ -41,7 +43,7 @@ GPU_SIGNALS = ("gpu_util", "up", "sm_clock_mhz", "throttle_reasons")
 HELD = ("held_s",)    # seconds each sample stands for (analyzer.grid.holding)
 # The value columns the detectors and the cost model read, per table: what a
 # source needs to fetch for an analysis (the dashboard's charts read more).
-ANALYSIS_COLUMNS = {"gpu": GPU_SIGNALS, "alloc": ("share",), "rank": RANK_COUNTERS + RANK_GAUGES,
+ANALYSIS_COLUMNS = {"gpu": GPU_SIGNALS, "alloc": ("share",), "rank": RANK_COUNTERS + RANK_GAUGES + RANK_LATEST,
                     "node": (), "xid": ("count",)}
 
 
@@ -70,6 +72,9 @@ class Grid:
     # counter -> each series' count at its last sample in the window (NaN where it has none):
     # what its process had made in all by then, whether or not the window saw it grow.
     totals: dict[str, np.ndarray] = field(default_factory=dict)
+    # column -> each series' value at its last sample in the window (NaN where it has none),
+    # for a column only that is read (build_grid's `latest`): a row each, not a grid.
+    latest: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -101,11 +106,12 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
                start: float, step: float, n: int, labels: tuple[str, ...] = (),
                counters: tuple[str, ...] = (), wide: tuple[str, ...] | None = None,
                summed: tuple[str, ...] = (), release: bool = False,
-               counted_before: pd.DataFrame | None = None) -> Grid:
+               counted_before: pd.DataFrame | None = None, latest: tuple[str, ...] = ()) -> Grid:
     """`counters` become per-bin increases (counter_delta), spread over the bins their
     sample stands for where the frame says which rows are held over (`spread`); a series'
     first sample's increase is read from its row in `counted_before` (its counters before the
     window, Frames.rank_before) where that is no further back than the staleness bound;
+    `latest` columns keep each series' value at its last sample only (Grid.latest);
     `summed` columns add up the rows that fall in one bin (time held,
     analyzer.grid.holding) where others keep the last, in float32 where that holds every
     sum exactly (readers widen them before they multiply); float64 columns stay float64 only
@@ -143,7 +149,7 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         sampled.ravel()[cell[fresh if keep.all() else fresh[keep]]] = True
     owner = _owners(present, sampled) if counters and sampled is not None and not sampled[present].all() else None
     before = _counted_before(counted_before, counters, keys, by, present, start, step) if counters else None
-    values, totals = {}, {}
+    values, totals, lasts = {}, {}, {}
     cumulative = np.empty((s, n)) if counters else None     # one buffer for every counter
     last = n - 1 - np.argmax(present[:, ::-1], axis=1) if counters else None
     # Sums first: their float64 bincount is briefly beside its float32 copy, before the other grids exist.
@@ -153,6 +159,11 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
             del frame[name]
         if not keep.all():
             data = data[keep]
+        if name in latest:
+            at = np.full(s, -1, np.int64)
+            at[cell // n] = np.arange(len(cell))    # rows are in time order: each series' last wins
+            lasts[name] = np.where(at >= 0, data[np.maximum(at, 0)] if len(data) else np.nan, np.nan)
+            continue
         if name in summed:
             total = np.bincount(cell, weights=data, minlength=s * n)
             # A reduced read has one row a cell: its float32 seconds, exact in half the memory.
@@ -173,7 +184,7 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         arr = np.full((s, n), np.nan, dtype=np.float64 if exact else np.float32)
         arr.ravel()[cell] = data
         values[name] = arr
-    return Grid(keys, {name: values[name] for name in columns}, present, sampled, totals)
+    return Grid(keys, {name: values[name] for name in columns if name not in latest}, present, sampled, totals, lasts)
 
 
 def _counted_before(counted: pd.DataFrame | None, counters: tuple[str, ...], keys: pd.DataFrame,
@@ -462,10 +473,10 @@ class Views:
     @cached_property
     def rank(self) -> Grid:
         f = self.frames.rank
-        cols = tuple(c for c in RANK_COUNTERS + RANK_GAUGES if c in f.columns)
+        cols = tuple(c for c in RANK_COUNTERS + RANK_GAUGES + RANK_LATEST if c in f.columns)
         grid = build_grid(f, RANK_KEY, cols, self.start, self.step, self.n, labels=RANK_LABELS,
                           counters=RANK_COUNTERS, wide=RANK_TIMES, release=self.release,
-                          counted_before=self.frames.rank_before)
+                          counted_before=self.frames.rank_before, latest=RANK_LATEST)
         keys = grid.keys
         keys["job"] = job_name(keys["training_job"], keys["pod"])
         keys["rank_no"] = pd.to_numeric(keys["rank"], errors="coerce")
