@@ -478,14 +478,18 @@ def hung_at_close() -> JobSpec:
         before_s=186.76, after_s=0.0, jitter_s=1.2, phase_s=6.0, seed=0)
 
 
+# Jobs drawn at random that once failed, each as it was drawn.
+DRAWN = {case.__name__: case for case in (behind, evaluating, saved_after, stall_edges, eval_reported_apart,
+                                           kept_after_exit, hung_at_close)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "hung_then_died", "forgotten", "single", "behind",
-                                     "evaluating", "saved_after", "stall_edges", "eval_reported_apart", "kept_after_exit",
-                                     "hung_at_close"])
+@pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "hung_then_died", "forgotten", "single",
+                                     *DRAWN])
 # from an agent that exports its ranks' last-report times, and from one that does not
 @pytest.mark.parametrize("heard", [True, False], ids=["last_report", "forget_after"])
 def test_fixed_jobs_ledgers_match_their_truth(vm, variant, heard):
-    spec = restarted()
+    spec = DRAWN[variant]() if variant in DRAWN else restarted()
     if variant == "fresh_gauges":  # the agent drops a restarted trainer's step gauges until its first step
         spec = replace(spec, stale_step_gauges=False)
     elif variant in ("hung", "hung_then_died"):
@@ -497,20 +501,6 @@ def test_fixed_jobs_ledgers_match_their_truth(vm, variant, heard):
                        keep_s=1200.0 if variant == "hung_then_died" else 0.0)
     elif variant == "forgotten":  # a restart in the same pods after more than forget-after
         spec = replace(spec, runs=(spec.runs[0], replace(spec.runs[1], gap_s=900.0), spec.runs[2]))
-    elif variant == "behind":
-        spec = behind()
-    elif variant == "evaluating":
-        spec = evaluating()
-    elif variant == "saved_after":
-        spec = saved_after()
-    elif variant == "stall_edges":
-        spec = stall_edges()
-    elif variant == "eval_reported_apart":
-        spec = eval_reported_apart()
-    elif variant == "kept_after_exit":
-        spec = kept_after_exit()
-    elif variant == "hung_at_close":
-        spec = hung_at_close()
     elif variant == "single":    # one run on 4 GPUs of one node that finishes and frees them at once
         spec = replace(spec, runs=(_run(steps=4000, world=4),), keep_s=0.0, nodes=(("gpu-node-a", 4),),
                        pod_skew_s=(0.0,), interval_s=30.0)

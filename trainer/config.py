@@ -55,13 +55,13 @@ class RunConfig:
 
 # A loader's worker hands a batch's tensors to its rank through a Unix socket that
 # multiprocessing makes in a directory of its own under TMPDIR (torch's file_descriptor
-# sharing, Linux's default): <TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX. A socket's path holds
-# 107 bytes; past that the worker drops every batch (a traceback on stderr) and the rank waits
-# for it forever. Newer Pythons move that directory to /tmp where TMPDIR is too long
+# sharing, Linux's default): TMPDIR/pymp-<8 random characters>/listener-<8 more>. A socket's
+# path holds 107 bytes; past that the worker drops every batch (a traceback on stderr) and the
+# rank waits for it forever. Newer Pythons move that directory to /tmp where TMPDIR is too long
 # (multiprocessing.util._get_base_temp_dir). Asked of the path, not by making the directory:
 # a rank ends without the interpreter's teardown, which would have removed it.
 _SOCKET_PATH_MAX = 107
-_SOCKET_NAME = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+_SOCKET_NAME = len("/pymp-") + 8 + len("/listener-") + 8
 
 
 def _sockets_fit() -> bool:

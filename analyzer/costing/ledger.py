@@ -28,6 +28,7 @@ bin is given to the categories by what the job's ranks were doing:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -216,7 +217,8 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         tail = held * cover(cursor, np.inf)
         heard = rank.latest.get("last_report_time")
         alive = _alive(v, present & (run_of == last), heard[rows] if heard is not None else np.full(len(rows), np.nan),
-                       tail, cursor, lo, seen, _usual_step(step_s[run_of == last], steps[run_of == last]), stalled)
+                       tail, cursor, cover, lo, seen, _usual_step(step_s[run_of == last], steps[run_of == last]),
+                       stalled)
         waiting = _I["startup"] if runs[last]["first"] is None else _I["stalled"]
         for category, share in ((waiting, alive), (_I["no_process"], 1.0 - alive)):
             seconds[category] += tail * share
@@ -241,10 +243,13 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
 
 
 def _alive(v: Views, reporting: np.ndarray, heard: np.ndarray, tail: np.ndarray, cursor: float,
-           lo: np.ndarray, seen: np.ndarray, usual: float, stalled: StalledConfig) -> np.ndarray:
+           cover: Callable[[float, float], np.ndarray], lo: np.ndarray, seen: np.ndarray, usual: float,
+           stalled: StalledConfig) -> np.ndarray:
     """(bin,) the share of each bin of the last run's `tail` (its held time after `cursor`, its
     last step) that its process was alive. `reporting`: the last run's ranks' samples; `heard`:
-    when the agent last heard each of the job's ranks (NaN: not exported)."""
+    when the agent last heard each of the job's ranks (NaN: not exported); `cover(t0, t1)`: the
+    share of each bin a stretch of time covers; `lo`, `seen`: where each bin's time begins, and
+    when its samples were seen."""
     reported = reporting.any(axis=0)
     went = np.flatnonzero(reported)
     held_bins = np.flatnonzero(tail > 0)
@@ -258,7 +263,7 @@ def _alive(v: Views, reporting: np.ndarray, heard: np.ndarray, tail: np.ndarray,
         latest = float(np.nanmax(heard))
         if kept and seen[went[-1]] - latest <= v.step + 2 * KEEPALIVE_S:
             return np.ones(v.n)
-        return np.clip((latest - lo) / v.step, 0.0, 1.0)
+        return cover(-np.inf, latest)
     # Without those times (an older agent), a process is alive while its ranks report: the
     # monitor reports while its process lives, hung or not (trainer.keepalive). The agent keeps
     # a rank's series for --forget-after after its last report, so series that go while the
@@ -269,7 +274,7 @@ def _alive(v: Views, reporting: np.ndarray, heard: np.ndarray, tail: np.ndarray,
     if len(held_bins) and not kept:
         # (From the earliest its last sample can have been: a process that exited at its
         # last step, the usual case, has no stalled time after it.)
-        alive *= np.clip((lo[went[-1]] - FORGET_AFTER_S - lo) / v.step, 0.0, 1.0) if len(went) else 0.0
+        alive *= cover(-np.inf, lo[went[-1]] - FORGET_AFTER_S) if len(went) else 0.0
     # Series still there --forget-after (and a sample's slack) after the last step say the
     # process lived on, whenever its GPUs went; only series gone by then leave it open.
     lived_on = len(went) > 0 and lo[went[-1]] - FORGET_AFTER_S - v.step > cursor
