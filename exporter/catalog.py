@@ -199,7 +199,7 @@ CATALOG: tuple[MetricSpec, ...] = (
     _train("burnrate_train_steps_total", COUNTER, "steps", "Completed optimizer steps.", "steps"),
     _train("burnrate_train_step_seconds_total", COUNTER, "seconds", "Wall time of those steps.", "step_s"),
     _train("burnrate_train_data_wait_seconds_total", COUNTER, "seconds",
-           "Time blocked waiting for the next batch.", "data_wait_s"),
+           "Time blocked waiting for the next batch; on a GPU, as far as the GPU waited too.", "data_wait_s"),
     _train("burnrate_train_compute_seconds_total", COUNTER, "seconds",
            "This rank's own compute, without time spent waiting for other ranks.", "compute_s"),
     _train("burnrate_train_samples_total", COUNTER, "samples", "Samples processed.", "samples"),

@@ -24,7 +24,11 @@ longest compute and the shortest wait.
 
 On GPU the phases are timed with CUDA events that are read back a step or more later
 (`Event.query()` never blocks); the only synchronization and `.item()` calls happen on
-report steps.
+report steps. The wait for data counts as far as the GPU waited too: the host blocks on
+its loader while the GPU still runs the steps queued before, and that overlap is neither
+lost time nor starvation. A wait between steps counts up to the GPU's idle time between
+the two compute phases around it (their events), a wait timed with `data_wait()` inside a
+phase up to the GPU's idle time across it (events of its own); on CPU the two are the same.
 """
 from __future__ import annotations
 
@@ -83,7 +87,9 @@ class _Phase:
     end: Any = None
     ready: Any = None                       # the last gradient bucket was ready
     done: list = field(default_factory=list)  # each bucket's all-reduce finished
-    waited: float = 0.0                     # data wait inside the phase: not compute
+    before: float = 0.0                     # the host's data wait since the phase before ended
+    after: Any = None                       # the end of the phase before, where there was one
+    waits: list = field(default_factory=list)  # data waits inside the phase: (seconds, marks or None)
 
 
 @dataclass
@@ -180,6 +186,8 @@ class Monitor:
         self._clock = _CudaClock() if device_type(device) == "cuda" else _CpuClock()
         self._interval = _Interval()
         self._pending: deque[_Phase] = deque()
+        self._waited = 0.0                  # the host's data wait since the last phase ended
+        self._last_end: Any = None          # that phase's end mark
         self._owed: dict[str, float] | None = None     # deltas no datagram has delivered yet
         self._phase: _Phase | None = None
         self._loss: Any = None
@@ -218,17 +226,30 @@ class Monitor:
             self.add_data_wait(time.perf_counter() - t0)
             yield batch
 
-    def data_wait(self) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def data_wait(self) -> Iterator[None]:
         """Time fetching a batch where no iterator is wrapped (`X, Y = get_batch()`). Inside
-        `compute()` too, as loops that prefetch mid-step do: the time counts once, as wait."""
-        return _timed(self.add_data_wait)
+        `compute()` too, as loops that prefetch mid-step do: the time the device waited
+        counts once, as wait, and the rest as compute."""
+        marks = self._clock.mark() if self._phase is not None else None
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - t0
+            self._add_wait(seconds, None if marks is None else (marks, self._clock.mark()))
 
     # Framework callbacks (trainer.hooks) see phases begin and end in separate calls.
     def add_data_wait(self, seconds: float) -> None:
-        """Count `seconds` blocked on data; inside a compute phase, they are not compute."""
-        self._interval.data_wait_s += seconds
+        """Count `seconds` blocked on data; inside a compute phase, they are not compute.
+        Between phases they count up to the device's idle time between them."""
+        self._add_wait(seconds, None)
+
+    def _add_wait(self, seconds: float, marks: tuple | None) -> None:
         if self._phase is not None:
-            self._phase.waited += seconds
+            self._phase.waits.append((seconds, marks))
+        else:
+            self._waited += seconds
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
@@ -240,12 +261,13 @@ class Monitor:
             self.end_compute()
 
     def begin_compute(self) -> None:
-        self._phase = _Phase(start=self._clock.mark())
+        self._phase = _Phase(start=self._clock.mark(), before=self._waited, after=self._last_end)
+        self._waited = 0.0
 
     def end_compute(self) -> None:
         phase, self._phase = self._phase, None
         if phase is not None:
-            phase.end = self._clock.mark()
+            phase.end = self._last_end = self._clock.mark()
             self._pending.append(phase)
 
     def micro_batch(self, samples: int, tokens: int | None = None, loss: Any = None) -> None:
@@ -278,6 +300,9 @@ class Monitor:
         if tokens is None:
             tokens = samples * (self.seq_len or 0)
         iv = self._interval
+        # A wait no compute phase followed (a loop that times no compute) counts as it was.
+        iv.data_wait_s += self._waited
+        self._waited = 0.0
         iv.steps += 1
         iv.step_s += now - self._step_end
         iv.samples += samples
@@ -360,7 +385,14 @@ class Monitor:
                 for e in phase.done:
                     e.synchronize()
             self._pending.popleft()
-            seconds = max(self._clock.seconds(phase.start, phase.end) - phase.waited, 0.0)
+            # The host's waits, as far as the device waited with it: between phases, up to its
+            # idle time between them; inside, up to its idle time across the wait's own marks.
+            if phase.before:
+                gap = self._clock.seconds(phase.after, phase.start) if phase.after is not None else phase.before
+                self._interval.data_wait_s += min(phase.before, max(gap, 0.0))
+            inside = sum(min(s, max(self._clock.seconds(*marks), 0.0)) if marks else s for s, marks in phase.waits)
+            self._interval.data_wait_s += inside
+            seconds = max(self._clock.seconds(phase.start, phase.end) - inside, 0.0)
             if phase.ready is not None and phase.done:
                 waited = max(self._clock.seconds(phase.ready, d) for d in phase.done)
                 seconds -= min(max(waited, 0.0), seconds)
