@@ -164,3 +164,37 @@ def test_a_counter_that_reads_3_percent_high_shows_so():
     run = gpu_run_module()
     rows = run.energy_rows({"GPU-a": [(0.0, 500.0, 0.0), (5.0, 500.0, 0.0), (10.0, 500.0, 5_150_000.0)]})
     assert rows[-1] == "| GPU-a | 10.00 | 5,150.0 | 5,000.0 | +3.0% |"
+
+
+# The reference trainer on one H200 (driver 580.159.04, torch 2.11.0+cu130), its monitor's
+# own records (`--telemetry-jsonl`): gpt2-124m in bf16 with torch.compile, batch 16 fed by
+# the synthetic stream and starved by 50 ms a batch, with the monitor that counts a wait as
+# far as the GPU waited; and, before it, batch 32 fed, stopped by SIGTERM and resumed, with
+# the monitor that counted the host's whole wait (bench/RESULTS.md, "GPU").
+TRAINER = os.path.join(ROOT, "tests", "data", "h200-trainer")
+
+
+def trainer_records(name: str) -> list[dict]:
+    import json
+
+    with open(os.path.join(TRAINER, f"{name}.jsonl")) as fh:
+        return [json.loads(line) for line in fh]
+
+
+def test_the_trainers_step_time_splits_by_its_records_on_a_real_h200():
+    rows = gpu_run_module().split_rows([(name, trainer_records(name))
+                                        for name in ("before-fed-batch32", "fed", "starved")])
+    assert rows[2:] == [
+        # The host's 3.1% wait for batches ran beside the GPU's queued steps: counted in full,
+        # compute and wait exceed the step time.
+        "| before-fed-batch32 | 443 | 27.07 | 100.4% | 3.1% | -3.5% | 46.3% |",
+        "| fed | 199 | 6.43 | 100.1% | 0.2% | -0.2% | 43.8% |",
+        # The GPU waited 55% of the time: the host's 50 ms a batch less the queued steps' work.
+        "| starved | 59 | 4.10 | 45.3% | 55.0% | -0.3% | 20.4% |"]
+
+
+def test_the_first_report_of_each_process_is_left_out():
+    records = trainer_records("before-fed-batch32")
+    starts = [r for r in records if r["steps"] and r["step"] - r["steps"] == (r["resumed_from"] or 0)]
+    assert [(r["step"], r["resumed_from"]) for r in starts] == [(1, 0), (406, 405)]
+    assert all(r["step_s"] > 2.0 for r in starts)   # compilation, in each process
