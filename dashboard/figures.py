@@ -23,7 +23,7 @@ STATE_COLORS = {"busy": "#2e86de", "idle": "#f39c12", "utilization unknown": "#6
 PHASE_COLORS = {"data wait": "#e17055", "compute": "#00b894", "other": "#b2bec3"}
 KIND_COLORS = dict(zip(KINDS, ("#e17055", "#fdcb6e", "#b2bec3", "#6c5ce7", "#d63031", "#e84393",
                                "#fd79a8", "#2d3436", "#0984e3", "#74b9ff", "#a29bfe", "#00cec9",
-                               "#ffeaa7", "#e67e22")))
+                               "#ffeaa7", "#4b4b4b", "#e67e22")))
 # The ledger's categories, one colour each wherever they are drawn.
 LEDGER_COLORS = dict(zip(("productive", "data_wait", "sync_wait", "checkpoint", "evaluation", "startup", "restart",
                           "lost_progress", "stalled", "no_process"),

@@ -23,7 +23,7 @@ BUDGET_TESTS = os.path.join(ROOT, "tests", "rules", "burnrate-budgets.test.yaml"
 LEDGER_GROUP = "burnrate-ledger"
 RUNBOOKS = os.path.join(ROOT, "docs", "runbooks.md")
 
-ALERTS = {"TrainingStalled", "TrainingDiverging", "DataLoaderStarvation", "GPUIdleWhileAllocated",
+ALERTS = {"TrainingStalled", "TrainingHeldAfterExit", "TrainingDiverging", "DataLoaderStarvation", "GPUIdleWhileAllocated",
           "StragglerRank", "GPUThermalThrottling", "GPUXidError", "GPULost", "BurnrateAgentDown",
           "TelemetryRejected", "TrainingGoodputLow", "BudgetExceeded", "BudgetForecastOverrun"}
 # Exported by `burnrate analyze --serve --budgets`, not by the agent (analyzer/costing/budgets.py).

@@ -45,6 +45,7 @@ from tests.contract_ledger import (BASE_TIME, CATEGORIES, FORGET_AFTER_S, H, REP
                                    ledger_jobs, tolerance)
 from tests.processes import prometheus, victoria_metrics
 
+HELD_AFTER_EXIT_MINUTES = 10.0   # docs/findings.md
 SLOTS_FROM = 1104537600.0     # 2005-01-01T00:00:00Z: each analysed case gets 3 days of its own from here
 _slots = itertools.count()
 # no shrinking by default: a failing example is reported as drawn, within the time budget
@@ -295,6 +296,32 @@ def ledger_errors(job: dict, case: LedgerCase, unit_s: float, resumed_from_known
     return errors
 
 
+def exit_errors(doc: dict, job: dict, case: LedgerCase, unit_s: float) -> list[str]:
+    """A stall is a living process's: no `stalled` finding runs past the last process's end. The
+    GPUs held after it, where that is over `held_after_exit_minutes` (docs/findings.md), are the
+    `held_after_exit` finding, whose waste is the ledger's `no_process` (within the GPU-time of
+    the bin where the process ended, which the stall before it claims its part of)."""
+    mine = [f for f in doc["findings"] if f.get("training_job") == job["training_job"]
+            and f.get("namespace") == job["namespace"]]
+    ended = max(p.end for p in case.processes) if case.processes else None
+    if ended is None or not case.spec.telemetry:
+        return []
+    errors = [f"stalled until {f['end']}, {_ts(f['end']) - ended:.0f} s after the last process ended"
+              for f in mine if f["kind"] == "stalled" and _ts(f["end"]) > ended + unit_s]
+    held = [f for f in mine if f["kind"] == "held_after_exit"]
+    after_min = (min(case.alloc_end, case.end) - ended) / 60
+    limit = HELD_AFTER_EXIT_MINUTES
+    if after_min > limit + 2 * unit_s / 60 and not held:
+        errors.append(f"no held_after_exit finding for {after_min:.1f} min held after the process ended")
+    if after_min < limit - 2 * unit_s / 60 and held:
+        errors.append(f"held_after_exit for {after_min:.1f} min held after the process ended")
+    no_process = ((job.get("ledger") or {}).get("no_process") or {}).get("gpu_hours")
+    errors += [f"held_after_exit wasted {f['wasted_gpu_hours']} GPU-h, the ledger's no_process {no_process}"
+               for f in held if no_process is None
+               or abs(f["wasted_gpu_hours"] - no_process) > case.spec.world_size * unit_s / H + 1e-3]
+    return errors
+
+
 def fleet_errors(doc: dict, job: dict) -> list[str]:
     """The fleet's accounting carries the ledger summed over training jobs: here the one job."""
     acc = doc["accounting"]
@@ -317,7 +344,7 @@ def fleet_errors(doc: dict, job: dict) -> list[str]:
 def check(doc: dict, case: LedgerCase, step_s: float, **kwargs) -> None:
     job = the_job(doc, case)
     unit = edge_s(case) + max(0.0, step_s - case.spec.interval_s)
-    errors = ledger_errors(job, case, unit, **kwargs) + fleet_errors(doc, job)
+    errors = ledger_errors(job, case, unit, **kwargs) + fleet_errors(doc, job) + exit_errors(doc, job, case, unit)
     got = {c: (v or {}).get("gpu_hours") for c, v in (job.get("ledger") or {}).items()}
     assert not errors, ("\n".join(errors) + f"\n{case.describe()}\n  analyzer: {got}, goodput {job.get('goodput')}, "
                         f"gpu_hours {job['gpu_hours']}\n  basis {job.get('ledger_basis')}\n  runs {job.get('runs')}")

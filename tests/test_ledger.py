@@ -222,3 +222,59 @@ def test_the_monitor_sends_its_start_and_resume_point_and_the_agent_exports_them
             on_report=unknown.append).step(samples=1)
     assert unknown[0]["resumed_from"] is None
     assert json.loads(encode(unknown[0]))["resumed_from"] is None
+
+
+def ended_job(alive_until: int, stepping_until: int = 199) -> Fleet:
+    """2 ranks on 2 GPUs held the whole two hours; steps from bin 20 to `stepping_until`, the
+    process alive (its ranks reporting, the agent hearing them) until bin `alive_until`, after
+    which the pods hold the GPUs idle with no process."""
+    f = Fleet()
+    f.node("node-a")
+    b = np.arange(f.n)
+    stepping = (b >= 20) & (b <= stepping_until)
+    alive = b <= alive_until
+    for r in range(GPUS):
+        f.gpu("node-a", r, util=np.where(stepping, 95.0, 0.0))
+        f.alloc("node-a", r, f"llm-{r}", "llm")
+        per = {"steps": np.where(stepping, 10.0, 0.0), "step_s": np.where(stepping, 15.0, 0.0),
+               "wait_s": np.where(stepping, 0.5, 0.0), "compute_s": np.where(stepping, 12.0, 0.0),
+               "tokens": np.where(stepping, 1000.0, 0.0)}
+        _rank(f, r, f"llm-{r}", per, np.clip(10 * (np.minimum(b, stepping_until) - 19), 0, None),
+              np.full(f.n, T0), np.zeros(f.n), alive)
+        f.rows["rank"][-1]["last_report_time"] = f.t[alive]
+    return f
+
+
+@pytest.mark.parametrize("alive_until, stalled_minutes", [(200, None), (300, 25.25)],
+                         ids=["exited at its last step", "hung 25 min, then died"])
+def test_gpus_held_after_the_process_ended_are_held_after_exit_not_a_stall(alive_until, stalled_minutes):
+    """The pods hold the GPUs to the window's end after the process ended: that time is the
+    ledger's no_process and the held_after_exit finding's waste, with advice to release the
+    GPUs; a stall is only the time the process lived on without a step, and the idle GPUs are
+    neither counted again nor a finding of their own."""
+    job, doc, report = ledger_of(ended_job(alive_until))
+    found = {f.kind: f for f in report.findings if f.training_job == "llm"}
+    assert set(found) == {"held_after_exit"} | ({"stalled"} if stalled_minutes else set()), found
+    held = found["held_after_exit"]
+    no_process = job["ledger"]["no_process"]["gpu_hours"]
+    assert no_process == pytest.approx((479 - alive_until) * BIN_GPU_HOURS, abs=2 * BIN_GPU_HOURS)
+    assert held.wasted_gpu_hours == pytest.approx(no_process, abs=1e-4)   # the document rounds to 4 places
+    assert held.start == pytest.approx(T0 + alive_until * STEP, abs=2 * STEP)
+    assert held.evidence["gpus_held"] == pytest.approx(GPUS)
+    assert "cleanPodPolicy" in held.recommendation
+    if stalled_minutes:
+        stall = found["stalled"]
+        assert stall.end == pytest.approx(held.start)
+        assert stall.evidence["stalled_minutes"] == pytest.approx(stalled_minutes, abs=0.5)
+        assert stall.wasted_gpu_hours == pytest.approx(job["ledger"]["stalled"]["gpu_hours"], abs=2 * BIN_GPU_HOURS)
+    waste = {f["kind"]: f["wasted_gpu_hours"] for f in doc["findings"] if f.get("training_job") == "llm"}
+    assert sum(waste.values()) == pytest.approx(no_process + job["ledger"]["stalled"]["gpu_hours"],
+                                                abs=2 * BIN_GPU_HOURS)
+
+
+def test_a_process_that_hangs_until_the_window_closes_is_stalled_to_the_end():
+    job, _, report = ledger_of(ended_job(alive_until=479))
+    found = {f.kind: f for f in report.findings if f.training_job == "llm"}
+    assert set(found) == {"stalled"}
+    assert job["ledger"]["no_process"]["gpu_hours"] == 0.0
+    assert found["stalled"].end == pytest.approx(T0 + 479 * STEP, abs=STEP)

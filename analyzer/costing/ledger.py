@@ -88,6 +88,22 @@ class Ledger:
         inside = (at >= 0) & (at < n)
         return np.bincount(at[inside], weights=part[inside].astype(np.float64), minlength=n)
 
+    def process_end(self) -> float | None:
+        """When the job's last process ended while its GPUs were still held: the start of its
+        `no_process` time (within its first bin, after the share of the bin the process lived);
+        None where the job held no GPU after its process ended."""
+        gone = self.timeline.get("no_process")
+        if gone is None or not gone.any():
+            return None
+        first = int(np.argmax(gone > 0))
+        held = float(sum(part[first] for part in self.timeline.values()))
+        return self.start + self.step * (first + 1 - (float(gone[first]) / held if held > 0 else 1.0))
+
+    def gpus_after_exit(self) -> float:
+        """The most GPUs the job held at once after its last process ended."""
+        gone = self.timeline.get("no_process")
+        return float(gone.max()) / self.step if gone is not None and len(gone) and self.step > 0 else 0.0
+
     def goodput(self, gpu_hours: float) -> float | None:
         productive = self.gpu_hours.get(PRODUCTIVE)
         return productive / gpu_hours if productive is not None and gpu_hours > 0 else None

@@ -9,16 +9,21 @@
   optimum (C/τ), by more than `Config.overhead_factor`.
 - `slow_startup`: a run took longer than `Config.startup_minutes` from its start to its first
   step.
+- `held_after_exit`: the job held GPUs longer than `Config.held_after_exit_minutes` after its
+  last process ended, with no run after it: its `no_process` time, all of it waste. Its process
+  end is also where the job's `stalled` finding ends (detectors.ended_with_their_processes):
+  a stall is a living process that makes no step.
 
 The thresholds are the detectors' (analyzer/detectors/ledger_thresholds.py).
 """
 from __future__ import annotations
 
-from ..detectors.findings import Finding
-from ..detectors.ledger_thresholds import CHECKPOINT_OVERHEAD, KINDS, LOST_PROGRESS, SLOW_STARTUP, Config, advised_interval
+from ..detectors.findings import Finding, iso
+from ..detectors.ledger_thresholds import (CHECKPOINT_OVERHEAD, HELD_AFTER_EXIT, KINDS, LOST_PROGRESS, SLOW_STARTUP,
+                                           Config, advised_interval)
 from .ledger import Ledger
 
-__all__ = ["KINDS", "Config", "advised_interval", "detect", "mtbf"]
+__all__ = ["KINDS", "Config", "advised_interval", "detect", "held_after_exit", "mtbf", "process_ends"]
 
 def detect(ledgers: dict[tuple[str, str], Ledger], prior_mtbf_s: dict[tuple[str, str], float | None],
            config: Config = Config()) -> list[Finding]:
@@ -29,6 +34,37 @@ def detect(ledgers: dict[tuple[str, str], Ledger], prior_mtbf_s: dict[tuple[str,
         out += _lost_progress(job, ledger, prior_mtbf_s.get(job), config)
         out += _checkpoint_overhead(job, ledger, prior_mtbf_s.get(job), config)
         out += _slow_startup(job, ledger, config)
+    return out
+
+
+def process_ends(ledgers: dict[tuple[str, str], Ledger]) -> dict[tuple[str, str], float]:
+    """When each job's last process ended, for the jobs that held GPUs after it."""
+    return {job: end for job, ledger in ledgers.items() if (end := ledger.process_end()) is not None}
+
+
+def held_after_exit(ledgers: dict[tuple[str, str], Ledger], config: Config = Config()) -> list[Finding]:
+    """The jobs that held GPUs over `config.held_after_exit_minutes` after their last process
+    ended: from then to the job's last held sample, wasting its whole `no_process` time. They
+    take part in detection (they explain idle GPUs, as a stall does), so they are not among
+    `detect`'s."""
+    out = []
+    for job, ledger in ledgers.items():
+        ended = ledger.process_end()
+        if ended is None or ledger.end - ended <= config.held_after_exit_minutes * 60:
+            continue
+        gpus = ledger.gpus_after_exit()
+        evidence = {"process_ended": iso(ended), "held_minutes": (ledger.end - ended) / 60, "gpus_held": gpus,
+                    "no_process_gpu_hours": ledger.gpu_hours["no_process"]}
+        last = ledger.runs[-1].last_step if ledger.runs else None
+        if last is not None:
+            evidence["last_step"] = iso(last)
+        out.append(Finding(HELD_AFTER_EXIT, "critical", ended, ledger.end, namespace=job[0], training_job=job[1],
+                           wasted_gpu_hours=ledger.gpu_hours["no_process"] or 0.0, evidence=evidence,
+                           recommendation=f"No training process has run since {iso(ended)}, yet the job's pods "
+                                          f"held {gpus:.3g} GPUs {_span(ledger.end - ended)} more. Delete the "
+                                          "finished pods, or have the job clean them up when it ends or fails "
+                                          "(PyTorchJob runPolicy.cleanPodPolicy: All, ttlSecondsAfterFinished; "
+                                          "no sidecar or shell that outlives the trainer)."))
     return out
 
 

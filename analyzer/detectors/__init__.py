@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Mapping
 
 from . import episodes
 from ..grid import workers
@@ -51,7 +51,7 @@ WASTE_WITHIN: dict[str, tuple[str, ...]] = {
 }
 # kind -> kinds that, on the same job and overlapping in time, explain it.
 EXPLAINED_BY: dict[str, tuple[str, ...]] = {
-    "idle_gpu": ("stalled", "oversized_serving"),
+    "idle_gpu": ("stalled", "held_after_exit", "oversized_serving"),
     "underused_gpu": ("idle_gpu", "oversized_serving"),
 }
 
@@ -91,6 +91,21 @@ def detect_all(data: Frames | Views, config: DetectorConfig = DetectorConfig()) 
     return sorted(merged, key=order)
 
 
+def ended_with_their_processes(views: Views, found: list[Finding], process_ends: Mapping[tuple[str, str], float],
+                               held_after_exit: list[Finding], config: DetectorConfig = DetectorConfig()
+                               ) -> list[Finding]:
+    """`found` once the ledger has told when jobs' last processes ended (`process_ends`): their
+    stalls found again, ending there, and the GPUs they held after (`held_after_exit`,
+    analyzer.costing.ledger_findings) explaining idle GPUs as a stall does."""
+    if not process_ends:
+        return found
+    last = views.frames.window.end
+    again = [replace(f, end=max(min(f.end, last), f.start)) for f in stalled.detect(views, config.stalled, process_ends)]
+    kept = [f for f in found if not (f.kind == stalled.KIND and f.job in process_ends)]
+    kept += [f for f in again if _has_evidence(f, views)] + held_after_exit
+    return sorted((f for f in kept if not _explained(f, kept)), key=order)
+
+
 def order(f: Finding) -> tuple:
     """Findings in time, then by what they name: the order every report lists them in."""
     return (f.start, f.kind, f.namespace or "", f.training_job or "", f.hostname or "", f.gpu or "",
@@ -127,4 +142,4 @@ def _explained(finding: Finding, found: list[Finding]) -> bool:
         for other in found)
 
 
-__all__ = ["DETECTORS", "DetectorConfig", "Views", "detect_all"]
+__all__ = ["DETECTORS", "DetectorConfig", "Views", "detect_all", "ended_with_their_processes"]

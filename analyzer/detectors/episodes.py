@@ -27,7 +27,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "idle_gpu": JOB, "dataloader_starvation": JOB, "stalled": JOB, "diverging": JOB, "low_mfu": JOB,
     "underused_gpu": JOB, "oversized_serving": JOB,
     # The ledger's findings are one per job already, from its whole window.
-    "lost_progress": JOB, "checkpoint_overhead": JOB, "slow_startup": JOB,
+    "lost_progress": JOB, "checkpoint_overhead": JOB, "slow_startup": JOB, "held_after_exit": JOB,
     # Free capacity is released (or filled) per node: the node pool scales by node.
     "unallocated_gpu": ("hostname",),
     # A hardware fault is the GPU's, whoever held it at the time.

@@ -15,7 +15,7 @@ from ..grid.frames import iso
 
 KINDS = ("dataloader_starvation", "idle_gpu", "unallocated_gpu", "straggler", "stalled",
          "diverging", "thermal_throttle", "gpu_error", "low_mfu", "underused_gpu",
-         "lost_progress", "checkpoint_overhead", "slow_startup", "oversized_serving")
+         "lost_progress", "checkpoint_overhead", "slow_startup", "held_after_exit", "oversized_serving")
 SEVERITIES = ("info", "warning", "critical")
 
 

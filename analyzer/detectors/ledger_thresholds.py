@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass
 
 LOST_PROGRESS, CHECKPOINT_OVERHEAD, SLOW_STARTUP = "lost_progress", "checkpoint_overhead", "slow_startup"
-KINDS = (LOST_PROGRESS, CHECKPOINT_OVERHEAD, SLOW_STARTUP)
+HELD_AFTER_EXIT = "held_after_exit"
+KINDS = (LOST_PROGRESS, CHECKPOINT_OVERHEAD, SLOW_STARTUP, HELD_AFTER_EXIT)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,10 @@ class Config:
     startup_minutes: float = 10.0
     """A run that takes longer than this to its first step: a large image pulled each time, a
     model or data set loaded over the network, a slow checkpoint restore."""
+    held_after_exit_minutes: float = 10.0
+    """GPUs a job holds longer than this after its last process ended, with no run after it:
+    pods left running (a sidecar, a shell, a job that failed and was never cleaned up). A pod
+    that ends with its process gives its GPUs back within seconds."""
 
 
 def advised_interval(save_seconds: float, mtbf_seconds: float) -> float:

@@ -2,11 +2,14 @@
 
 A hung collective (one rank dead or deadlocked, the others spinning in NCCL at
 100%) or a wedged data pipeline (GPUs at 0%) look different on the GPU but the
-same in the step counter, which is what this reads.
+same in the step counter, which is what this reads. A stall is a living process's: where
+the ledger knows when a job's last process ended (`process_ends`), its stall ends there,
+and the GPUs held after are `held_after_exit` (analyzer.costing.ledger_findings).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -73,7 +76,10 @@ def _process_start(rank: Grid, rows: np.ndarray) -> float:
     return float(np.nanmax(start[rows]))
 
 
-def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
+def detect(data: Frames | Views, config: Config = Config(),
+           process_ends: Mapping[tuple[str, str], float] | None = None) -> list[Finding]:
+    """`process_ends`: when a job's last process ended, where its GPUs were held after; given,
+    the jobs it names alone are looked at (detectors.ended_with_their_processes)."""
     v = Views.of(data)
     rank, alloc = v.rank, v.alloc
     if not rank.size or "steps" not in rank.values:
@@ -83,6 +89,8 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
     times = v.time(np.arange(v.n))
     out = []
     for job, rows in v.job_rows(rank).items():
+        if process_ends is not None and job not in process_ends:
+            continue
         steps = rank.values["steps"][rows]
         held_rows = alloc_rows.get(job)
         if held_rows is not None:
@@ -118,11 +126,15 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
             last = np.where((seen < 0) & own, reported, np.maximum(last, reported))
         over = times - last > limit
         stalled = (held > 0) & over & (_confirmed(known, last) | _going_on(known, over))
+        ended = (process_ends or {}).get(job)
+        if ended is not None:
+            stalled &= v.begins(np.arange(v.n)) < ended
         for r in runs(stalled[None, :]):
             since = float(last[r.start])
             begin = max(v.bin_of(since), 0)
             span = slice(begin, r.end)
-            evidence = {"last_step": iso(since), "stalled_minutes": (v.begins(r.end) - since) / 60,
+            end = float(v.begins(r.end)) if ended is None else min(float(v.begins(r.end)), ended)
+            evidence = {"last_step": iso(since), "stalled_minutes": (end - since) / 60,
                         "usual_step_seconds": usual, "threshold_minutes": limit / 60,
                         "gpus_held": float(held[r.start:r.end].max())}
             if util is not None and held_rows is not None:
@@ -131,7 +143,7 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
                 if len(gpu_rows):
                     evidence["mean_util_pct"] = fmean(util[gpu_rows, r.start:r.end])
             out.append(Finding(
-                kind=KIND, severity="critical", start=max(since, float(v.begins(0))), end=float(v.begins(r.end)),
+                kind=KIND, severity="critical", start=max(since, float(v.begins(0))), end=end,
                 namespace=job[0], training_job=job[1],
                 wasted_gpu_hours=float(held[span].sum() * v.step / 3600), evidence=evidence,
                 recommendation="Restart the job from its last checkpoint and set a collective timeout "

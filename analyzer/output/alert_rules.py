@@ -9,6 +9,7 @@ Every group is evaluated each minute: a `for:` of N minutes is N + 1 evaluations
 from __future__ import annotations
 
 from burnrate.exporter import rules_yaml as Y
+from burnrate.exporter.telemetry import KEEPALIVE_S
 
 from ..costing import budgets as B
 from ..detectors import DetectorConfig
@@ -19,6 +20,10 @@ SOURCE = "analyzer/output/alert_rules.py from the detectors' thresholds (`burnra
 # The workload's namespace (and pod, container) where the exported-labels profile put them.
 NS = '"namespace", "$1", "exported_namespace", "(.+)"'
 POD = '"pod", "$1", "exported_pod", "(.+)"'
+# A living process is heard at least every KEEPALIVE_S (its monitor's keep-alives), and the
+# agent's time of it reaches the store within a scrape: a job none of whose ranks was heard for
+# two minutes has no process, at any scrape interval up to a minute.
+UNHEARD_S = 120
 _WORDS = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
 
 
@@ -53,9 +58,14 @@ def training(config: DetectorConfig) -> list[tuple[str, dict]]:
     factor, floor_s = f"{stalled.interval_factor:g}", f"{stalled.floor_minutes * 60:g}"
     last_step = (f"max by (namespace, training_job) (label_replace(max_over_time("
                  f"burnrate_train_last_step_timestamp_seconds[6h]), {NS}))")
+    unheard = (f"time() - max by (namespace, training_job) (label_replace(max_over_time("
+               f"burnrate_train_last_report_timestamp_seconds[6h]), {NS}))")
+    held = f"sum by (namespace, training_job) (label_replace(burnrate_gpu_allocated, {NS})) > 0"
     out = [(f"No step for max({factor} usual step times, {stalled.floor_minutes:g} min) while the job still holds "
-            "GPUs. max_over_time keeps a hung job's last step time visible after the agent forgets its silent "
-            f"ranks; without steps in the last hour the {stalled.floor_minutes:g}-minute floor applies.", _alert(
+            "GPUs and its process lives. max_over_time keeps a hung job's last step time visible after the agent "
+            f"forgets its silent ranks; without steps in the last hour the {stalled.floor_minutes:g}-minute floor "
+            f"applies. A job no agent has heard for {UNHEARD_S} s has no process (keep-alives come every "
+            f"{KEEPALIVE_S:g} s): its GPUs held after are TrainingHeldAfterExit's.", _alert(
         "TrainingStalled",
         f"(\n  time()\n  - {last_step}\n)\n"
         f"> on (namespace, training_job)\n"
@@ -64,14 +74,26 @@ def training(config: DetectorConfig) -> list[tuple[str, dict]]:
         f"      / sum by (namespace, training_job) (label_replace(rate(burnrate_train_steps_total[1h]), {NS}))\n"
         f"      > 0\n    ),\n    {floor_s}\n  )\n"
         f"  or on (namespace, training_job)\n  0 * {last_step} + {floor_s}\n)\n"
-        f"and on (namespace, training_job)\n"
-        f"sum by (namespace, training_job) (label_replace(burnrate_gpu_allocated, {NS})) > 0",
+        f"and on (namespace, training_job)\n{held}\n"
+        f"unless on (namespace, training_job)\n({unheard}) > {UNHEARD_S}",
         1, {"severity": "critical"},
         "Training job {{ $labels.namespace }}/{{ $labels.training_job }} has made no step for "
         "{{ $value | humanizeDuration }}.",
         f"No rank has completed an optimizer step for longer than max({factor} usual step times, "
-        f"{Y.spelled(_m(stalled.floor_minutes))}) while the job still holds its GPUs. A hung collective, a dead "
-        "rank or a wedged data pipeline; every minute of it is paid for."))]
+        f"{Y.spelled(_m(stalled.floor_minutes))}) while the job's process lives and holds its GPUs. A hung "
+        "collective, a dead rank or a wedged data pipeline; every minute of it is paid for."))]
+    after_s = f"{config.ledger.held_after_exit_minutes * 60:g}"
+    out.append((f"GPUs a training job holds {config.ledger.held_after_exit_minutes:g} min after the agent last "
+                "heard any of its ranks: the process ended or died and its pods kept the GPUs.", _alert(
+        "TrainingHeldAfterExit",
+        f"({unheard}) > {after_s}\nand on (namespace, training_job)\n{held}",
+        1, {"severity": "critical"},
+        "Training job {{ $labels.namespace }}/{{ $labels.training_job }} holds GPUs with no process: none of "
+        "its ranks heard for {{ $value | humanizeDuration }}.",
+        f"No rank of the job has reported, keep-alives included, for over "
+        f"{Y.spelled(_m(config.ledger.held_after_exit_minutes))} while its pods still hold GPUs: the trainer "
+        "ended or died and nothing released them. Delete the finished pods or have the job clean them up; every "
+        "minute of it is paid for.")))
     out.append(("A NaN or infinite loss or gradient norm: every later step is wasted. `x != x` holds only for NaN.",
                 _alert("TrainingDiverging",
                        "count by (namespace, training_job) (label_replace(\n"

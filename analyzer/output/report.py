@@ -16,7 +16,7 @@ import numpy as np
 
 from ..costing.accounting import COVERAGE_WARNING, Accounting, account, added
 from ..costing.cost import AdviceConfig, GpuPrices, JobCost, gpu_prices, job_costs, job_prior_mtbf
-from ..detectors import DetectorConfig, detect_all, order
+from ..detectors import DetectorConfig, detect_all, ended_with_their_processes, order
 from ..costing import ledger_findings
 from ..detectors.findings import Finding, iso
 from ..detectors.oversized_serving import serving_blocks, serving_lines
@@ -59,6 +59,8 @@ def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorC
     accounting = account(views, config.idle_gpu)
     prices = gpu_prices(views, catalog)
     ledgers = job_ledgers(views, accounting, config.stalled)
+    findings = ended_with_their_processes(views, findings, ledger_findings.process_ends(ledgers),
+                                          ledger_findings.held_after_exit(ledgers, config.ledger), config)
     findings = sorted(findings + ledger_findings.detect(ledgers, job_prior_mtbf(views, ledgers, advice, prices),
                                                         config.ledger), key=order)
     jobs, priced = job_costs(views, catalog, findings, advice, accounting, prices, ledgers)
