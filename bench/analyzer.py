@@ -55,7 +55,8 @@ def main() -> int:
     parser.add_argument("--sizes", default="128,256,512,1024", help="GPU counts, comma-separated")
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "burnrate-bench"),
-                        help="where recordings are kept between runs")
+                        help="where recordings are kept between runs, each under a digest of the code "
+                        "that wrote it (bench/fleets.py): a changed simulator writes a new one")
     parser.add_argument("--max-points", type=int, help="points per series before a window is reduced "
                         "(default: Prometheus' 11,000; 100000 keeps a week at 15 s)")
     parser.add_argument("--child", help=argparse.SUPPRESS)

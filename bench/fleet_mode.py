@@ -43,7 +43,7 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fleets import END, GPUS_PER_NODE, cached_fleet  # noqa: E402  bench/ is on sys.path when run as a script
+from fleets import END, GPUS_PER_NODE, WRITERS, cached_fleet, digest  # noqa: E402  bench/ is on sys.path when run as a script
 from tests.conftest import free_port  # noqa: E402  the repository root, inserted above
 from tests.rollup_stores import rollup_rules  # noqa: E402
 import store_floor  # noqa: E402  bench/
@@ -188,7 +188,11 @@ def stored_fleet(cache: str, gpus: int, hours: float) -> Path:
     from burnrate.analyzer.grid.views import ANALYSIS_COLUMNS
     from tests.recorded_counters import write_gpu_time
 
-    root = Path(cache) / f"prometheus-{gpus}gpus-{hours:g}h"
+    # ...and what turns it into blocks: the OpenMetrics writer, the columns read, the counters
+    # and the roll-up rules evaluated over them
+    made_by = digest(*WRITERS, "analyzer/sources/openmetrics.py", "analyzer/grid/views.py",
+                     "tests/recorded_counters.py", "manifests/alerts/burnrate-rules.yaml")
+    root = Path(cache) / f"prometheus-{gpus}gpus-{hours:g}h-{made_by}"
     data = root / "tsdb"
     if (root / "ready").exists():
         return data
