@@ -30,6 +30,7 @@ THERMAL = "thermal"
 XID = "xid"                      # a healthy job whose GPU logs transient XID errors
 LOW_MFU = "low_mfu"
 IDLE = "idle"                    # a notebook holding GPUs and doing nothing
+EXITED = "exited"                # the trainer ends (finished or crashed); its pods hold the GPUs, idle, on
 SHARED = "shared"                # a time-sliced GPU held by two replicas of a service
 
 BLOCK_GPUS = 256
@@ -134,6 +135,7 @@ class Job:
     thermal_to: int | None = None
     xid_rank: int | None = None
     xid_at: tuple[int, ...] = ()
+    exit_at: int | None = None     # the process ends here; the pods keep the GPUs to the end
 
     @property
     def training(self) -> bool:
@@ -161,7 +163,7 @@ def _scenario_block(gpus_per_node: int) -> list[tuple[str, int]]:
     g = gpus_per_node
     return [(STRAGGLER, min(8, g)), (STARVATION, min(4, g)), (STALL_HUNG, min(4, g)), (DIVERGING, min(2, g)),
             (THERMAL, 1), (IDLE, 1), (STALL_IDLE, min(2, g)), (XID, min(2, g)), (LOW_MFU, min(2, g)),
-            (SHARED, 1), (HEALTHY, 2 * g), (HEALTHY, min(4, g))]
+            (SHARED, 1), (HEALTHY, 2 * g), (HEALTHY, min(4, g)), (EXITED, min(2, g))]
 
 
 class _Placer:
@@ -242,6 +244,8 @@ def _training_job(rng: np.random.Generator, scenario: str, name: str, namespace:
         job.xid_at = (at(0.25, 0.45), at(0.55, 0.75))
     elif scenario == LOW_MFU:
         job.mfu = float(rng.uniform(0.06, 0.12))
+    elif scenario == EXITED:
+        job.exit_at = at(0.3, 0.5)
     return job
 
 
@@ -312,7 +316,12 @@ def _truth(kind: str, job: Job | None, start: str, end: str, fleet: Fleet, gpu: 
             "pod": holder.pod if holder else None, "rank": rank, "start": start, "end": end}
 
 
-def ground_truth(fleet: Fleet, time_of: Callable[[int], str], samples: int, low_mfu: set[str]) -> list[dict]:
+# GPUs held longer than this after their job's last process ended are a finding (docs/findings.md).
+HELD_AFTER_EXIT_S = 600.0
+
+
+def ground_truth(fleet: Fleet, time_of: Callable[[int], str], samples: int, low_mfu: set[str],
+                 step_s: float) -> list[dict]:
     """The injected faults as finding kinds (docs/findings.md): {"kind", "namespace", "training_job",
     "Hostname", "gpu", "pod", "rank", "start", "end"}, null where not applicable.
 
@@ -320,7 +329,9 @@ def ground_truth(fleet: Fleet, time_of: Callable[[int], str], samples: int, low_
     of one GPU name its node, index and, when a pod holds it, the pod and rank. `end`
     is the last sample the fault shows in; an XID event starts and ends at its sample.
     `low_mfu` lists every job whose realized MFU is below LOW_MFU_BELOW (starving
-    jobs among them: waiting for data is low utilization of the FLOPs paid for).
+    jobs among them: waiting for data is low utilization of the FLOPs paid for). A job
+    whose trainer ended is `held_after_exit` once its pods have held the GPUs
+    HELD_AFTER_EXIT_S after it: from the end on.
     """
     first, last = time_of(0), time_of(samples - 1)
     out = [_truth("unallocated_gpu", None, first, last, fleet, g) for g in fleet.unallocated]
@@ -346,6 +357,8 @@ def ground_truth(fleet: Fleet, time_of: Callable[[int], str], samples: int, low_
             out += [_truth("gpu_error", job, time_of(at), time_of(at), fleet, job.gpus[r], r) for at in job.xid_at]
         elif job.scenario == IDLE:
             out += [dict(_truth("idle_gpu", job, first, last, fleet, g, 0), rank=None) for g in job.gpus]
+        elif job.scenario == EXITED and (samples - 1 - job.exit_at) * step_s > HELD_AFTER_EXIT_S:
+            out.append(_truth("held_after_exit", job, time_of(job.exit_at), last, fleet))
         if job.name in low_mfu:
             out.append(_truth("low_mfu", job, first, last, fleet))
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from burnrate.exporter import throttle
+from burnrate.exporter.telemetry import FORGET_AFTER_S
 
 from . import fleet as F
 
@@ -56,6 +57,7 @@ class Signals:
         self.T, self.c0, self.w0, self.mfu = jf("step_s"), jf("compute_share"), jf("wait_share"), jf("mfu")
         self.extra, self.period = jf("extra_wait"), jf("sawtooth_period")
         self.stall_at, self.diverge_at, self.nan_at = jf("stall_at"), jf("diverge_at"), jf("nan_at")
+        self.exit_at = jf("exit_at")
         self.ckpt_every = jf("checkpoint_every_s")
         self.ckpt_phase = rng.uniform(0, self.ckpt_every)
         self.loss_floor = rng.uniform(1.6, 2.4, len(training))
@@ -142,7 +144,7 @@ class Signals:
         wait = (self.w0 + self.extra) * self.T * np.exp(rng.normal(0.0, 0.1, (n_t, n_j)) * (self.extra > 0))
         comm = (1.0 - self.c0 - self.w0) * self.T
         wall = (wait + slowest + comm) * jitter
-        running = col < self.stall_at
+        running = col < np.minimum(self.stall_at, self.exit_at)
         sawtooth, burst = self._burst(i)
         job_steps = np.where(running, S / wall * burst, 0.0)
         steps, wall_r = job_steps[:, rj], wall[:, rj]
@@ -181,9 +183,9 @@ class Signals:
                 "compute_s": cum["compute_s"], "samples": cum["samples"], "tokens": cum["tokens"],
                 "flops": cum["flops"], "mfu": gauges[0], "loss": gauges[1], "grad_norm": gauges[2],
                 "last_step_time": gauges[3], "world_size": np.broadcast_to(self.size[rj], steps.shape),
-                # Every simulated process lives through the history and reports at least every
-                # KEEPALIVE_S, a hung one too: the agent heard each rank as the sample was taken.
-                "last_report_time": np.broadcast_to(t, steps.shape),
+                # A simulated process reports at least every KEEPALIVE_S while it lives, a hung one
+                # too: the agent heard each rank as the sample was taken, or last as it ended.
+                "last_report_time": np.minimum(t, self.t0 + self.exit_at * S)[:, rj],
                 "last_checkpoint_time": ckpt, "global_step": done,
                 # Simulated processes began before the history, fresh (resumed from step 0),
                 # and their loop spends no time saving or evaluating (checkpoints are instants).
@@ -191,6 +193,8 @@ class Signals:
                 "resumed_from": np.zeros(steps.shape), "checkpoint_s": np.zeros(steps.shape),
                 "eval_s": np.zeros(steps.shape),
                 "_running": run_r,
+                # The agent keeps an ended rank's series for --forget-after, then drops them.
+                "_reported": (col < self.exit_at + FORGET_AFTER_S / S)[:, rj],
                 "_busy": busy, "_thermal": thermal}
 
     def _burst(self, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -264,7 +268,9 @@ class Signals:
         reasons = np.where(idle, throttle.GPU_IDLE, 0) | np.where(power >= 0.98 * self.tdp_w, throttle.SW_POWER_CAP, 0)
         reasons = reasons | np.where(thermal, throttle.SW_THERMAL | throttle.HW_THERMAL, 0)
 
-        mem = np.where(has_rank, self.mem_frac[self.rank_job][r], np.where(self.held, 0.2, 0.006))
+        # An ended trainer's memory is freed with its process.
+        ended = has_rank & (col >= self.exit_at[self.rank_job][r])
+        mem = np.where(has_rank & ~ended, self.mem_frac[self.rank_job][r], np.where(self.held & ~ended, 0.2, 0.006))
         mem = np.where(self.shared_gpu, 0.35, mem) * np.where(self.held, 1.0 + rng.normal(0, 0.004, util.shape), 1.0)
         used = np.round(self.memory * np.clip(mem, 0.0, 1.0))
 

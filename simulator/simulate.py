@@ -143,7 +143,9 @@ class Simulation:
             train = sig.training(i, rng)
             dev = sig.devices(i, train, rng)
             # A hung job's ranks are written on: their processes live and report (trainer.keepalive).
-            _write(tables["rank"], "rank", t, keys["rank"], {c: train[c] for c in TABLES["rank"][1]})
+            # An ended one's go once the agent has forgotten them.
+            _write(tables["rank"], "rank", t, keys["rank"], {c: train[c] for c in TABLES["rank"][1]},
+                   train["_reported"])
             _write(tables["gpu"], "gpu", t, keys["gpu"], {c: dev[c] for c in TABLES["gpu"][1]})
             _write(tables["alloc"], "alloc", t, keys["alloc"], {"share": keys["share"][None, :]})
             _write(tables["node"], "node", t, keys["node"],
@@ -158,7 +160,8 @@ class Simulation:
         spec, sig = self.spec, self.sig
         low_mfu = {job.name for job, total, count in zip(sig.jobs, sig.mfu_sum, sig.mfu_count)
                    if count and total / count < F.LOW_MFU_BELOW}
-        truth = F.ground_truth(self.fleet, lambda k: format_time(self.time_of(k)), self.written, low_mfu)
+        truth = F.ground_truth(self.fleet, lambda k: format_time(self.time_of(k)), self.written, low_mfu,
+                               spec.step_s)
         _dump(os.path.join(self.out, GROUND_TRUTH), truth)
         _dump(os.path.join(self.out, SIMULATED_MARKER), {
             "simulated": True, "seed": spec.seed, "nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node,

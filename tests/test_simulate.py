@@ -15,7 +15,7 @@ from burnrate.exporter.errors import UserError
 
 END = 1_800_000_000.0
 KINDS = {"dataloader_starvation", "idle_gpu", "unallocated_gpu", "straggler", "stalled", "diverging",
-         "thermal_throttle", "gpu_error", "low_mfu"}
+         "thermal_throttle", "gpu_error", "low_mfu", "held_after_exit"}
 FIELDS = ["kind", "namespace", "training_job", "Hostname", "gpu", "pod", "rank", "start", "end"]
 
 

@@ -191,10 +191,12 @@ def price_findings(findings: list[Finding], views: Views, prices: GpuPrices,
 
 
 # Whose waste GPU-time that several findings of one job claim counts under: what left the GPUs
-# doing nothing useful first (a GPU down, the job hung or diverged, a GPU idle), then what only
-# slowed them. A GPU down while its job stalls is the same GPU-seconds twice, not two wastes.
-CLAIM_ORDER = ("gpu_error", "stalled", "held_after_exit", "diverging", "idle_gpu", "unallocated_gpu", "oversized_serving",
-               "underused_gpu", "straggler", "dataloader_starvation", "thermal_throttle", "low_mfu", "lost_progress",
+# doing nothing useful first (a GPU down, held with no process, the job hung or diverged, a GPU
+# idle), then what only slowed them. A GPU down while its job stalls is the same GPU-seconds
+# twice, not two wastes. The time held after a process ended comes before the stall up to it:
+# they share the bin where the process ended, and the stall's waste is the bins before it.
+CLAIM_ORDER = ("gpu_error", "held_after_exit", "stalled", "diverging", "idle_gpu", "unallocated_gpu",
+               "oversized_serving", "underused_gpu", "straggler", "dataloader_starvation", "thermal_throttle", "low_mfu", "lost_progress",
                "checkpoint_overhead", "slow_startup")
 
 
@@ -239,14 +241,9 @@ def held_within_jobs(findings: list[Finding], v: Views, accounting: Accounting,
 
 
 def _span(v: Views, f: Finding) -> slice:
-    """The time bins from the one holding a finding's start to the one holding its end; an end
-    where a bin begins ends the span before that bin (a stall that ends where the GPUs' time
-    after the process begins leaves that time to it)."""
+    """The time bins from the one holding a finding's start to the one holding its end."""
     lo = min(max(v.bin_of(f.start), 0), v.n - 1)
-    last = v.bin_of(f.end)
-    if last > lo and v.begins(last) >= f.end:
-        last -= 1
-    return slice(lo, min(max(last + 1, lo + 1), v.n))
+    return slice(lo, min(max(v.bin_of(f.end) + 1, lo + 1), v.n))
 
 
 def _job_bins(v: Views, accounting: Accounting, rows: np.ndarray, row_rates: np.ndarray

@@ -89,15 +89,13 @@ class Ledger:
         return np.bincount(at[inside], weights=part[inside].astype(np.float64), minlength=n)
 
     def process_end(self) -> float | None:
-        """When the job's last process ended while its GPUs were still held: the start of its
-        `no_process` time (within its first bin, after the share of the bin the process lived);
-        None where the job held no GPU after its process ended."""
+        """When the job's last process ended while its GPUs were still held, to the ledger's bin:
+        where the first bin that holds `no_process` time begins, so that what came before it
+        and what came after it share no bin. None where no GPU was held after the process."""
         gone = self.timeline.get("no_process")
         if gone is None or not gone.any():
             return None
-        first = int(np.argmax(gone > 0))
-        held = float(sum(part[first] for part in self.timeline.values()))
-        return self.start + self.step * (first + 1 - (float(gone[first]) / held if held > 0 else 1.0))
+        return self.start + self.step * int(np.argmax(gone > 0))
 
     def gpus_after_exit(self) -> float:
         """The most GPUs the job held at once after its last process ended."""

@@ -37,9 +37,13 @@ def detect(ledgers: dict[tuple[str, str], Ledger], prior_mtbf_s: dict[tuple[str,
     return out
 
 
-def process_ends(ledgers: dict[tuple[str, str], Ledger]) -> dict[tuple[str, str], float]:
-    """When each job's last process ended, for the jobs that held GPUs after it."""
-    return {job: end for job, ledger in ledgers.items() if (end := ledger.process_end()) is not None}
+def process_ends(ledgers: dict[tuple[str, str], Ledger], config: Config = Config()) -> dict[tuple[str, str], float]:
+    """When each job's last process ended, for the jobs that held GPUs over
+    `config.held_after_exit_minutes` after it (those `held_after_exit` names). A shorter tail
+    stays in the job's stall: a last sample held past the last report, where a window reaches
+    past the data, would otherwise cut a stall short in one window and not in the next."""
+    return {job: end for job, ledger in ledgers.items() if (end := ledger.process_end()) is not None
+            and ledger.end - end > config.held_after_exit_minutes * 60}
 
 
 def held_after_exit(ledgers: dict[tuple[str, str], Ledger], config: Config = Config()) -> list[Finding]:
@@ -48,10 +52,8 @@ def held_after_exit(ledgers: dict[tuple[str, str], Ledger], config: Config = Con
     take part in detection (they explain idle GPUs, as a stall does), so they are not among
     `detect`'s."""
     out = []
-    for job, ledger in ledgers.items():
-        ended = ledger.process_end()
-        if ended is None or ledger.end - ended <= config.held_after_exit_minutes * 60:
-            continue
+    for job, ended in process_ends(ledgers, config).items():
+        ledger = ledgers[job]
         gpus = ledger.gpus_after_exit()
         evidence = {"process_ended": iso(ended), "held_minutes": (ledger.end - ended) / 60, "gpus_held": gpus,
                     "no_process_gpu_hours": ledger.gpu_hours["no_process"]}

@@ -102,7 +102,8 @@ def ended_with_their_processes(views: Views, found: list[Finding], process_ends:
     last = views.frames.window.end
     again = [replace(f, end=max(min(f.end, last), f.start)) for f in stalled.detect(views, config.stalled, process_ends)]
     kept = [f for f in found if not (f.kind == stalled.KIND and f.job in process_ends)]
-    kept += [f for f in again if _has_evidence(f, views)] + held_after_exit
+    kept += [f for f in again if _has_evidence(f, views)] + [replace(f, end=max(min(f.end, last), f.start))
+                                                             for f in held_after_exit]
     return sorted((f for f in kept if not _explained(f, kept)), key=order)
 
 

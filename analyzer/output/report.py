@@ -59,7 +59,7 @@ def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorC
     accounting = account(views, config.idle_gpu)
     prices = gpu_prices(views, catalog)
     ledgers = job_ledgers(views, accounting, config.stalled)
-    findings = ended_with_their_processes(views, findings, ledger_findings.process_ends(ledgers),
+    findings = ended_with_their_processes(views, findings, ledger_findings.process_ends(ledgers, config.ledger),
                                           ledger_findings.held_after_exit(ledgers, config.ledger), config)
     findings = sorted(findings + ledger_findings.detect(ledgers, job_prior_mtbf(views, ledgers, advice, prices),
                                                         config.ledger), key=order)
