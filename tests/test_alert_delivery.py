@@ -136,8 +136,10 @@ def fast_rules(tmp_path) -> str:
 
 
 def train(sock: str, job: str, *args: str, log) -> subprocess.Popen:
+    # TMPDIR in the test's own directory: a launcher killed past stop()'s wait leaves its log
+    # directory there, not in /tmp.
     env = {**os.environ, "BURNRATE_TELEMETRY_SOCKET": sock, "BURNRATE_TRAINING_JOB": job,
-           "POD_NAMESPACE": NAMESPACE, "POD_NAME": f"{job}-worker-0"}
+           "POD_NAMESPACE": NAMESPACE, "POD_NAME": f"{job}-worker-0", "TMPDIR": os.path.dirname(sock)}
     return subprocess.Popen([PYTHON, "-m", "burnrate", "train", "--nproc", "2", "--steps", "100000",
                              "--report-every-steps", "1", *args],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -33,7 +33,8 @@ def test_trainer_telemetry_reaches_the_agent(tmp_path):
     other's. On failure the trainer's output and the agent's log are shown."""
     steps = 40
     with agent(tmp_path, "--interval", "0.2") as (url, sock, _):
-        env = {**os.environ, "BURNRATE_TELEMETRY_SOCKET": sock, "BURNRATE_TRAINING_JOB": "e2e"}
+        env = {**os.environ, "BURNRATE_TELEMETRY_SOCKET": sock, "BURNRATE_TRAINING_JOB": "e2e",
+               "TMPDIR": os.path.dirname(sock)}   # what a launcher killed on failure leaves stays in tmp_path
         trainer = subprocess.Popen([PYTHON, "-m", "burnrate", "train", "--nproc", "2", "--steps", str(steps),
                                     "--fault", "straggler:rank=1,factor=2", "--report-every-steps", "2"],
                                    cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
