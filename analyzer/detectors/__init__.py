@@ -76,14 +76,12 @@ class DetectorConfig:
 def detect_all(data: Frames | Views, config: DetectorConfig = DetectorConfig()) -> list[Finding]:
     views = Views.of(data)
     views.build()
-    # Runs end one sample interval after their last sample; never past the window.
-    last = views.frames.window.end
     # Detectors are pure and spend their time in numpy, which runs without the GIL.
     with workers.pool(views.frames, WORKERS) as pool:
         each = pool.map(lambda kind: DETECTORS[kind](views, getattr(config, kind),
                                                      *(getattr(config, o) for o in SHARED_SETTINGS.get(kind, ()))),
                         DETECTORS)
-        found = [replace(f, end=max(min(f.end, last), f.start)) for fs in each for f in fs]
+        found = _in_window([f for fs in each for f in fs], views)
     kept = [f for f in found if not _explained(f, found) and _has_evidence(f, views)]
     kept = [_net_of_causes(f, kept) for f in kept]
     # One finding per problem and episode, once the duplicates of other problems are gone.
@@ -99,12 +97,16 @@ def ended_with_their_processes(views: Views, found: list[Finding], process_ends:
     analyzer.costing.ledger_findings) explaining idle GPUs as a stall does."""
     if not process_ends:
         return found
-    last = views.frames.window.end
-    again = [replace(f, end=max(min(f.end, last), f.start)) for f in stalled.detect(views, config.stalled, process_ends)]
+    again = _in_window(stalled.detect(views, config.stalled, process_ends), views)
     kept = [f for f in found if not (f.kind == stalled.KIND and f.job in process_ends)]
-    kept += [f for f in again if _has_evidence(f, views)] + [replace(f, end=max(min(f.end, last), f.start))
-                                                             for f in held_after_exit]
+    kept += [f for f in again if _has_evidence(f, views)] + _in_window(held_after_exit, views)
     return sorted((f for f in kept if not _explained(f, kept)), key=order)
+
+
+def _in_window(findings: list[Finding], views: Views) -> list[Finding]:
+    """Runs end one sample interval after their last sample; never past the window."""
+    last = views.frames.window.end
+    return [replace(f, end=max(min(f.end, last), f.start)) for f in findings]
 
 
 def order(f: Finding) -> tuple:
