@@ -416,6 +416,47 @@ def test_headers_that_drip_meet_the_deadline():
 
 
 @pytest.mark.usefixtures("transport")
+def test_a_short_deadline_behind_a_long_one_still_cuts():
+    """Every exchange's deadline is kept by one watchdog, earliest first: a 1 s exchange begun
+    while a 3 s one waits is cut at its own second, and the other at its third."""
+    with hostile("drip") as (slow, _), hostile("drip headers") as (dripping, _):
+        cut = []
+        long = PrometheusHTTP(slow, {}, timeout_s=3.0)
+        waiting = threading.Thread(target=lambda: cut.append(pytest.raises(PrometheusError, long.data,
+                                                                           "/api/v1/query", {"query": "up"})))
+        began = time.monotonic()
+        waiting.start()
+        time.sleep(0.3)
+        with pytest.raises(PrometheusError, match="did not answer within 1 s"):
+            PrometheusHTTP(dripping, {}, timeout_s=1.0).data("/api/v1/query", {"query": "up"})
+        assert time.monotonic() - began < 2.5 and waiting.is_alive()
+        waiting.join(10)
+        assert not waiting.is_alive() and "did not answer within 3 s" in str(cut[0].value)
+
+
+@pytest.mark.usefixtures("transport")
+def test_exchanges_start_no_thread_each(monkeypatch):
+    """A timer thread per exchange waited for the GIL while the read's other threads decoded
+    answers (msgspec holds it through an answer): hundreds of milliseconds an exchange. The
+    deadlines of any number of exchanges share one thread."""
+    started = []
+    start = threading.Thread.start
+
+    def counted(thread):
+        if sys._getframe(1).f_globals["__name__"] == promhttp.__name__:
+            started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+    with answering(200, body) as url:
+        http_ = PrometheusHTTP(url, {}, timeout_s=5.0)
+        for _ in range(20):
+            assert http_.data("/api/v1/query", {"query": "up"}) == {"resultType": "vector", "result": []}
+    assert started in ([], ["prometheus-deadlines"])
+
+
+@pytest.mark.usefixtures("transport")
 def test_an_answer_that_is_not_http_is_one_line():
     with hostile("not http") as (url, _):
         with pytest.raises(PrometheusError, match="answered something that is not HTTP") as err:

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import http.client
+import itertools
 import json
+import os
 import re
 import socket
 import ssl
@@ -177,23 +180,24 @@ class _Stale(Exception):
 
 class _Deadline:
     """The end of one exchange on the wall clock. A socket's timeout bounds each read, and a
-    server sending a byte a second never trips it: at the deadline a timer shuts the socket of
-    every connection the exchange `watch`es, which ends whatever read is waiting on it."""
+    server sending a byte a second never trips it: at the deadline the watchdog shuts the socket
+    of every connection the exchange `watch`es, which ends whatever read is waiting on it."""
 
     def __init__(self, seconds: float) -> None:
         self.end = time.monotonic() + seconds
         self.passed = False
+        self.over = False
         self._watched: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._cut)
-        self._timer.daemon = True
 
     def __enter__(self) -> "_Deadline":
-        self._timer.start()
+        _WATCHDOG.watch(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._timer.cancel()
+        with self._lock:
+            self.over = True
+            self._watched.clear()   # a kept connection outlives its exchange: not this deadline's to shut
 
     def left(self) -> float:
         return max(self.end - time.monotonic(), 1e-3)
@@ -204,11 +208,52 @@ class _Deadline:
             if self.passed:
                 _shut(conn)
 
-    def _cut(self) -> None:
+    def cut(self) -> None:
         with self._lock:
+            if self.over:
+                return
             self.passed = True
             for conn in self._watched:
                 _shut(conn)
+
+
+class _Watchdog:
+    """One thread for every exchange's deadline. A timer thread started per exchange waited
+    for the GIL twice while the other readers decoded answers (msgspec holds it for a whole
+    answer): 270 ms a start with three decoding, where the exchange itself takes a few."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)   # a forked child has no watchdog thread
+
+    def _reset(self) -> None:
+        self._due: list[tuple[float, int, _Deadline]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+
+    def watch(self, deadline: _Deadline) -> None:
+        with self._changed:
+            heapq.heappush(self._due, (deadline.end, next(self._order), deadline))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="prometheus-deadlines", daemon=True)
+                self._thread.start()
+            elif self._due[0][2] is deadline:
+                self._changed.notify()
+
+    def _run(self) -> None:
+        with self._changed:
+            while True:
+                while self._due and self._due[0][2].over:
+                    heapq.heappop(self._due)
+                wait = self._due[0][0] - time.monotonic() if self._due else None
+                if wait is None or wait > 0:
+                    self._changed.wait(wait)
+                    continue
+                heapq.heappop(self._due)[2].cut()
+
+
+_WATCHDOG = _Watchdog()
 
 
 def _shut(conn: http.client.HTTPConnection) -> None:
