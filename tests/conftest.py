@@ -38,6 +38,15 @@ SERIAL = {"test_demo", "test_alert_delivery", "test_ledger_torchrun", "test_trai
           "test_server_slow_clients", "test_agent_memory", "test_recording_full_disk", "test_budgets_serve"}
 
 
+def pytest_ignore_collect(collection_path, config):
+    """`-m serial` alone (make test's second run) imports only the modules that hold serial
+    tests: collecting the others, torch and Dash among their imports, took it ten seconds."""
+    if config.option.markexpr != "serial" or not collection_path.name.startswith("test_") \
+            or collection_path.suffix != ".py" or collection_path.stem in SERIAL:
+        return None
+    return None if "pytest.mark.serial" in collection_path.read_text() else True
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__.rpartition(".")[2] in SERIAL:

@@ -30,7 +30,7 @@ FAST = (f"prometheusRule.interval=2s,prometheusRule.for=4s,prometheusRule.traini
         f"prometheusRule.runbookURL={RUNBOOKS}")
 NAMESPACE = "ml-research"
 # A rank silent this long is forgotten, and with it the last loss a finished run reported.
-FORGET_AFTER_S = 30
+FORGET_AFTER_S = 10
 
 
 def readme_alertmanager_config() -> dict:

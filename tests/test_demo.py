@@ -213,8 +213,10 @@ def test_stopping_the_demo_stops_everything_it_started(tmp_path, how):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not any("dashboard:" in line for line in lines):
             lines.append(proc.stdout.readline())
-        time.sleep(5)                                       # the first trainer is running
-        family = psutil.Process(proc.pid).children(recursive=True)
+        family = []
+        while time.monotonic() < deadline and len(family) < 5:     # the first trainer's ranks are running
+            time.sleep(0.2)
+            family = psutil.Process(proc.pid).children(recursive=True)
         assert len(family) >= 5, "the demo's agent, dashboard, launcher and two ranks are not all running"
         if how.startswith("ctrl-c"):
             os.killpg(proc.pid, signal.SIGINT)
