@@ -235,7 +235,7 @@ class _Watchdog:
     def watch(self, deadline: _Deadline) -> None:
         with self._changed:
             heapq.heappush(self._due, (deadline.end, next(self._order), deadline))
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():   # none yet, or ended with an error
                 self._thread = threading.Thread(target=self._run, name="prometheus-deadlines", daemon=True)
                 self._thread.start()
             elif self._due[0][2] is deadline:
