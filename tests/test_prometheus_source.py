@@ -20,7 +20,7 @@ from hypothesis import given, settings, strategies as st
 
 from burnrate.exporter.recording import TABLES
 from burnrate.analyzer.grid import resample
-from burnrate.analyzer.grid.frames import Window, frame_dtypes
+from burnrate.analyzer.grid.frames import RANK_LATEST, Window, frame_dtypes
 from burnrate.analyzer.grid.views import RANK_KEY, Views
 from burnrate.analyzer.sources.openmetrics import write_openmetrics
 from burnrate.simulator.simulate import Spec, simulate
@@ -74,7 +74,13 @@ def assert_same_tables(a, b, rtol: float = 1e-12) -> None:
         pd.testing.assert_frame_equal(x[["t", *labels]], y[["t", *labels]], obj=table)
         for column in x.columns.intersection(list(columns)):
             assert x[column].dtype == y[column].dtype == np.dtype(frame_dtypes(table, [column])[column]), (table, column)
-            np.testing.assert_allclose(x[column].to_numpy(np.float64), y[column].to_numpy(np.float64),
+            at = slice(None)
+            if table == "rank" and column in RANK_LATEST:
+                # Read at each series' last row only, where a store's frame alone holds it.
+                at = x.groupby(list(labels), observed=True).tail(1).index
+                assert y.groupby(list(labels), observed=True).tail(1).index.equals(at)
+                assert x.loc[at, column].notna().all(), f"{table}.{column} on the series' last rows"
+            np.testing.assert_allclose(x.loc[at, column].to_numpy(np.float64), y.loc[at, column].to_numpy(np.float64),
                                        rtol=rtol, equal_nan=True, err_msg=f"{table}.{column}")
 
 
@@ -93,6 +99,31 @@ def test_long_windows_come_in_chunks_with_the_same_result(fleet):
     url, recording, window = fleet
     chunked = PrometheusSource(url, chunk_points=7).frames(window)
     assert_same_tables(chunked, RecordingSource(recording).frames(window))
+
+
+def test_when_each_rank_was_last_heard_is_asked_once_a_read_not_a_step(fleet, monkeypatch):
+    """The ledger reads each rank's last-report time at its last sample only: the store is asked
+    for each series' last value over the window, one point a series, however many chunks the
+    other columns come in; the frame holds it on each series' last row, as the recording does."""
+    url, recording, window = fleet
+    asked = []
+    query_range = PrometheusSource.query_range
+
+    def recorded(self, promql, start, end, step, tally=None):
+        asked.append((promql, start, end))
+        return query_range(self, promql, start, end, step, tally)
+
+    monkeypatch.setattr(PrometheusSource, "query_range", recorded)
+    frames = PrometheusSource(url, chunk_points=7).frames(window)
+    heard = [(q, a, b) for q, a, b in asked if "burnrate_train_last_report_timestamp_seconds" in q]
+    last = window.end // STEP * STEP
+    assert heard == [(f"last_over_time(burnrate_train_last_report_timestamp_seconds{{}}[{int((last - window.start) + STEP) * 1000 - 1}ms])",
+                      last, last)], heard
+    assert sum("burnrate_train_steps_total" in q for q, _, _ in asked) > 10     # the others, in chunks
+    rank = frames.rank.sort_values("t", kind="stable")
+    lasts = rank.groupby(list(RANK_KEY), observed=True).tail(1).index
+    assert rank.loc[lasts, "last_report_time"].notna().all() and rank.drop(lasts)["last_report_time"].isna().all()
+    assert_same_tables(frames, RecordingSource(recording).frames(window))
 
 
 def test_a_long_window_is_reduced_alike_from_both_sources(fleet, monkeypatch):
@@ -663,13 +694,27 @@ def test_a_tables_rows_are_its_points_by_time_then_series_the_last_point_winning
         assert isinstance(points_kept, Steps) == (n % 3 == 1 and len(pairs) > 0 or n % 3 == 0 and len(pairs) > 0
                                                   and np.ptp(pairs[:, 0]) == (len(pairs) - 1) * step), n
         points.add(column, {"metric": {"UUID": uuid, "pod": pod}, "values": points_kept}, ("pod",) if column == "a" else ())
-    frame = points.frame({"a": "<f8", "b": "<f4"}, n_times, ("pod",))
+    # A latest column (RANK_LATEST): a value or two per series, as reads of parts of a window
+    # give; the latest in time goes on the series' last row and makes none (GPU-7 has no row).
+    heard: dict[str, tuple[float, float]] = {}
+    for uuid in [f"GPU-{g}" for g in range(8) for _ in range(rng.integers(1, 3))]:
+        at, value = start + rng.integers(0, n_times) * step, rng.normal()
+        kept_c = Steps(at, np.array([value])) if rng.integers(0, 2) else np.array([[at - step, 0.0], [at, value]])
+        points.add("c", {"metric": {"UUID": uuid}, "values": kept_c})
+        if uuid not in heard or at >= heard[uuid][0]:
+            heard[uuid] = (at, value)
+    frame = points.frame({"a": "<f8", "c": "<f8", "b": "<f4"}, n_times, ("pod",), latest=("c",))
     assert [layout.dense for layout in made] == [dense]
     rows = sorted(set(expected["a"]) | set(expected["b"]), key=lambda r: (r[0], points.keys[(r[1],)]))
     assert list(zip(((frame["t"] - start) / step).astype(int), frame["UUID"].astype(str))) == rows
     for column, dtype in (("a", np.float64), ("b", np.float32)):
         want = np.array([expected[column].get(row, np.nan) for row in rows], dtype)
         np.testing.assert_array_equal(frame[column].to_numpy(), want)
+    last_rows = {uuid: n for n, (_, uuid) in enumerate(rows)}
+    want = np.full(len(rows), np.nan)
+    for uuid, n in last_rows.items():
+        want[n] = heard[uuid][1]
+    np.testing.assert_array_equal(frame["c"].to_numpy(), want)
     assert list(frame["pod"].astype(str)) == [pods.get(row, "") for row in rows]
 
 

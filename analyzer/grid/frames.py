@@ -13,7 +13,8 @@ any scrape interval), `signal` on the alloc table, the allocation signal the
 row was read from (analyzer.sources.allocation); and `repeated` on the rank table, True
 on the rows analyzer.grid.holding filled in, a sample held over rather than a new one.
 The rank table's gauges and step numbers (`FLOAT32`) come as float32, not as the recording's
-float64.
+float64. Its `RANK_LATEST` columns count on each series' last row only: a store's frames hold
+them there alone (a recording's on every row).
 """
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ from burnrate.exporter.recording import TABLES
 FLOAT32 = {"rank": ("mfu", "loss", "grad_norm", "global_step", "resumed_from")}
 # The rank table's cumulative counters: each bin's increase is read from them.
 RANK_COUNTERS = ("steps", "step_s", "data_wait_s", "compute_s", "tokens", "checkpoint_s", "eval_s")
+# When the agent last heard each rank: read at each series' last row only (Grid.latest), so a
+# store is asked for each series' last value once, not a value a step, and the frame holds it
+# on that row alone.
+RANK_LATEST = ("last_report_time",)
 
 
 @dataclass(frozen=True)

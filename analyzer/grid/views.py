@@ -18,7 +18,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from .frames import RANK_COUNTERS, Frames
+from .frames import RANK_COUNTERS, RANK_LATEST, Frames
 from .holding import REPEATED, STALENESS_S, hold
 from .runs import label_runs
 from . import workers
@@ -33,8 +33,6 @@ HOLDER = ("namespace", "pod", "training_job")
 RANK_KEY = ("namespace", "training_job", "pod", "rank")
 RANK_LABELS = ("Hostname",)
 RANK_TIMES = ("last_step_time", "last_checkpoint_time", "start_time")
-# When the agent last heard each rank: read at each series' last sample only (Grid.latest).
-RANK_LATEST = ("last_report_time",)
 # Step numbers, which the ledger compares with the step a run resumed from: float32, exact up
 # to 2**24 steps, where float64 would add 180 MB to a week of a thousand ranks.
 RANK_STEPS = ("global_step", "resumed_from")

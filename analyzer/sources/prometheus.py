@@ -34,7 +34,7 @@ import pandas as pd
 from burnrate.exporter import catalog as C
 from burnrate.exporter import labels as L
 
-from ..grid.frames import FLOAT32, OWNER_COLUMNS, RANK_COUNTERS, Frames, Window, empty_owners
+from ..grid.frames import FLOAT32, OWNER_COLUMNS, RANK_COUNTERS, RANK_LATEST, Frames, Window, empty_owners
 from ..grid.freed import let_go
 from ..grid.holding import hold
 from ..grid.resample import MAX_POINTS, reduction, step_for
@@ -77,6 +77,7 @@ class _Query:
     # A better signal of the same thing (allocation.SIGNALS): where a GPU has it at a step,
     # the store leaves this one out, as allocation.best_allocation would.
     unless: str = ""
+    span_s: float = 0.0         # what each point's `over_time` reads back over: the step where 0
 
 
 def _renamed(queries: list[_Query]) -> list[_Query]:
@@ -253,7 +254,7 @@ class PrometheusSource:
         labels = {k: v for k, v in self.matchers.items() if k in _LABELS_OF[metric]}
         labels.update(q.extra or {})
         chosen = selector(metric, **self.scope, **labels)
-        span = f"[{int(step * 1000) - 1}ms]"
+        span = f"[{int(round((q.span_s or step) * 1000)) - 1}ms]"
         ons = self._on_hosts(chosen) if self.hosts is not None and L.HOSTNAME in _LABELS_OF[metric] else [chosen]
         if q.table == "rank" and self.unread_jobs:
             narrowed = [part for on in ons for part in _leaving_out(on, self.unread_jobs)]
@@ -340,7 +341,12 @@ class PrometheusSource:
             grid = np.arange(a, b + step / 2, step) if b >= a else np.empty(0)
             chunks = [grid[k:k + self.chunk_points] for k in range(0, len(grid), self.chunk_points)]
             jobs += [(source, q, chunk, counts if counts is not None and _wanted(counts, columns) else None)
-                     for chunk in chunks for q, counts in asked if _wanted(q, columns)]
+                     for chunk in chunks for q, counts in asked if _wanted(q, columns) and q.column not in RANK_LATEST]
+            # Each series' last value over the part, at its last point (the frame puts it on the
+            # series' last row): one value a series, where a range would ask one a step.
+            jobs += [(source, replace(q, span_s=len(grid) * step), grid[-1:], None)
+                     for q, _ in asked if len(grid) and q.table == "rank" and q.column in RANK_LATEST
+                     and _wanted(q, columns)]
             # The point before the part's first: its first point's increase (Frames.rank_before).
             before += [(source, q, grid[:1] - step) for q in COUNTED if len(grid) and _wanted(q, columns)]
         if not jobs:   # a drill-down with nothing to read: the store's prices still price the rest

@@ -21,7 +21,7 @@ from burnrate.exporter.recording import TABLES
 from burnrate.exporter import catalog as C
 from burnrate.exporter import labels as L
 
-from ..grid.frames import Frames, Window, frame_dtypes
+from ..grid.frames import RANK_LATEST, Frames, Window, frame_dtypes
 from ..grid.freed import give_back, let_go
 from ..grid.series import distinct_text, labelled, text
 from .allocation import best_allocation, empty_alloc
@@ -107,7 +107,8 @@ class Assembly:
         chosen = self._chosen(table)
         if chosen is None:
             return empty_table(table)
-        frame = self._points(table, results).frame(frame_dtypes(table, chosen), self.n_times)
+        frame = self._points(table, results).frame(frame_dtypes(table, chosen), self.n_times,
+                                                   latest=RANK_LATEST if table == "rank" else ())
         return frame[column_order(table, chosen)]
 
     def _gpu(self, table: str, results: dict[str, list[dict]]) -> tuple[pd.DataFrame, list[str], int]:
@@ -221,14 +222,18 @@ class _Points:
         if row_labels:
             self.row_labels.append((k, series["values"], tuple(metric.get(n, "") for n in row_labels)))
 
-    def frame(self, columns: dict[str, str], n_times: int, row_label_names: tuple[str, ...] = ()) -> pd.DataFrame:
+    def frame(self, columns: dict[str, str], n_times: int, row_label_names: tuple[str, ...] = (),
+              latest: tuple[str, ...] = ()) -> pd.DataFrame:
         """Rows where any column has a point, by time and then by series, as the points
         came: a later point at the same place wins. Built from the points alone, and as a
         (series × times) grid only where the points fill a good part of one: a fleet's
-        allocation table fills under 2% of one."""
+        allocation table fills under 2% of one. A `latest` column's points make no row: each
+        series' last value is put on its last row (RANK_LATEST)."""
+        lasts = {column: self.points.pop(column, []) for column in latest if column in columns}
         n_points = sum(len(s) for points in self.points.values() for _, s in points)
         layout = _Layout(n_points, n_times, max(len(self.keys), 1))
-        located = {column: self._placed(layout, self.points.get(column, ())) for column in columns}
+        located = {column: self._placed(layout, self.points.get(column, ())) for column in columns
+                   if column not in lasts}
         layout.fill(list(located.values()))
         frame = pd.DataFrame({"t": self.start + layout.times * self.step})
         key_table = list(self.keys) or [("",) * len(self.key_labels)]
@@ -241,11 +246,33 @@ class _Points:
                 categories = pd.Categorical([labels[position] for labels in row_table])
                 frame[name] = pd.Categorical.from_codes(categories.codes[at], categories.categories)
         for column, dtype in columns.items():
+            if column in lasts:
+                frame[column] = self._on_last_rows(lasts.pop(column), layout.keys, dtype)
+                continue
             frame[column] = layout.column(located.pop(column), dtype)
             # The column's answer goes as its values are in the frame: a table of a day of a
             # thousand ranks is not held twice over, once as answers and once as columns.
             let_go(sum(s.nbytes for _, s in self.points.pop(column, ())))
         return frame
+
+    def _on_last_rows(self, points: Sequence[tuple[int, Points]], row_keys: np.ndarray, dtype) -> np.ndarray:
+        """Each series' latest point's value on the series' last row (rows are in time order),
+        NaN on every other row; a series with no row has none."""
+        last_row = np.full(max(len(self.keys), 1), -1, np.int64)
+        last_row[row_keys] = np.arange(len(row_keys))      # a series' later row overwrites its earlier
+        latest: dict[int, tuple[float, float]] = {}
+        for k, series in points:
+            if not len(series):
+                continue
+            at, value = ((series.first + (len(series) - 1) * self.step, series.values[-1])
+                         if isinstance(series, Steps) else (series[-1, 0], series[-1, 1]))
+            if k not in latest or at >= latest[k][0]:
+                latest[k] = (at, value)
+        out = np.full(len(row_keys), np.nan, dtype)
+        for k, (_, value) in latest.items():
+            if last_row[k] >= 0:
+                out[last_row[k]] = value
+        return out
 
     def _row_labels(self, layout: _Layout, n_names: int) -> tuple[np.ndarray, list[tuple[str, ...]]]:
         """Each row's entry in the table of label sets, which ends with one of empty labels."""
