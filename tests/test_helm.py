@@ -139,7 +139,8 @@ def test_helm_lint_passes_with_default_and_other_values(tmp_path, helm):
 def test_helm_3_renders_what_helm_4_renders(tmp_path):
     """Object for object, with default values, other values and the fast-alert values."""
     for args in ((), (*AS_KUSTOMIZE, "--values", values_file(tmp_path, OTHER_VALUES)),
-                 ("--set", "prometheusRule.for=4s,prometheusRule.trainingStalledFloor=10")):
+                 ("--set", "prometheusRule.for=4s,prometheusRule.trainingStalledFloor=10,"
+                           "prometheusRule.trainingHeldAfterExit=30")):
         assert helm_template(*args, helm="helm3") == helm_template(*args), args
 
 
@@ -171,12 +172,14 @@ def test_the_alert_rules_are_the_manifests_rules_file():
 
 def test_the_alert_overrides_change_what_they_name_and_nothing_else():
     """The documented values for faster alerts and runbook links: every group's interval,
-    every existing `for:`, TrainingStalled's 600-second floor in both places, and the link's
-    base keeping each alert's anchor. Alerts that fire at once still do."""
+    every existing `for:`, TrainingStalled's 600-second floor in both places,
+    TrainingHeldAfterExit's 600 seconds unheard, and the link's base keeping each alert's
+    anchor. Alerts that fire at once still do."""
     [rules] = load_yaml(RULES)
     url = "https://wiki.example/ml-platform/burnrate-runbooks"
     chart = helm_template("--set", f"prometheusRule.interval=2s,prometheusRule.for=5s,"
-                          f"prometheusRule.trainingStalledFloor=20,prometheusRule.runbookURL={url}")
+                          f"prometheusRule.trainingStalledFloor=20,prometheusRule.trainingHeldAfterExit=30,"
+                          f"prometheusRule.runbookURL={url}")
     spec = chart["PrometheusRule/burnrate/burnrate"]["spec"]
     assert [g["name"] for g in spec["groups"]] == [g["name"] for g in rules["groups"]]
     for group, shipped in zip(spec["groups"], rules["groups"]):
@@ -195,6 +198,9 @@ def test_the_alert_overrides_change_what_they_name_and_nothing_else():
             if name == "TrainingStalled":
                 assert before["expr"].count("600") == 2 and "600" not in rule["expr"]
                 assert rule["expr"] == before["expr"].replace("600", "20")
+            elif name == "TrainingHeldAfterExit":
+                assert before["expr"].count("600") == 1 and "600" not in rule["expr"]
+                assert rule["expr"] == before["expr"].replace("> 600", "> 30")
             else:
                 assert rule["expr"] == before["expr"], name
             unchanged = ("for", "expr", "annotations")
@@ -301,6 +307,7 @@ def test_the_grafana_dashboards_are_the_manifests_files_with_the_labels_asked_fo
     ("prometheusRule.for=30", "/prometheusRule/for"),
     ("prometheusRule.interval=fast", "/prometheusRule/interval"),
     ("prometheusRule.trainingStalledFloor=-1", "/prometheusRule/trainingStalledFloor"),
+    ("prometheusRule.trainingHeldAfterExit=10m", "/prometheusRule/trainingHeldAfterExit"),
     ("prometheusRule.runbookURL=runbooks.md", "/prometheusRule/runbookURL"),
     ("prometheusRule.for=30s1m", "/prometheusRule/for"),
     ("prometheusRule.interval=1h1h", "/prometheusRule/interval"),
