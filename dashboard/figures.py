@@ -128,15 +128,17 @@ def _say_in_panel(fig: go.Figure, row: int, text: str) -> None:
     fig.update_yaxes(visible=False, row=row, col=1, secondary_y=True)
 
 
+GPU_PANELS = (("GPU util %", "util"), ("memory used MiB", "memory"), ("power W", "power"), ("NVLink MB/s", "nvlink"))
+GPU_PANEL_NAMES = {"util": "utilization", "memory": "memory use", "power": "power draw", "nvlink": "NVLink traffic"}
+
+
 def job_timeline(detail: JobDetail, simulated: bool, shown: tuple[float, float] | None = None,
                  pending: str | None = None) -> go.Figure:
     """The job's GPUs, training progress and findings on one shared time axis,
     with checkpoints as vertical lines through every panel. The axis opens on `shown`
     (unix seconds: a range the user picked) or else on the job's own life. `pending` says,
     in the training and findings panels, that their figures are still to come."""
-    panels = [("GPU util %", "util"), ("memory used MiB", "memory"), ("power W", "power"),
-              ("NVLink MB/s", "nvlink")]
-    panels = [(t, key) for t, key in panels if key in detail.gpu_series]
+    panels = [(t, key) for t, key in GPU_PANELS if key in detail.gpu_series]
     titles = [t for t, _ in panels] + ["MFU and " + detail.throughput_unit, "loss and grad norm", "findings"]
     rows = len(titles)
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.045, subplot_titles=titles,
@@ -149,16 +151,20 @@ def job_timeline(detail: JobDetail, simulated: bool, shown: tuple[float, float] 
                                      line={"width": 1.2, "color": palette[i % len(palette)]}), row=row, col=1)
     # From zero: a GPU's memory, power and traffic are amounts, and a constant one then reads
     # "48.6k" on a plain axis instead of "48.5965k" on an axis around a single value.
-    for row in range(1, len(panels) + 1):
+    for row, (_, key) in enumerate(panels, start=1):
         fig.update_yaxes(rangemode="tozero", tickformat="~s", row=row, col=1, secondary_y=False)
+        # A field the GPUs' exporter does not export (NVLink on PCIe GPUs, a trimmed field list).
+        if not _any_finite(*detail.gpu_series[key]):
+            _say_in_panel(fig, row, f"no {GPU_PANEL_NAMES[key]} reported for this job's GPUs")
     row = len(panels) + 1
     fig.add_trace(go.Scatter(x=detail.times, y=np.round(detail.mfu, 4), name="MFU", line={"color": "#2d3436"}),
                   row=row, col=1)
     fig.add_trace(go.Scatter(x=detail.times, y=np.round(detail.throughput, 1), name=detail.throughput_unit,
                              line={"color": "#00b894", "dash": "dot"}), row=row, col=1, secondary_y=True)
-    # Two significant digits: a CPU run's 0.4% and a GPU run's 41% both read as themselves,
-    # where a fixed ".0%" repeats "0%" down a small axis.
-    fig.update_yaxes(tickformat=".2~p", row=row, col=1, secondary_y=False)
+    # Three significant digits: a CPU run's 0.4% and a GPU run's 41% both read as themselves,
+    # where a fixed ".0%" repeats "0%" down a small axis, and ticks half a percent apart (a
+    # steady 46-47%) read 46.5% and 47%, where two digits labelled them 46%, 46%, 47%, 47%.
+    fig.update_yaxes(tickformat=".3~p", row=row, col=1, secondary_y=False)
     if pending or not _any_finite(detail.mfu, detail.throughput):
         _say_in_panel(fig, row, pending or f"no MFU or {detail.throughput_unit} reported by this job's ranks")
     row += 1

@@ -824,6 +824,24 @@ def test_training_panels_without_figures_say_why_on_no_axis(analysis):
     assert _panel_notes(figures.job_timeline(detail, False, pending="follows")) == [("follows", True, True)] * 3
 
 
+def test_gpu_panels_without_figures_say_why_on_no_axis(analysis):
+    """A store without a GPU field (NVLink on PCIe GPUs, an exporter's trimmed field list) drew
+    an empty panel on a 0-4 axis; it says so instead, and the panels with figures draw them."""
+    detail = aggregate.job_detail(analysis.views, analysis.report, "ml-research", "dlrm-1")
+    assert set(detail.gpu_series) == {"util", "memory", "power", "nvlink"}
+    assert all(np.isfinite(v).any() for v in detail.gpu_series.values())
+    nan = np.full_like(detail.gpu_series["nvlink"], np.nan)
+    untold = replace(detail, gpu_series={**detail.gpu_series, "power": nan, "nvlink": nan})
+    fig = figures.job_timeline(untold, False)
+    assert _panel_notes(fig) == [("no power draw reported for this job's GPUs", True, True),
+                                 ("no NVLink traffic reported for this job's GPUs", True, True)]
+    assert [a.text for a in fig.layout.annotations if a.yref == "y5 domain"] == \
+        ["no power draw reported for this job's GPUs"]      # power is the third row: axes y5 and y6
+    gpu_rows = [t for t in fig.data if t.yaxis in ("y", "y3", "y5", "y7") and t.y is not None and None not in t.y]
+    drawn = {t.yaxis for t in gpu_rows if np.isfinite(np.asarray(t.y, float)).any()}
+    assert drawn == {"y", "y3"}
+
+
 def test_the_pages_read_what_the_analysis_and_the_job_page_use_and_nothing_more(recording):
     """The pages asked for every GPU field the agent exports, each one more query over every
     GPU of the window, where they draw four beside what the analysis reads."""
