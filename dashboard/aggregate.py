@@ -190,8 +190,13 @@ _SHARES = ("share", "mfu", "floor", "clock_ratio")
 _UNIT_SUFFIX = re.compile(r"_(pct|mhz|mbps|mib|w)$")
 
 
+# Keys whose plain reading misleads: an episode's `gpus` are the GPUs' indices on their node
+# (analyzer.detectors.episodes), and "gpus: 0" read as no GPU at all.
+_LABELS = {"gpus": "GPU index"}
+
+
 def evidence_label(key: str) -> str:
-    return _UNIT_SUFFIX.sub("", key).replace("_", " ")
+    return _LABELS.get(key) or _UNIT_SUFFIX.sub("", key).replace("_", " ")
 
 
 def evidence_value(key: str, value: object) -> str:

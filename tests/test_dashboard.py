@@ -706,6 +706,8 @@ def test_evidence_values_read_with_their_units():
     assert value("xid_events", {"79": 1}) == "{79: 1}" and value("signals", ["loss_spike", "non_finite"]) == \
         "loss_spike, non_finite"
     assert aggregate.evidence_label("peer_median_sm_clock_mhz") == "peer median sm clock"
+    # An episode's GPUs are indices on their node: "gpus: 0" read as no GPU.
+    assert f'{aggregate.evidence_label("gpus")}: {value("gpus", [0, 3])}' == "GPU index: 0, 3"
 
 
 def test_a_jobs_rate_is_not_drawn_where_it_counted_nothing(analysis):
