@@ -266,6 +266,8 @@ def test_gpus_held_after_the_process_ended_are_held_after_exit_not_a_stall(alive
         stall = found["stalled"]
         assert stall.end == pytest.approx(held.start)
         assert stall.evidence["stalled_minutes"] == pytest.approx(stalled_minutes, abs=0.5)
+        # An episode as every other finding is, found again or not: its basis in its evidence.
+        assert stall.evidence["episodes"] == 1 and stall.evidence["hours"] == pytest.approx(stalled_minutes / 60, abs=0.01)
         assert stall.wasted_gpu_hours == pytest.approx(job["ledger"]["stalled"]["gpu_hours"], abs=2 * BIN_GPU_HOURS)
     waste = {f["kind"]: f["wasted_gpu_hours"] for f in doc["findings"] if f.get("training_job") == "llm"}
     assert sum(waste.values()) == pytest.approx(no_process + job["ledger"]["stalled"]["gpu_hours"],

@@ -46,13 +46,12 @@ def process_ends(ledgers: dict[tuple[str, str], Ledger], config: Config = Config
             and ledger.end - end > config.held_after_exit_minutes * 60}
 
 
-def held_after_exit(ledgers: dict[tuple[str, str], Ledger], config: Config = Config()) -> list[Finding]:
-    """The jobs that held GPUs over `config.held_after_exit_minutes` after their last process
-    ended: from then to the job's last held sample, wasting its whole `no_process` time. They
-    take part in detection (they explain idle GPUs, as a stall does), so they are not among
-    `detect`'s."""
+def held_after_exit(ledgers: dict[tuple[str, str], Ledger], ends: dict[tuple[str, str], float]) -> list[Finding]:
+    """The jobs of `ends` (`process_ends`): from when their last process ended to the job's
+    last held sample, wasting its whole `no_process` time. They take part in detection (they
+    explain idle GPUs, as a stall does), so they are not among `detect`'s."""
     out = []
-    for job, ended in process_ends(ledgers, config).items():
+    for job, ended in ends.items():
         ledger = ledgers[job]
         gpus = ledger.gpus_after_exit()
         evidence = {"process_ended": iso(ended), "held_minutes": (ledger.end - ended) / 60, "gpus_held": gpus,

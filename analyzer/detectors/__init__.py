@@ -97,9 +97,11 @@ def ended_with_their_processes(views: Views, found: list[Finding], process_ends:
     analyzer.costing.ledger_findings) explaining idle GPUs as a stall does."""
     if not process_ends:
         return found
-    again = _in_window(stalled.detect(views, config.stalled, process_ends), views)
+    again = [f for f in _in_window(stalled.detect(views, config.stalled, process_ends), views)
+             if _has_evidence(f, views)]
     kept = [f for f in found if not (f.kind == stalled.KIND and f.job in process_ends)]
-    kept += [f for f in again if _has_evidence(f, views)] + _in_window(held_after_exit, views)
+    # Episodes as detect_all makes them, with their basis in the evidence.
+    kept += episodes.merge_episodes(again, config.episodes) + _in_window(held_after_exit, views)
     return sorted((f for f in kept if not _explained(f, kept)), key=order)
 
 

@@ -59,8 +59,8 @@ def analyze(frames: Frames, catalog: Catalog, config: DetectorConfig = DetectorC
     accounting = account(views, config.idle_gpu)
     prices = gpu_prices(views, catalog)
     ledgers = job_ledgers(views, accounting, config.stalled)
-    findings = ended_with_their_processes(views, findings, ledger_findings.process_ends(ledgers, config.ledger),
-                                          ledger_findings.held_after_exit(ledgers, config.ledger), config)
+    ends = ledger_findings.process_ends(ledgers, config.ledger)
+    findings = ended_with_their_processes(views, findings, ends, ledger_findings.held_after_exit(ledgers, ends), config)
     findings = sorted(findings + ledger_findings.detect(ledgers, job_prior_mtbf(views, ledgers, advice, prices),
                                                         config.ledger), key=order)
     jobs, priced = job_costs(views, catalog, findings, advice, accounting, prices, ledgers)
