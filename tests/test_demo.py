@@ -26,6 +26,7 @@ from burnrate.analyzer.sources.timeparse import format_time
 from burnrate.demo import (CHECKPOINT_EVERY, FLEET_GPUS_PER_NODE, FLEET_NODES, JOBS, LIVE_GPUS, MIN_DURATION_S,
                            NAMESPACE, THRESHOLDS)
 from tests.conftest import PYTHON, ROOT, free_port
+from tests.processes import wait_http
 from tests.test_dashboard import _text
 
 pytestmark = pytest.mark.slow
@@ -202,9 +203,9 @@ def test_stopping_the_demo_stops_everything_it_started(tmp_path, how):
     runtimes send SIGTERM to the demo alone; and the demo may die outright (SIGKILL). Each
     way, its agent, dashboard, launchers and ranks end with it, and where it could, it says
     where the recording is and how to replay it."""
-    work = tmp_path / "demo"
+    work, agent_port = tmp_path / "demo", free_port()
     proc = subprocess.Popen([PYTHON, "-m", "burnrate", "demo", "--duration", "600", "--no-browser", "--dir", str(work),
-                             "--port", str(free_port()), "--agent-port", str(free_port())],
+                             "--port", str(free_port()), "--agent-port", str(agent_port)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True,
                             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if "background" in how else None)
@@ -218,6 +219,8 @@ def test_stopping_the_demo_stops_everything_it_started(tmp_path, how):
             time.sleep(0.2)
             family = psutil.Process(proc.pid).children(recursive=True)
         assert len(family) >= 5, "the demo's agent, dashboard, launcher and two ranks are not all running"
+        # Every part started, the agent serving: its answer comes once it handles SIGTERM.
+        wait_http(f"http://127.0.0.1:{agent_port}/healthz", timeout=60, statuses=(200, 503))
         if how.startswith("ctrl-c"):
             os.killpg(proc.pid, signal.SIGINT)
         else:
