@@ -458,22 +458,39 @@ def _sample_gpu_time(node: Node, device: dict[str, str], holds: list[_Hold], t: 
                      rng: np.random.Generator, sink: _Scraped) -> None:
     """The GPU-second counters (docs/metrics.md, "GPU-time"): the seconds the GPU was there since the agent
     started, and each holder's share-weighted seconds, all idle or all busy as its workload is
-    (docs/report.md, `accounting`). Each counts from 0 again after an agent restart."""
+    (docs/report.md, `accounting`). Each counts from 0 again after an agent restart. A holder is its
+    labels: one that comes back under the same labels (a pod re-created under its name) before the
+    agent forgot it counts on from where it was; after, from 0."""
     restart = _last_restart(node, t)
     agent_start = start - rng.uniform(0.0, 1e6)
     sink.add("burnrate_gpu_observed_seconds_total", device, t, t - np.maximum(agent_start, restart))
-    for h in holds:
-        w = h.workload
-        at = t[(t >= w.start) & (t < w.end + KEEP_GONE_S)]
-        at = at[_last_restart(node, at) < w.end]  # an agent restarted after the holder left never saw it
-        # the holder's seconds so far, from its start or the agent's last restart after it
-        since = np.maximum(w.start, _last_restart(node, at))
-        held = np.maximum(w.share * (np.minimum(at, w.end) - since), 0.0)
-        labels = {**device, **_pod_labels(node, h)}
-        idle = np.zeros(at.size) if w.busy else held
-        sink.add("burnrate_gpu_allocated_seconds_total", labels, at, held)
-        sink.add("burnrate_gpu_idle_seconds_total", labels, at, idle)
-        sink.add("burnrate_gpu_busy_seconds_total", labels, at, held - idle)
+    holders: dict[tuple, list[_Hold]] = {}
+    for h in sorted(holds, key=lambda h: h.workload.start):
+        holders.setdefault(tuple(sorted(_pod_labels(node, h).items())), []).append(h)
+    for key, same in holders.items():
+        # runs of holds the agent saw as one holder: each next one back within KEEP_GONE_S
+        kept = [[same[0]]]
+        for h in same[1:]:
+            if h.workload.start - kept[-1][-1].workload.end < KEEP_GONE_S:
+                kept[-1].append(h)
+            else:
+                kept.append([h])
+        for run in kept:
+            first, last = run[0].workload, run[-1].workload
+            at = t[(t >= first.start) & (t < last.end + KEEP_GONE_S)]
+            at = at[_last_restart(node, at) < last.end]  # an agent restarted after the holder left never saw it
+            since = _last_restart(node, at)
+            held, idle = np.zeros(at.size), np.zeros(at.size)
+            for h in run:
+                w = h.workload
+                # the holder's seconds so far, from its start or the agent's last restart after it
+                part = np.maximum(w.share * (np.minimum(at, w.end) - np.maximum(w.start, since)), 0.0)
+                held += part
+                idle += 0.0 if w.busy else part
+            labels = {**device, **dict(key)}
+            sink.add("burnrate_gpu_allocated_seconds_total", labels, at, held)
+            sink.add("burnrate_gpu_idle_seconds_total", labels, at, idle)
+            sink.add("burnrate_gpu_busy_seconds_total", labels, at, held - idle)
 
 
 def _sample_training(node: Node, h: _Hold, t: np.ndarray, rng: np.random.Generator, sink: _Scraped) -> None:

@@ -79,6 +79,7 @@ class RunSpec:
     release_s: float = 10.0           # new pods: old process end -> old pods release their GPUs
     pending_s: float = 60.0           # new pods: old pods released -> new pods allocated
     pull_s: float = 30.0              # new pods: allocated -> process starts
+    same_names: bool = False          # new pods under the old ones' names, as a PyTorchJob re-creates a failed pod
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,7 @@ def timeline(spec: JobSpec) -> tuple[list[Process], list[PodHold]]:
                 released = prev.end + run.release_s
                 for i, (node, _) in enumerate(spec.nodes):
                     holds.append(PodHold(pods[i], node, gpus[i], ranks[i], alloc[i], released + skew[i]))
-                pods = _pod_names(spec, k, rng)
+                pods = pods if run.same_names else _pod_names(spec, k, rng)
                 alloc = [released + max(skew) + run.pending_s + s for s in skew]
                 start = max(alloc) + run.pull_s
             else:
@@ -293,15 +294,20 @@ def timeline(spec: JobSpec) -> tuple[list[Process], list[PodHold]]:
     for i, (node, _) in enumerate(spec.nodes):
         release = last.end + (0.0 if spec.runs[-1].hang_s and not spec.keep_s else spec.keep_s + skew[i])
         holds.append(PodHold(pods[i], node, gpus[i], ranks[i], alloc[i], release))
-    for h in holds:
-        for p in processes:
-            if h.pod in p.pods and not (h.start <= p.start and p.end <= h.end):
-                raise ValueError(f"process {p.index} runs outside its pod {h.pod}'s hold")
+    for p in processes:
+        for pod in p.pods:
+            if not any(_within(p, h) for h in holds if h.pod == pod):
+                raise ValueError(f"process {p.index} runs outside its pod {pod}'s hold")
     return processes, holds
 
 
 # ---------------------------------------------------------------------------------------------
 # the truth, from the exact intervals
+
+def _within(p: Process, h: PodHold) -> bool:
+    """Whether process `p` ran inside hold `h` (a re-created pod of the same name is another hold)."""
+    return h.start <= p.start and p.end <= h.end
+
 
 def _clip(a: float, b: float, lo: float, hi: float) -> float:
     return max(0.0, min(b, hi) - max(a, lo))
@@ -318,7 +324,7 @@ def compute_truth(spec: JobSpec, processes: list[Process], holds: list[PodHold])
             held[r] += h.end - h.start
             cat = per_rank[r]
             # no process alive: before the first run, between runs, after the last
-            alive = sorted((p.start, p.end) for p in processes if h.pod in p.pods)
+            alive = sorted((p.start, p.end) for p in processes if h.pod in p.pods and _within(p, h))
             cursor = h.start
             free = []
             for a, b in alive:
@@ -608,7 +614,8 @@ def ledger_jobs(draw: st.DrawFn, telemetry: bool = True, report_resumed_from: bo
             hang = draw(st.floats(600.0, 1800.0))
         runs.append(RunSpec(steps=steps, step_s=step_s, startup_s=draw(st.floats(30.0, 600.0)), compute=compute,
                             data_wait=data, stall_after=stall_after, stall_s=stall_s, hang_s=hang,
-                            new_pods=new_pods, gap_s=draw(st.floats(10.0, 900.0)),
+                            new_pods=new_pods, same_names=new_pods and draw(st.booleans()),
+                            gap_s=draw(st.floats(10.0, 900.0)),
                             release_s=draw(st.floats(0.0, 60.0)), pending_s=draw(st.floats(0.0, 600.0)),
                             pull_s=draw(st.floats(5.0, 300.0))))
     # an earlier run that is followed by new pods may hang until the eviction ends it

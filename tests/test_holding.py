@@ -163,6 +163,20 @@ def test_successive_jobs_in_one_pod_stay_apart():
     assert jobs["sweep-a"].gpu_hours == pytest.approx(0.5) and jobs["sweep-b"].gpu_hours == pytest.approx(1.5)
 
 
+@pytest.mark.parametrize("device_sampled", [True, False], ids=["released", "missed_scrapes"])
+def test_a_holder_that_lets_its_gpu_go_for_minutes_holds_none_of_them(device_sampled):
+    """A pod's series pauses 4 minutes, within the staleness bound, and comes back (a pod re-created
+    under its name, a local rank restarted). Where the exporter went on sampling the GPU, the GPU
+    was seen without that holder: the pause is not its time. Where nothing of the node was
+    sampled either, the scrapes were missed and the pause is bridged."""
+    before, after = T0 + 15.0 * np.arange(20), T0 + 285.0 + 240.0 + 15.0 * np.arange(20)
+    alloc = gpu_rows(np.concatenate([before, after]), pod="trainer-0").assign(share=np.float32(1.0))
+    device = gpu_rows(np.arange(T0, after[-1] + 1, 15.0) if device_sampled else alloc["t"].to_numpy())
+    keys = ("UUID", "namespace", "pod", "training_job")
+    held = hold_table(alloc[[*keys, "t", "share"]], keys, 15.0, T0 + 1e4, device=device)
+    assert held["held_s"].sum() == pytest.approx(40 * 15.0 if device_sampled else after[-1] + 15.0 - T0)
+
+
 @pytest.mark.parametrize("every_s", [1.0, 5.0])
 def test_a_node_sampled_faster_than_the_fleet_reads_the_same_in_every_window(tmp_path, every_s):
     """A fleet recorded at 15 s, then one node at `every_s` (the demo's recording): each

@@ -5,7 +5,9 @@ A source reads a window on a grid of `step` seconds, but clusters are scraped ev
 series' own sampling interval, the way a Prometheus instant query keeps answering
 with the last sample until the next one arrives: a sample holds until the next
 sample of its series, or for one interval where the next is further away than the
-staleness bound (a target that went away, not a missed scrape).
+staleness bound (a target that went away, not a missed scrape). A holder's series that
+stops while its GPU's own series goes on was let go, not missed: the GPU was sampled
+without that holder, so the gap is not the holder's time, however short.
 
 Each series' interval comes from its own data: the median time between its
 samples. Two regimes follow from it:
@@ -32,6 +34,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from burnrate.exporter import labels as L
 from burnrate.exporter.recording import TABLES
 
 from .frames import Frames
@@ -61,7 +64,8 @@ def hold(frames: Frames, staleness_s: float = STALENESS_S) -> Frames:
     # One table after the other: side by side their row-long temporaries add up, and on a day of
     # 1,024 GPUs that was the read's peak (0.65-0.77 GB above the frames against 0.42 GB, for 0.2-0.4 s).
     return replace(frames, **{name: hold_table(getattr(frames, name), SERIES.get(name, TABLES[name][0]), step, limit,
-                                               staleness_s, with_held=name in HELD, marked=name in MARKED)
+                                               staleness_s, with_held=name in HELD, marked=name in MARKED,
+                                               device=frames.gpu if name == "alloc" else None)
                               for name in TABLES})
 
 
@@ -94,8 +98,11 @@ def series_intervals(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, stal
 
 
 def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: float,
-               staleness_s: float = STALENESS_S, with_held: bool = True, marked: bool = False) -> pd.DataFrame:
-    """`marked`: the rows filled in are named in a `repeated` column."""
+               staleness_s: float = STALENESS_S, with_held: bool = True, marked: bool = False,
+               device: pd.DataFrame | None = None) -> pd.DataFrame:
+    """`marked`: the rows filled in are named in a `repeated` column. `device`: the gpu table,
+    for a table of holders: a gap in a holder's series in which its GPU was sampled is a
+    release, and is not bridged."""
     def unfilled(out: pd.DataFrame) -> pd.DataFrame:
         return out.assign(**{REPEATED: np.zeros(len(out), bool)}) if marked else out
 
@@ -120,11 +127,14 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
                else np.ones(len(t)))
     interval = series_intervals(t, c, samples, staleness_s)
     interval = np.where(np.isfinite(interval), interval, step)
+    released = (_released(frame[L.UUID], order, c, t, interval, device)
+                if device is not None and len(device) and L.UUID in frame else np.zeros(len(t), bool))
     held, copies = np.empty(len(t)), np.empty(len(t), np.int64)
     # A block of whole series at a time: each row looks only at its series' neighbours, and a
     # dozen row-long temporaries of a day of a thousand ranks were the read's peak.
     for a, b in _blocks(c):
-        held[a:b], copies[a:b] = _held(t[a:b], c[a:b], samples[a:b], interval[c[a:b]], step, limit, staleness_s)
+        held[a:b], copies[a:b] = _held(t[a:b], c[a:b], samples[a:b], interval[c[a:b]], step, limit, staleness_s,
+                                       released[a:b])
     source = frame.drop(columns="sample_count", errors="ignore")
     if (copies == 1).all():
         held_rows = np.empty(len(t), np.float32)     # seconds: float32 holds them to the millisecond
@@ -174,15 +184,17 @@ def _blocks(codes: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _held(t: np.ndarray, c: np.ndarray, samples: np.ndarray, interval: np.ndarray, step: float, limit: float,
-          staleness_s: float) -> tuple[np.ndarray, np.ndarray]:
+          staleness_s: float, released: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The seconds each row (sorted by series, then time) stands for, and the grid points it
-    is repeated into, from its series' `interval` (one per row)."""
+    is repeated into, from its series' `interval` (one per row). A `released` row is its
+    holder's last before a release: it holds one interval, as before an outage."""
     nxt = np.append(np.where(c[1:] == c[:-1], t[1:] - t[:-1], np.inf), np.inf)
+    bridged = (nxt <= np.maximum(staleness_s, BRIDGED_INTERVALS * interval)) & ~released
     # A lone sample whose series' next one comes steps later stands for the time until then,
     # whatever the series' usual interval: 15 s history before 1 s live samples on a 3 s grid.
-    lone = (samples <= 1) & (nxt > step * 1.01) & (nxt <= np.maximum(staleness_s, BRIDGED_INTERVALS * interval))
+    lone = (samples <= 1) & (nxt > step * 1.01) & bridged
     coarse = (interval < COARSE * step) & ~lone
-    linked = np.where(coarse, nxt <= step * 1.01, nxt <= np.maximum(staleness_s, BRIDGED_INTERVALS * interval))
+    linked = np.where(coarse, nxt <= step * 1.01, bridged)
     linked_before = np.insert(linked[:-1], 0, False) & np.insert(c[1:] == c[:-1], 0, False)
     edge = np.where(coarse, np.minimum(samples * interval, step), interval)
     held = np.where(coarse, np.where(linked & linked_before, step, edge), np.where(linked, nxt, edge))
@@ -195,6 +207,41 @@ def _held(t: np.ndarray, c: np.ndarray, samples: np.ndarray, interval: np.ndarra
     # No copy past the window's last point: the last copy in it carries the rest.
     copies = np.clip(copies, 1, np.maximum(np.floor((limit - t) / step + 1e-9) + 1, 1).astype(np.int64))
     return held, copies
+
+
+def _released(uuid: pd.Series, order: np.ndarray, c: np.ndarray, t: np.ndarray, interval: np.ndarray,
+              device: pd.DataFrame) -> np.ndarray:
+    """Rows (sorted by series, then time: `order` sorts the frame whose `uuid` column is given)
+    after which their holder's series pauses for more than an interval and a half while its
+    GPU's series (`device`, the gpu table, sampled by the same exporter at the same moments)
+    has a sample in the pause, half an interval clear of either end: the exporter saw the GPU
+    without that holder. A pause with no sample of the GPU either is a missed scrape, bridged."""
+    nxt = np.append(np.where(c[1:] == c[:-1], t[1:] - t[:-1], np.inf), np.inf)
+    gap = np.flatnonzero(np.isfinite(nxt) & (nxt > 1.5 * interval[c]))
+    out = np.zeros(len(t), bool)
+    if not len(gap):
+        return out
+    # Pauses are few: only their GPUs' samples are looked at, by category code, not by name.
+    paused = uuid.to_numpy()[order[gap]]
+    names = pd.Index(pd.unique(paused))
+    gpus = pd.Categorical(device[L.UUID])
+    dev_code = names.get_indexer(gpus.categories)[gpus.codes]
+    dev_code[gpus.codes < 0] = -1
+    mine = dev_code >= 0
+    if not mine.any():
+        return out
+    # One sorted key per sample, (GPU, time): a GPU's samples in a pause are one searchsorted
+    # away. Times relative to the earliest keep the key exact to a microsecond.
+    dev_t = device["t"].to_numpy(np.float64)[mine]
+    origin = min(float(dev_t.min()), float(t.min()))
+    span = max(float(dev_t.max()), float(t.max())) - origin + 1.0
+    keys = np.sort(dev_code[mine] * span + (dev_t - origin))
+    code = names.get_indexer(paused)
+    margin = 0.5 * interval[c[gap]]
+    lo = code * span + (t[gap] + margin - origin)
+    hi = code * span + (t[gap] + nxt[gap] - margin - origin)
+    out[gap] = np.searchsorted(keys, hi, "left") > np.searchsorted(keys, lo, "right")
+    return out
 
 
 def _on_grid(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, step: float) -> np.ndarray | None:
