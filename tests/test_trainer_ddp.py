@@ -201,6 +201,20 @@ def test_sigterm_saves_an_emergency_checkpoint_and_exits_0(tmp_path):
     assert last == {0: manifest["step"], 1: manifest["step"]}
 
 
+def test_sigterm_while_the_launcher_starts_leaves_no_log_directory(tmp_path):
+    """SIGTERM as soon as the launcher has made its log directory, before torch's launcher has a
+    handler for it (a demo or a pod stopped the moment it started): the directory goes too."""
+    scratch = _scratch(tmp_path, "scratch-started")
+    proc = _start(tmp_path, "--steps", "100000")
+    try:
+        _wait_for(lambda: any(p.name.startswith("burnrate-train-") for p in scratch.iterdir()), timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) in (0, 128 + signal.SIGTERM), proc.stderr.read()[-3000:]
+    finally:
+        _kill(proc)
+    assert [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")] == []
+
+
 def test_stall_stops_the_step_counter_while_the_processes_live(tmp_path):
     proc = _start(tmp_path, "--steps", "100000", "--fault", "stall:at=5")
     try:

@@ -57,9 +57,16 @@ def run(args: argparse.Namespace) -> int:
             ckpt.release()
 
     # The launcher's default log directory (the ranks' error files) is a /tmp/torchelastic_*
-    # that nothing removes; this one lives as long as the launch.
+    # that nothing removes; this one lives as long as the launch. Until torch's launcher takes
+    # SIGTERM over (when it starts the ranks), the default would end the process at once and
+    # leave the directory: a SIGTERM then unwinds through the `with` instead.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with tempfile.TemporaryDirectory(prefix="burnrate-train-") as logs:
         return _launch(cfg, nproc, DefaultLogsSpecs(log_dir=logs))
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _launch(cfg: config.TrainConfig, nproc: int, logs_specs: DefaultLogsSpecs) -> int:
