@@ -239,4 +239,6 @@ def test_stopping_the_demo_stops_everything_it_started(tmp_path, how):
     for p in alive:         # a failure here must not leave them running either
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-    assert left == []
+    # The logs of what outlived the demo go with the failure: the test's directory does not stay.
+    assert left == [], "\n".join([str(left)] + [f"--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}"
+                                                  for log in sorted(work.glob("*.log"))])
