@@ -405,6 +405,15 @@ def unmeasured(job: JobCost) -> list[tuple[str, str]]:
             for name, hours in job.ledger.gpu_hours.items() if hours is None]
 
 
+def caveats(job: JobCost) -> list[tuple[str, str]]:
+    """The ledger's measured categories that come with a word on what they leave out (start-up
+    no one held, where GPUs are attributed without a kubelet)."""
+    if job.ledger is None:
+        return []
+    basis = {**job.ledger.basis, **job.ledger_basis}
+    return [(name, basis[name]) for name, hours in job.ledger.gpu_hours.items() if hours is not None and name in basis]
+
+
 def _priced(jobs: list[JobCost]) -> bool:
     return all(j.cost_dollars is not None for j in jobs)
 

@@ -94,6 +94,21 @@ def test_checkpoints_are_the_saves_the_monitor_timed(job):
     assert seconds(job, "checkpoint") == pytest.approx(sum(saves), abs=3 * SAMPLE_S)
 
 
+def test_start_up_no_one_held_is_said_not_read_as_none(job):
+    """Local attribution holds a GPU from its rank's first report, after the first step: the
+    start-up before it (imports, NCCL, the model, torch.compile's 24.8 s in the first step) is
+    held by no one, and the ledger says how long rather than reading as a job that started at
+    once. The first report is the first step as the series show it (a series' first sample has
+    no increase to read), so the figure runs from each process's start to its first report."""
+    first = {}
+    for r in records():
+        first.setdefault(r["start_time"], r["time"])
+    unheld = sum(reported - started for started, reported in first.items())
+    assert seconds(job, "startup") == 0.0
+    said = re.search(r"not held for ([\d,]+) GPU-seconds of its runs' start-up", job["ledger_basis"]["startup"])
+    assert float(said.group(1).replace(",", "")) == pytest.approx(unheld, abs=4 * SAMPLE_S)
+
+
 def test_the_crash_costs_only_until_its_gpu_is_let_go(job):
     """After the crash the GPU is held until the dead rank's release: the restart is that and
     no more, and nothing is stalled."""

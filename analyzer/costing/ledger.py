@@ -172,6 +172,7 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         per_run[run, _I[category]] += part.sum()
 
     cursor = -np.inf                    # where the time not yet given away begins
+    unheld = 0.0                        # GPU-seconds of start-up, process start to first step, no one held
     # The job's last bin with held time, where that is the window's last with data (a grid's
     # final points may lie past the window's end, or past its last scrape: a sample's slack):
     # -1 where it let its GPUs go before.
@@ -213,6 +214,8 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
             begin = start       # already past its first step when the window opened
         run["first_step"] = begin + usual if np.isfinite(begin) else run["first_time"]
         give("startup", k, start, begin)
+        if run["process_start"] is not None and np.isfinite(begin):
+            unheld += _unheld(held, cover, max(run["process_start"], float(lo[0])), begin, v.step)
         nxt = runs[k + 1]["resumed_from"] if k + 1 < len(runs) else None
         if k + 1 < len(runs) and nxt is None:
             lost_known = False
@@ -238,6 +241,10 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
             seconds[category] += tail * share
             per_run[last, category] += (tail * share).sum()
     hours = {name: float(seconds[i].sum()) / 3600 for i, name in enumerate(NAMES)}
+    if unheld > 0:
+        basis["startup"] = (f"its GPUs were not held for {unheld:,.0f} GPU-seconds of its runs' start-up, from their "
+                            "processes' start to their first steps, so that time is in no job's: an agent without a "
+                            "kubelet holds a GPU from its rank's first report, which follows the first step")
     if not lost_known:
         hours["lost_progress"] = None
         basis["lost_progress"] = ("a run restarted but the next run did not report the step it resumed from: "
@@ -254,6 +261,14 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
                    for i, name in enumerate(NAMES) if seconds[i].any()}, gpus=float(held.max() / v.step),
                   start=float(lo[held_bins[0]]), end=float(hi[held_bins[-1]]),
                   saves=saves, save_seconds=save_seconds, step=v.step)
+
+
+def _unheld(held: np.ndarray, cover: Callable[[float, float], np.ndarray], t0: float, t1: float, step: float) -> float:
+    """GPU-seconds of [t0, t1) that the job's GPUs (as many as it held at most) were not held,
+    beyond a sample at each end (what an edge is known to); 0 where it held them."""
+    gpus = float(held.max()) / step
+    missing = gpus * (t1 - t0) - float((held * cover(t0, t1)).sum())
+    return missing if missing > 2 * step * gpus else 0.0
 
 
 def _alive(v: Views, reporting: np.ndarray, heard: np.ndarray, tail: np.ndarray, cursor: float,

@@ -6,7 +6,7 @@ from dash import Input, Output, callback, dcc, html
 
 from burnrate.analyzer.costing.cost import JobCost
 
-from ..aggregate import job_detail, unmeasured
+from ..aggregate import caveats, job_detail, unmeasured
 from ..data import Analysis, Unavailable
 from ..figures import SEVERITY_COLORS, job_timeline, ledger_waterfall, rank_breakdown
 from ..overview import Overview
@@ -105,13 +105,13 @@ def content(whole: Analysis, namespace: str, training_job: str, search: str) -> 
 
 
 def ledger_panel(job: JobCost, simulated: bool) -> html.Div:
-    """The job's ledger as a waterfall, with the categories it cannot measure and why; one
-    line saying why where the job has no ledger."""
+    """The job's ledger as a waterfall, with the categories it cannot measure and why, and what a
+    measured one leaves out; one line saying why where the job has no ledger."""
     if job.ledger is None:
         why = job.ledger_basis.get("ledger", "no ledger for this job")
         return html.Div(html.P(f"No GPU-hour ledger for this job: {why}.", id="job-ledger-none", className="br-hint"),
                         id="job-ledger")
-    missing = unmeasured(job)
-    note = html.Ul([html.Li([html.B(name.replace("_", " ")), f" not measured: {why}"]) for name, why in missing],
-                   id="job-ledger-note", className="br-hint") if missing else None
+    lines = [html.Li([html.B(name.replace("_", " ")), f" not measured: {why}"]) for name, why in unmeasured(job)]
+    lines += [html.Li([html.B(name.replace("_", " ")), f": {why}"]) for name, why in caveats(job)]
+    note = html.Ul(lines, id="job-ledger-note", className="br-hint") if lines else None
     return html.Div([graph("job-waterfall", ledger_waterfall(job, simulated)), note], id="job-ledger")
