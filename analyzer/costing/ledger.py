@@ -212,6 +212,11 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
             _stepping_at_first_sample(cells, gauge, run["resumed_from"])
         if opened_stepping:
             begin = start       # already past its first step when the window opened
+        elif np.isfinite(begin) and run["first_time"] is not None and run["first_time"] > begin:
+            # The first report's steps split the held time only as far as their time was held:
+            # where a GPU is held from that report on (attribution by ranks), none of it was.
+            first = cells[:, run["first"]]
+            parts[:, first, run["first"]] *= _held_share(held, cover, begin, run["first_time"], v.step)
         run["first_step"] = begin + usual if np.isfinite(begin) else run["first_time"]
         give("startup", k, start, begin)
         if run["process_start"] is not None and np.isfinite(begin):
@@ -261,6 +266,13 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
                    for i, name in enumerate(NAMES) if seconds[i].any()}, gpus=float(held.max() / v.step),
                   start=float(lo[held_bins[0]]), end=float(hi[held_bins[-1]]),
                   saves=saves, save_seconds=save_seconds, step=v.step)
+
+
+def _held_share(held: np.ndarray, cover: Callable[[float, float], np.ndarray], t0: float, t1: float,
+                step: float) -> float:
+    """The share of [t0, t1) the job's GPUs (as many as it held at most) were held."""
+    gpus = float(held.max()) / step
+    return min(float((held * cover(t0, t1)).sum()) / (gpus * (t1 - t0)), 1.0) if gpus > 0 else 0.0
 
 
 def _unheld(held: np.ndarray, cover: Callable[[float, float], np.ndarray], t0: float, t1: float, step: float) -> float:

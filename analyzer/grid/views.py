@@ -104,12 +104,14 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
                start: float, step: float, n: int, labels: tuple[str, ...] = (),
                counters: tuple[str, ...] = (), wide: tuple[str, ...] | None = None,
                summed: tuple[str, ...] = (), release: bool = False,
-               counted_before: pd.DataFrame | None = None, latest: tuple[str, ...] = ()) -> Grid:
+               counted_before: pd.DataFrame | None = None, latest: tuple[str, ...] = (),
+               from_start: bool = False) -> Grid:
     """`counters` become per-bin increases (counter_delta), spread over the bins their
     sample stands for where the frame says which rows are held over (`spread`); a series'
     first sample's increase is read from its row in `counted_before` (its counters before the
-    window, Frames.rank_before) where that is no further back than the staleness bound;
-    `latest` columns keep each series' value at its last sample only (Grid.latest);
+    window, Frames.rank_before) where that is no further back than the staleness bound, and
+    with `from_start` is the sample's own count where that counts from its process's start
+    (_born_in_window); `latest` columns keep each series' value at its last sample only (Grid.latest);
     `summed` columns add up the rows that fall in one bin (time held,
     analyzer.grid.holding) where others keep the last, in float32 where that holds every
     sum exactly (readers widen them before they multiply); float64 columns stay float64 only
@@ -147,6 +149,7 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         sampled.ravel()[cell[fresh if keep.all() else fresh[keep]]] = True
     owner = _owners(present, sampled) if counters and sampled is not None and not sampled[present].all() else None
     before = _counted_before(counted_before, counters, keys, by, present, start, step) if counters else None
+    born = _born_in_window(frame, keep, cell, present, n, start) if counters and from_start else None
     values, totals, lasts = {}, {}, {}
     cumulative = np.empty((s, n)) if counters else None     # one buffer for every counter
     last = n - 1 - np.argmax(present[:, ::-1], axis=1) if counters else None
@@ -176,6 +179,10 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
             delta = counter_delta(cumulative)
             if before is not None and name in before[2]:
                 _first_increase(delta, cumulative, before[0], before[1], before[2][name])
+            if born is not None:
+                rows, cols = born
+                unknown = np.isnan(delta[rows, cols])
+                delta[rows[unknown], cols[unknown]] = cumulative[rows[unknown], cols[unknown]]
             values[name] = delta if owner is None else spread(delta, *owner)
             continue
         exact = data.dtype == np.float64 and (wide is None or name in wide)
@@ -204,6 +211,33 @@ def _counted_before(counted: pd.DataFrame | None, counters: tuple[str, ...], key
     usable = seen & (since > 0) & (since <= STALENESS_S)
     counts = {c: counted[c].to_numpy(np.float64)[found][usable] for c in counters if c in counted.columns}
     return rows[usable], first[usable], counts
+
+
+# A rank's own steps (its global step less the step it resumed from) and its process's start.
+PROCESS_COUNT = ("steps", "global_step", "resumed_from", "start_time")
+
+
+def _born_in_window(frame: pd.DataFrame, keep: np.ndarray, cell: np.ndarray, present: np.ndarray, n: int,
+                    start: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """The rank series (grid rows, first bins) whose first sample counts from its process's
+    start: the process started in the window, and the steps counted are exactly the steps it
+    made (its global step less its resume step), so no earlier process's counts are in them
+    (the agent counts a rank from 0 when it first hears it). That sample's counts are then its
+    increase: the first steps of a process started in the window are read, not guessed, as a
+    process that followed another in the same pod already is. A series whose counts carry an
+    earlier process's, or whose process did not say where it resumed, stays unread there."""
+    if any(c not in frame.columns for c in PROCESS_COUNT) or not len(cell):
+        return None
+    series = np.flatnonzero(present.any(axis=1))
+    first = np.argmax(present[series], axis=1)
+    row_of = np.full(present.size, -1, np.int64)
+    row_of[cell] = np.arange(len(cell))
+    rows = row_of[series * n + first]
+    if not keep.all():
+        rows = np.flatnonzero(keep)[rows]
+    steps, step, resumed, started = (frame[c].to_numpy()[rows].astype(np.float64) for c in PROCESS_COUNT)
+    mine = (started >= start) & (steps > 0) & (steps == step - resumed)
+    return series[mine], first[mine]
 
 
 def _first_increase(delta: np.ndarray, cumulative: np.ndarray, rows: np.ndarray, cols: np.ndarray,
@@ -474,7 +508,7 @@ class Views:
         cols = tuple(c for c in RANK_COUNTERS + RANK_GAUGES + RANK_LATEST if c in f.columns)
         grid = build_grid(f, RANK_KEY, cols, self.start, self.step, self.n, labels=RANK_LABELS,
                           counters=RANK_COUNTERS, wide=RANK_TIMES, release=self.release,
-                          counted_before=self.frames.rank_before, latest=RANK_LATEST)
+                          counted_before=self.frames.rank_before, latest=RANK_LATEST, from_start=True)
         keys = grid.keys
         keys["job"] = job_name(keys["training_job"], keys["pod"])
         keys["rank_no"] = pd.to_numeric(keys["rank"], errors="coerce")
