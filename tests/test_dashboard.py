@@ -594,7 +594,7 @@ def test_a_category_that_cannot_be_measured_is_not_a_bar_but_named_with_why(anal
     assert note.startswith("lost progress")
     assert "not measured: the next run did not report the step it resumed from" in note
     # A measured category that leaves something out keeps its bar and says what.
-    unheld = "its GPUs were not held for 57 GPU-seconds of its runs' start-up"
+    unheld = "its GPUs were not held for 33 GPU-seconds of its runs' start-up"
     held = replace(_two_runs(job), basis={"startup": unheld})
     panel = pages["job"].ledger_panel(replace(job, ledger=held, ledger_basis=held.basis), False)
     assert _bars(_find(panel, "job-waterfall").figure)["startup"] == pytest.approx(-0.1 * job.cost_dollars / job.gpu_hours,

@@ -1,23 +1,26 @@
 """The ledger of a training job that ran on a real GPU, checked against what its processes did.
 
-tests/data/h200-ledger holds what one NVIDIA H200 machine gave (bench/RESULTS.md, "The ledger
-of a job on an H200"): `burnrate agent --backend nvml --attribution local --record` taking the
-telemetry of the reference trainer (gpt2-124m, bf16, torch.compile, batch 16 x 1024), which
-saved every 400 steps, crashed before step 1001 (`--fault crash:at=1001`), and was resumed
-20 s later from its step-800 checkpoint to step 1200:
+Two runs on one NVIDIA H200 (bench/RESULTS.md, "a training job's ledger"): the reference trainer
+(gpt2-124m, bf16, torch.compile, batch 16 x 1024) saved every 400 steps, crashed before step
+1001 (`--fault crash:at=1001`) and was resumed 20 s later from its step-800 checkpoint to step
+1200, its telemetry taken by `burnrate agent --backend nvml --record` sampling every second.
 
-- recording.tgz: the agent's recording (1 s samples);
-- times.txt: the launcher's start and exit, by the wall clock of the shell that ran it;
-- trainer.jsonl: the monitor's own records (`--telemetry-jsonl`);
-- run1.log, run2.log: the trainer's progress lines.
+- tests/data/h200-ledger: the agent attributed the GPU by its rank (`--attribution local`, no
+  kubelet), so the GPU was held from the rank's first report and let go after it exited;
+- tests/data/h200-ledger-pod: `bench/gpu/ledger_run.py`, a pod holding the GPU throughout
+  (a stand-in kubelet, `--attribution kubelet`), as in Kubernetes.
 
-The expected figures come from those files and from the agent's documented rule for a GPU under
-local attribution (docs/agent.md: held from its rank's first report while its process runs and
-until the rank has been silent 5 s), never from the analyzer.
+Each holds recording.tgz (the agent's recording), times.txt (the launches' start and exit by
+the wall clock of the process that ran them; the pod's hold), trainer.jsonl (the monitor's own
+records, `--telemetry-jsonl`) and run1.log, run2.log (the trainer's progress lines). The
+expected figures come from those and from the agent's documented rule for a GPU under local
+attribution (docs/agent.md), never from the analyzer.
 """
 import json
+import os
 import re
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -25,38 +28,49 @@ import pytest
 
 from tests.conftest import PYTHON, ROOT
 
-DATA = Path(ROOT) / "tests" / "data" / "h200-ledger"
+LOCAL = Path(ROOT) / "tests" / "data" / "h200-ledger"
+POD = Path(ROOT) / "tests" / "data" / "h200-ledger-pod"
 SAMPLE_S = 1.0          # the agent's collection interval: each edge is known to one sample
 RELEASE_S = 5.0         # a rank's GPU stays held until it has been silent this long (three intervals, 5 s at least)
 
 
-def stamps() -> dict[str, float]:
+def stamps(data: Path = LOCAL) -> dict[str, float]:
     """{"run1-start": t, "run1-exit": t, ...}: times.txt names each exit with its status."""
-    pairs = (line.split() for line in (DATA / "times.txt").read_text().splitlines())
+    pairs = (line.split() for line in (data / "times.txt").read_text().splitlines())
     return {re.sub(r"-exit-\d+$", "-exit", name): float(t) for name, t in pairs}
 
 
-def records() -> list[dict]:
-    return [json.loads(line) for line in (DATA / "trainer.jsonl").read_text().splitlines()]
+def records(data: Path = LOCAL) -> list[dict]:
+    return [json.loads(line) for line in (data / "trainer.jsonl").read_text().splitlines()]
 
 
-def ms_per_step(log: str, first: int, last: int) -> float:
+def ms_per_step(log: str, first: int, last: int, data: Path = LOCAL) -> float:
     """The trainer's own mean step time over the progress lines from step `first` to `last`."""
-    lines = re.findall(r"^step (\d+)/\d+ loss \S+ ([\d.]+) ms/step", (DATA / log).read_text(), re.M)
+    lines = re.findall(r"^step (\d+)/\d+ loss \S+ ([\d.]+) ms/step", (data / log).read_text(), re.M)
     chosen = [float(ms) for step, ms in lines if first < int(step) <= last]
     return sum(chosen) / len(chosen) / 1000.0
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    root = tmp_path_factory.mktemp("h200")
-    with tarfile.open(DATA / "recording.tgz") as tar:
-        tar.extractall(root, filter="data")
-    out = subprocess.run([PYTHON, "-m", "burnrate", "analyze", "--recording", str(root / "rec"), "--format", "json"],
+def analysed(data: Path, tmp: Path) -> dict:
+    """The one job `burnrate analyze --recording` finds in `data`'s recording."""
+    with tarfile.open(data / "recording.tgz") as tar:
+        (top,) = {name.split("/")[0] for name in tar.getnames()}
+        tar.extractall(tmp, filter="data")
+    out = subprocess.run([PYTHON, "-m", "burnrate", "analyze", "--recording", str(tmp / top), "--format", "json"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     (found,) = json.loads(out.stdout)["jobs"]
     return found
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return analysed(LOCAL, tmp_path_factory.mktemp("h200"))
+
+
+@pytest.fixture(scope="module")
+def pod_job(tmp_path_factory):
+    return analysed(POD, tmp_path_factory.mktemp("h200-pod"))
 
 
 def seconds(job: dict, category: str) -> float:
@@ -98,12 +112,11 @@ def test_start_up_no_one_held_is_said_not_read_as_none(job):
     """Local attribution holds a GPU from its rank's first report, after the first step: the
     start-up before it (imports, NCCL, the model, torch.compile's 24.8 s in the first step) is
     held by no one, and the ledger says how long rather than reading as a job that started at
-    once. The first report is the first step as the series show it (a series' first sample has
-    no increase to read), so the figure runs from each process's start to its first report."""
+    once: from each process's start to its first step's start."""
     first = {}
     for r in records():
-        first.setdefault(r["start_time"], r["time"])
-    unheld = sum(reported - started for started, reported in first.items())
+        first.setdefault(r["start_time"], r["time"] - r["step_s"])
+    unheld = sum(began - started for started, began in first.items())
     assert seconds(job, "startup") == 0.0
     said = re.search(r"not held for ([\d,]+) GPU-seconds of its runs' start-up", job["ledger_basis"]["startup"])
     assert float(said.group(1).replace(",", "")) == pytest.approx(unheld, abs=4 * SAMPLE_S)
@@ -116,3 +129,37 @@ def test_the_crash_costs_only_until_its_gpu_is_let_go(job):
     crash = job["runs"][0]["ledger"]["restart"] * 3600
     assert 0 < crash <= stamps()["run1-exit"] - last + RELEASE_S + 2 * SAMPLE_S
     assert seconds(job, "stalled") == 0.0
+
+
+def test_a_pod_held_job_s_start_up_restart_and_steps_computed_again_are_what_its_processes_did(pod_job):
+    """The pod holds the GPU from before the first launch to the end: each run's start-up runs
+    to its first step's start (the first run's from the pod's hold: imports, NCCL, the model;
+    torch.compile's 21.3 s is its first step), the restart from the crashed run's last report
+    to the resumed process's start, then the steps after 800 computed again and the saves."""
+    t, recs = stamps(POD), records(POD)
+    one = [r for r in recs if r["resumed_from"] == 0]
+    two = [r for r in recs if r["resumed_from"] == 800]
+    run1, run2 = pod_job["runs"]
+    assert [(r["resumed_from"], r["last_step_number"]) for r in (run1, run2)] == [(0, 1000), (800, 1200)]
+    began = [r[0]["time"] - r[0]["step_s"] for r in (one, two)]
+    assert run1["ledger"]["startup"] * 3600 == pytest.approx(began[0] - t["held"], abs=2 * SAMPLE_S)
+    assert run2["ledger"]["startup"] * 3600 == pytest.approx(began[1] - two[0]["start_time"], abs=2 * SAMPLE_S)
+    restart = two[0]["start_time"] - max(r["time"] for r in one if r["steps"])
+    assert seconds(pod_job, "restart") == pytest.approx(restart, abs=2 * SAMPLE_S)
+    assert seconds(pod_job, "lost_progress") == pytest.approx(sum(r["step_s"] for r in one if r["step"] > 800),
+                                                             abs=SAMPLE_S)
+    assert seconds(pod_job, "checkpoint") == pytest.approx(sum(r["checkpoint_s"] for r in recs), abs=2 * SAMPLE_S)
+    assert pod_job["ledger_basis"] == {}
+    assert pod_job["gpu_hours"] * 3600 >= t["run2-exit"] - t["held"]
+
+
+def test_the_gpu_bench_prints_the_pod_s_ledger_beside_its_processes(pod_job):
+    """bench/gpu/ledger_run.py's table, from the same files: what a GPU machine's run prints."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+    import ledger_run
+
+    table = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:3]
+             for line in ledger_run.rows(pod_job, records(POD), stamps(POD)) if line.startswith("| ")}
+    assert table["startup"] == ["17.3 + 15.1", "16.2 + 15.1"]
+    assert table["restart"] == ["28.1", "28.0"] and table["lost_progress"] == ["6.5", "6.6"]
+    assert table["checkpoint"] == ["12.2", "12.0"]

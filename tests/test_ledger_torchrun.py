@@ -9,8 +9,8 @@ figures (its telemetry JSON lines): the steps after the checkpoint that run 1 ma
 made again as lost progress, the time between run 1's last step and run 2's process start
 as restart, run 2's own start-up, and the saves as checkpoint time.
 
-Who holds the GPUs: the agent reads it from a stand-in kubelet (the real pod-resources gRPC
-service on a Unix socket, as tests/test_attribution.py serves it), where the job's pod holds
+Who holds the GPUs: the agent reads it from a stand-in kubelet (tests/kubelet_standin.py: the
+real pod-resources gRPC service on a Unix socket), where the job's pod holds
 both simulated GPUs across the restart, as a PyTorchJob's pod does while its container
 restarts. Local attribution (agent.local) cannot: it lets a GPU go 5 s after its rank's last
 report once the process is gone, and a crash to the resumed ranks' first report takes
@@ -20,24 +20,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 import urllib.request
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 
-from burnrate.agent.attribution.podresources.v1 import api_pb2, api_pb2_grpc
 from burnrate.analyzer.costing.cost import JobCost
 from burnrate.analyzer.costing.pricing import load_catalog
 from burnrate.analyzer.output.report import analyze
 from burnrate.analyzer.sources import RecordingSource
 from tests.conftest import PYTHON, ROOT
+from tests.kubelet_standin import serving
 from tests.processes import agent
 
 pytestmark = pytest.mark.slow
@@ -52,40 +48,10 @@ TRAIN = ["--nproc", "2", "--model", "tiny", "--batch-size", "4", "--seq-len", "3
          "--steps", str(STEPS), "--checkpoint-every-steps", str(EVERY), "--fault", "starve:delay=0.15"]
 
 
-class Kubelet(api_pb2_grpc.PodResourcesListerServicer):
-    """The pod-resources service; after `hold()`, it lists one pod holding the given GPUs."""
-
-    def __init__(self) -> None:
-        self.listed = api_pb2.ListPodResourcesResponse()
-        self.gpus: list[str] = []
-
-    def hold(self, namespace: str, pod: str, gpus: list[str]) -> None:
-        self.gpus = gpus
-        devices = [api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=gpus)]
-        self.listed = api_pb2.ListPodResourcesResponse(pod_resources=[api_pb2.PodResources(
-            namespace=namespace, name=pod, containers=[api_pb2.ContainerResources(name="trainer", devices=devices)])])
-
-    def List(self, request, context):
-        return self.listed
-
-    def GetAllocatableResources(self, request, context):
-        return api_pb2.AllocatableResourcesResponse(
-            devices=[api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=self.gpus)])
-
-
 @pytest.fixture(scope="module")
 def kubelet():
-    # Unix socket paths are limited to ~108 bytes; pytest's tmp_path can be longer.
-    directory = tempfile.mkdtemp(prefix="kl", dir="/tmp")
-    servicer = Kubelet()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
-    servicer.socket = os.path.join(directory, "kubelet.sock")
-    server.add_insecure_port(f"unix://{servicer.socket}")
-    server.start()
-    yield servicer
-    server.stop(None)
-    shutil.rmtree(directory, ignore_errors=True)
+    with serving() as servicer:
+        yield servicer
 
 
 def scrape(url: str) -> list[str]:
