@@ -240,7 +240,7 @@ class JobDetail:
     times: np.ndarray
     gpu_labels: list[str]
     gpu_series: dict[str, np.ndarray]   # util %, memory MiB, power W, NVLink MB/s: (GPU, bucket)
-    mfu: np.ndarray                     # mean over ranks, per bucket
+    mfu: np.ndarray                     # mean over ranks, per bucket; NaN where no rank stepped
     throughput: np.ndarray              # tokens/s (samples/s for jobs that count no tokens)
     throughput_unit: str
     loss: np.ndarray
@@ -292,10 +292,16 @@ def job_detail(views: Views, report: Report, namespace: str, training_job: str,
     nb = -(-views.n // k)
     nothing = np.full(nb, np.nan)
 
+    def stepping(name: str) -> np.ndarray:
+        """Each rank's `name` where it made a step: the agent keeps a rank's last MFU while it
+        steps no more (a restart, a hang), which is no rate of anything then."""
+        values = rank.values[name][rows]
+        return np.where(rank.values["steps"][rows] > 0, values, np.nan) if "steps" in rank.values else values
+
     def over_ranks(name: str) -> np.ndarray:
         if not len(rows) or name not in rank.values:
             return nothing
-        return bucket_mean(rank.values[name][rows], k).mean(axis=0) if len(rows) else nothing
+        return bucket_mean(stepping(name), k).mean(axis=0)
 
     def rate(name: str) -> np.ndarray:
         # NaN, not 0, where no rank counted: outside the job's life (and at its first sample,

@@ -198,8 +198,8 @@ def job_timeline(detail: JobDetail, simulated: bool, shown: tuple[float, float] 
     # Every panel shows its time ticks: shared axes would keep them for the bottom one only,
     # a screen's height below the top panels.
     x_range = list(_datetimes(list(shown))) if shown is not None else _job_extent(detail)
-    fig.update_xaxes(type="date", range=x_range, showticklabels=True, tickformat="%H:%M")
-    fig.update_xaxes(tickformat=None, row=rows, col=1)
+    fig.update_xaxes(type="date", range=x_range, showticklabels=True, tickformatstops=TIME_TICKS)
+    fig.update_xaxes(tickformatstops=None, row=rows, col=1)
     fig = _layout(fig, _plain([f"{detail.namespace}/{detail.training_job} over time"])[0], simulated, height=190 * rows)
     fig.update_layout(legend={"orientation": "h", "y": -0.04}, hovermode="x")
     return fig
@@ -229,6 +229,14 @@ def _job_extent(detail: JobDetail) -> list[pd.Timestamp] | None:
     first, last = min(ends), max(ends)
     margin = max((last - first) * JOB_MARGIN, step)
     return [first - margin, last + margin]
+
+
+# The upper panels' time ticks, short as the tick spacing allows (the bottom panel's carry the
+# date): seconds where ticks are under a minute apart, so a 3-minute job's ticks are not all
+# "15:04"; the day where they are a day apart or more.
+TIME_TICKS = [{"dtickrange": [None, 60_000], "value": "%H:%M:%S"},
+              {"dtickrange": [60_000, 86_400_000], "value": "%H:%M"},
+              {"dtickrange": [86_400_000, None], "value": "%b %d"}]
 
 
 def _mark_restarts(fig: go.Figure, detail: JobDetail) -> None:

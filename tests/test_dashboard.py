@@ -478,6 +478,23 @@ def test_a_jobs_gpu_panels_show_only_the_time_it_held_them():
         assert set(shown[mine]) == {util}
 
 
+def test_mfu_is_drawn_only_where_the_job_stepped():
+    """The agent keeps a rank's last MFU while it makes no step (here a third of the window, a
+    restart's pause): the job's MFU line has nothing there, and its tokens/s read 0."""
+    from tests.test_detectors import Fleet
+
+    f = Fleet()
+    f.node("node-a")
+    f.gpu("node-a", 0)
+    f.alloc("node-a", 0, "llm-0", "llm")
+    paused = (np.arange(f.n) >= f.n // 3) & (np.arange(f.n) < 2 * f.n // 3)
+    f.rank("llm", 0, "node-a", steps=np.where(paused, 0.0, 10.0), tokens=np.where(paused, 0.0, 40960.0), mfu=0.45)
+    report = analyze(f.frames(), load_catalog())
+    detail = aggregate.job_detail(report.views, report, "ml", "llm", max_buckets=f.n)
+    assert np.isnan(detail.mfu[paused]).all() and set(detail.throughput[paused]) == {0.0}
+    assert detail.mfu[~paused][1:] == pytest.approx(np.full((~paused).sum() - 1, 0.45))
+
+
 def test_a_range_of_centuries_is_read_at_the_datas_own_span(app):
     """`/?range=99999d` once grew the dashboard to 24 GB: the window is cut to where the
     recording has data, so its resolution, and the figures', stay bounded."""

@@ -300,6 +300,27 @@ def test_a_jobs_panels_span_its_own_time_with_or_without_findings(served, browse
             assert shown == pytest.approx([start * 1000, end * 1000], abs=1), url
 
 
+def test_a_short_jobs_time_ticks_say_the_seconds(browser, tmp_path):
+    """A job of three minutes (tests/data/h200-ledger, recorded on an H200) has its ticks 15 s
+    apart: each panel's read 15:04:00, 15:04:15, ..., not "15:04" four times over."""
+    import tarfile
+
+    from tests.processes import dashboard
+    from tests.test_gpu_ledger import LOCAL
+
+    with tarfile.open(LOCAL / "recording.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    with dashboard(tmp_path, str(tmp_path / "rec")) as base:
+        _load(browser, base + "/job/default/ledger-gpu", "#job-timeline")
+        panels = browser.execute_script(
+            "const g = document.getElementById('job-timeline');"
+            "return Array.from(g.querySelectorAll('.xaxislayer-above')).map("
+            "a => Array.from(a.querySelectorAll('.xtick text')).map(t => t.textContent));")
+    upper = [ticks for ticks in panels[:-1] if ticks]
+    assert upper and all(len(set(ticks)) == len(ticks) >= 4 for ticks in upper), panels
+    assert all(re.fullmatch(r"\d\d:\d\d:\d\d", tick) for ticks in upper for tick in ticks), panels
+
+
 def test_now_on_the_fleet_page_says_which_gpus_it_counts(browser, tmp_path):
     """The demo's recording: a fleet that stops at T, then one node sampled every second.
     "Now" counts the GPUs reporting now and says how many stopped and when, instead of
