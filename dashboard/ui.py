@@ -49,6 +49,18 @@ def money(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"${value:,.{digits}f}"
 
 
+def sum_of_money(value: float | None) -> str:
+    """A window's dollars: whole from $100, with cents below, so a short window's $0.31 is
+    not "$0"."""
+    return money(value, 0 if value is not None and abs(value) >= 100 else 2)
+
+
+def gpu_hours_text(value: float) -> str:
+    """GPU-hours: one decimal from 10, three significant digits below (a three-minute job's
+    0.0397 is not "0.0")."""
+    return f"{value:,.1f}" if abs(value) >= 10 or value == 0 else f"{value:.3g}"
+
+
 # Numbers stay numbers in a table, so that sorting a column orders them by value; the format only shows them.
 _MONEY = {"type": "numeric", "format": FormatTemplate.money(2)}
 _TWO_DECIMALS = {"type": "numeric", "format": Format(precision=2, scheme=Scheme.fixed)}

@@ -300,9 +300,11 @@ def test_a_jobs_panels_span_its_own_time_with_or_without_findings(served, browse
             assert shown == pytest.approx([start * 1000, end * 1000], abs=1), url
 
 
-def test_a_short_jobs_time_ticks_say_the_seconds(browser, tmp_path):
-    """A job of three minutes (tests/data/h200-ledger, recorded on an H200) has its ticks 15 s
-    apart: each panel's read 15:04:00, 15:04:15, ..., not "15:04" four times over."""
+def test_a_short_recording_reads_in_its_own_scale(browser, tmp_path):
+    """Three minutes of one GPU (tests/data/h200-ledger, recorded on an H200): the job's time
+    ticks are 15 s apart and each panel's read 15:04:00, 15:04:15, ..., not "15:04" four times
+    over; the fleet's cost over the window reads in cents and its GPU-hours in three digits,
+    not "$0" and "0.0"."""
     import tarfile
 
     from tests.processes import dashboard
@@ -316,6 +318,16 @@ def test_a_short_jobs_time_ticks_say_the_seconds(browser, tmp_path):
             "const g = document.getElementById('job-timeline');"
             "return Array.from(g.querySelectorAll('.xaxislayer-above')).map("
             "a => Array.from(a.querySelectorAll('.xtick text')).map(t => t.textContent));")
+        gpus = browser.execute_script(
+            "return Array.from(document.querySelectorAll('.br-stat')).find("
+            "c => c.querySelector('.br-stat-label').textContent == 'GPUs').textContent;")
+        _load(browser, base + "/", "#fleet-heatmap")
+        cards = browser.execute_script(
+            "return Object.fromEntries(Array.from(document.querySelectorAll('.br-stat')).map("
+            "c => [c.querySelector('.br-stat-label').textContent, c.textContent]));")
+    assert gpus == "GPUs1spot or on-demand: unknown"      # a node that did not say which: said so in full
+    over = cards["over the window"]
+    assert re.search(r"\$0\.[1-9]\d", over) and re.search(r"; 0\.0[1-9]\d\d GPU-hours", over), cards
     upper = [ticks for ticks in panels[:-1] if ticks]
     assert upper and all(len(set(ticks)) == len(ticks) >= 4 for ticks in upper), panels
     assert all(re.fullmatch(r"\d\d:\d\d:\d\d", tick) for ticks in upper for tick in ticks), panels

@@ -11,7 +11,8 @@ from ..aggregate import Fleet, finding_rows
 from ..data import Analysis
 from ..figures import burn_rate, fleet_state, utilization_heatmap
 from ..overview import Overview
-from ..ui import POLL_MS, finding_columns, graph, job_link, money, render_early, stat
+from ..ui import (POLL_MS, finding_columns, gpu_hours_text, graph, job_link, money, render_early, stat,
+                  sum_of_money)
 
 dash.register_page(__name__, path="/", name="Fleet", title="burnrate · fleet", order=0)
 
@@ -73,9 +74,9 @@ def _stats(shown: Analysis | Overview, fleet: Fleet, gpu_hours: float | None, fi
         stat("unallocated", f"{now.get('unallocated', 0):.0f}"),
         stat("burn rate now", money(fleet.burn_now) + "/h",
              ", ".join(filter(None, [f"the {fleet.reporting_now} reporting" if fleet.silent else None, unpriced]))),
-        stat("over the window", money(fleet.window_dollars, 0),
+        stat("over the window", sum_of_money(fleet.window_dollars),
              f"{money(fleet.window_dollars / hours if hours else None)}/h average"
-             + ("" if gpu_hours is None else f"; {gpu_hours:,.1f} GPU-hours")),
+             + ("" if gpu_hours is None else f"; {gpu_hours_text(gpu_hours)} GPU-hours")),
         findings,
     ], className="br-stats")
 

@@ -11,7 +11,7 @@ from ..data import Analysis, Unavailable
 from ..figures import SEVERITY_COLORS, job_timeline, ledger_waterfall, rank_breakdown
 from ..overview import Overview
 from ..timerange import names_range
-from ..ui import early_parts, graph, money, notice, poll_fired, render_early, stat
+from ..ui import early_parts, gpu_hours_text, graph, money, notice, poll_fired, render_early, stat
 
 dash.register_page(__name__, path_template="/job/<namespace>/<training_job>", name="Job",
                    title="burnrate · job", order=9)
@@ -51,9 +51,9 @@ def early_content(o: Overview, namespace: str, training_job: str, search: str) -
     row = match.iloc[0]
     detail = job_detail(o.views, o.report, namespace, training_job)
     stats = html.Div([
-        stat("GPUs", f"{row['gpus']:g}", row["capacity_type"]),
+        stat("GPUs", f"{row['gpus']:g}", _capacity(row["capacity_type"])),
         stat("cost so far", money(row["cost_dollars"]), f"{money(row['dollars_per_hour'])}/h"),
-        stat("GPU-hours", f"{row['gpu_hours']:,.1f}", "from the GPUs' held samples, as the analysis counts them"),
+        stat("GPU-hours", gpu_hours_text(row["gpu_hours"]), "from the GPUs' held samples, as the analysis counts them"),
         stat("findings", "…", "when the analysis is done"),
     ], className="br-stats")
     return [
@@ -81,7 +81,7 @@ def content(whole: Analysis, namespace: str, training_job: str, search: str) -> 
     shown = _shown(a, search)
     mfu, tps = row["mfu"], row["tokens_per_s"]
     stats = html.Div([
-        stat("GPUs", f"{row['gpus']:g}", row["capacity_type"]),
+        stat("GPUs", f"{row['gpus']:g}", _capacity(row["capacity_type"])),
         stat("cost so far", money(row["cost_dollars"]), f"{money(row['dollars_per_hour'])}/h"),
         stat("goodput", "-" if job.goodput is None else f"{job.goodput:.0%}", "productive / held GPU-hours"),
         stat("MFU", "-" if mfu != mfu or mfu is None else f"{mfu:.1%}"),
@@ -115,3 +115,8 @@ def ledger_panel(job: JobCost, simulated: bool) -> html.Div:
     lines += [html.Li([html.B(name.replace("_", " ")), f": {why}"]) for name, why in caveats(job)]
     note = html.Ul(lines, id="job-ledger-note", className="br-hint") if lines else None
     return html.Div([graph("job-waterfall", ledger_waterfall(job, simulated)), note], id="job-ledger")
+
+
+def _capacity(kind: str) -> str:
+    """Spot or on-demand, under the GPU count; said in full where the node did not say which."""
+    return "spot or on-demand: unknown" if kind == "unknown" else kind
