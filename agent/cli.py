@@ -27,6 +27,7 @@ from burnrate.exporter.collector import SnapshotCollector
 from burnrate.exporter.render import Exposition
 from burnrate.exporter.server import MetricsServer
 
+from .attribution.static import StaticAttributor
 from .gpu import GpuReader
 from .local import LocalHolders
 from .sampler import Sampler
@@ -148,10 +149,10 @@ def _reader(args: argparse.Namespace, telemetry) -> GpuReader:
 
 
 def _attribution(args: argparse.Namespace, reader: GpuReader, telemetry, sampler_ref: list):
-    from .attribution.attributor import Attributor, StaticAttributor
     use_kubelet = args.attribution == "kubelet" or (
         args.attribution == "auto" and os.path.exists(args.kubelet_socket))
     if use_kubelet:
+        from .attribution.attributor import Attributor
         from .attribution.kube import KubeClient
         try:
             kube = KubeClient.from_environment()
@@ -191,7 +192,6 @@ def run(args: argparse.Namespace) -> int:
     counters = _counters(args.collectors)
     constant = _cluster(args.cluster, args.cluster_label)
 
-    from .attribution.attributor import Attributor
     from .gpu_time import GpuClock
     from .host import HostReader
     from .telemetry.inbox import TelemetryInbox
@@ -210,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
         stack.callback(reader.close)
         sampler_ref: list[Sampler] = []
         attribution = _attribution(args, reader, telemetry, sampler_ref)
-        if telemetry and isinstance(attribution, Attributor) and _shared(telemetry.lock_path, telemetry.path):
+        in_cluster = not isinstance(attribution, StaticAttributor)
+        if telemetry and in_cluster and _shared(telemetry.lock_path, telemetry.path):
             log.warning("the telemetry lock %s is in the socket's directory, which training pods mount: any of "
                         "them can hold it and keep the agent from starting (--telemetry-lock PATH elsewhere)",
                         telemetry.lock_path)
@@ -231,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         if args.once:
             if telemetry:
                 telemetry.wait_idle(timeout=2.0)
-            if isinstance(attribution, Attributor):
+            if in_cluster:
                 attribution.refresh()
             if reader.needs_interval:
                 # The first read only starts the intervals that GPM activity and the rates cover.

@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IDLE = "idle"
 LOADED = "64 ranks x 10/s"                       # scraped every second: an upper bound
 LOADED_DEPLOYED = "64 ranks x 10/s, deployed scrape"
-TARGETS = {"scrape p99 (ms)": 5.0, "RSS (MB)": 80.0, "CPU (% of one core)": 1.0}
+TARGETS = {"scrape p99 (ms)": 5.0, "RSS (MB)": 80.0, "CPU (% of one core)": 0.5}
 
 
 def free_port() -> int:
@@ -92,6 +92,13 @@ def thread_cpu(proc: psutil.Process) -> tuple[float, float]:
     return main, reader
 
 
+def process_cpu_s(pid: int) -> float:
+    """The whole process's CPU seconds, ended threads included, in nanoseconds as the threads'
+    figures are: clock_getcpuclockid(3)'s clock for `pid` (Linux's (~pid << 3) | CPUCLOCK_SCHED),
+    so the other threads' share is never a difference of ticks and nanoseconds."""
+    return time.clock_gettime(((~pid) << 3) | 2)
+
+
 def _cpu_s(pid: int, tid: int) -> float:
     return int((_task_file(pid, tid, "schedstat").split() or ["0"])[0]) / 1e9
 
@@ -107,14 +114,14 @@ def _task_file(pid: int, tid: int, name: str) -> str:
 def phase(url: str, proc: psutil.Process, seconds: float, scrape_every: float) -> dict[str, float]:
     # CPU first, under one scrape every `scrape_every` seconds, then latency from a burst
     # of back-to-back scrapes.
-    cpu0, (main0, reader0), t0 = proc.cpu_times(), thread_cpu(proc), time.monotonic()
+    cpu0, (main0, reader0), t0 = process_cpu_s(proc.pid), thread_cpu(proc), time.monotonic()
     collect = []
     while time.monotonic() - t0 < seconds:
         with urllib.request.urlopen(url, timeout=5) as resp:
             collect.append(metric(resp.read().decode(), "burnrate_agent_collection_duration_seconds") * 1000)
         time.sleep(min(scrape_every, max(0.0, seconds - (time.monotonic() - t0))))
-    cpu1, (main1, reader1), elapsed = proc.cpu_times(), thread_cpu(proc), time.monotonic() - t0
-    busy = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    cpu1, (main1, reader1), elapsed = process_cpu_s(proc.pid), thread_cpu(proc), time.monotonic() - t0
+    busy = cpu1 - cpu0
     plain, packed = [], []
     for _ in range(300):
         plain.append(scrape_ms(url, False))

@@ -2,7 +2,7 @@
 one, and a node recorded by the real Recorder."""
 import itertools
 
-from burnrate.agent.attribution.attributor import StaticAttributor
+from burnrate.agent.attribution.static import StaticAttributor
 from burnrate.agent.gpu.simulated import SimulatedReader
 from burnrate.agent.gpu_time import GpuClock
 from burnrate.agent.recording import Recorder

@@ -1,7 +1,7 @@
 """A failing GPU or collector degrades one part of the snapshot, never the rest."""
 from prometheus_client import CollectorRegistry
 
-from burnrate.agent.attribution.attributor import StaticAttributor
+from burnrate.agent.attribution.static import StaticAttributor
 from burnrate.agent.gpu.simulated import SimulatedReader
 from burnrate.agent.sampler import Sampler
 from burnrate.exporter.snapshot import NodeInfo

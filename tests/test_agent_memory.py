@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.metrics_core import Metric
 
-from burnrate.agent.attribution.attributor import StaticAttributor
+from burnrate.agent.attribution.static import StaticAttributor
 from burnrate.agent.gpu.simulated import RankWorkload, SimulatedReader
 from burnrate.agent.gpu_time import GpuClock
 from burnrate.agent.host import HostReader

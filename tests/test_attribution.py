@@ -28,7 +28,8 @@ import grpc
 import pytest
 
 from burnrate.agent.attribution import Attribution
-from burnrate.agent.attribution.attributor import Attributor, StaticAttributor
+from burnrate.agent.attribution.attributor import Attributor
+from burnrate.agent.attribution.static import StaticAttributor
 from burnrate.agent.attribution.kube import ApiError, ConfigError, KubeClient, Owner, node_info, training_job
 from burnrate.agent.attribution.kubelet import mig_profile_share
 from burnrate.agent.attribution.podresources.v1 import api_pb2, api_pb2_grpc

@@ -13,6 +13,7 @@ import pytest
 
 from burnrate.agent.local import LocalHolders, running
 from burnrate.exporter.snapshot import GpuIdentity, GpuReading, RankKey, RankState
+from tests.conftest import PYTHON, ROOT
 
 NOW = 1_800_000_000.0
 
@@ -94,3 +95,18 @@ def test_the_process_state_is_read_after_the_command_name(tmp_path, stat, alive)
 def test_no_process_named_is_not_a_running_one(tmp_path):
     assert not running(0) and not running(-1)
     assert not running(42, proc=str(tmp_path))
+
+
+def test_an_agent_attributing_locally_never_imports_grpc_or_protobuf(tmp_path):
+    # The kubelet client's gRPC and protobuf cost an agent 20 MB, and 6.1 MB of mapped library
+    # on an H200 (bench/RESULTS.md); a node without a kubelet never calls it.
+    script = ("import sys\n"
+              "from burnrate.cli import main\n"
+              f"code = main(['agent', '--once', '--backend', 'simulated', '--gpus', '2', '--attribution', 'local',"
+              f" '--telemetry-socket', {str(tmp_path / 'telemetry.sock')!r}])\n"
+              "print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'google'}), file=sys.stderr)\n"
+              "sys.exit(code)\n")
+    out = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert 'DCGM_FI_DEV_GPU_UTIL{' in out.stdout
+    assert out.stderr.splitlines()[-1] == "[]", out.stderr

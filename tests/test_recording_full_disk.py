@@ -27,7 +27,7 @@ from tests.processes import stop, wait_http
 START = 1_700_000_000.0
 WRITER = r"""
 import json, logging, os, resource, signal, sys
-from burnrate.agent.attribution.attributor import StaticAttributor
+from burnrate.agent.attribution.static import StaticAttributor
 from burnrate.agent.gpu.simulated import SimulatedReader
 from burnrate.agent.recording import Recorder
 from burnrate.agent.sampler import Sampler

@@ -2,7 +2,7 @@
 
 `attributor.Attributor` combines the kubelet's pod-resources API (`kubelet`, with DRA
 claims in `dra`) with the Kubernetes API (`kube`) on its own thread;
-`attributor.StaticAttributor` serves fixed allocations where there is no cluster. Both hand
+`static.StaticAttributor` serves fixed allocations where there is no cluster. Both hand
 out an `Attribution`.
 """
 from __future__ import annotations

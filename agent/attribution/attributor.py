@@ -164,24 +164,3 @@ class Attributor:
             log.info("%s available again", source)
             self._failing[source] = ""
         return value
-
-
-class StaticAttributor:
-    """Fixed node facts and locally produced allocations, for demos and simulation."""
-
-    def __init__(self, node: NodeInfo, allocations: Callable[[], Iterable[Allocation]]) -> None:
-        self._node = node
-        self._allocations = allocations
-
-    @property
-    def errors(self) -> Mapping[str, int]:
-        return frozen({})
-
-    def current(self) -> Attribution:
-        return Attribution(tuple(self._allocations()), self._node)
-
-    def start(self) -> None:
-        """Nothing runs in the background: allocations are read on demand."""
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Nothing to stop."""
