@@ -57,8 +57,10 @@ class Fleet:
         self._add("alloc", labels, {"share": share}, mask)
 
     def rank(self, job: str, rank: int, host: str, steps=10.0, step_s=10.0, wait_s=0.2, compute_s=8.0,
-             loss=None, grad=None, mfu=0.45, tokens=40960.0, namespace: str = "ml", mask=None) -> None:
-        """Per-sample deltas in; the cumulative counters the agent exports out."""
+             loss=None, grad=None, mfu=0.45, tokens=40960.0, namespace: str = "ml", mask=None,
+             checkpoint_s=None, eval_s=None) -> None:
+        """Per-sample deltas in; the cumulative counters the agent exports out (a save's or an
+        evaluation's only where given, as an older monitor exports neither)."""
         per = lambda v: np.broadcast_to(np.asarray(v, np.float64), (self.n,))  # noqa: E731
         steps_a = per(steps)
         values = {"steps": np.cumsum(steps_a), "step_s": np.cumsum(per(step_s)), "data_wait_s": np.cumsum(per(wait_s)),
@@ -66,6 +68,8 @@ class Fleet:
                   "samples": np.cumsum(steps_a * 8), "flops": np.cumsum(steps_a * 1e15), "mfu": mfu,
                   "loss": per(2.0) if loss is None else loss, "grad_norm": per(1.0) if grad is None else grad,
                   "world_size": 2.0, "last_step_time": np.maximum.accumulate(np.where(steps_a > 0, self.t, 0.0))}
+        values.update({name: np.cumsum(per(v)) for name, v in (("checkpoint_s", checkpoint_s), ("eval_s", eval_s))
+                       if v is not None})
         labels = {"namespace": namespace, "pod": f"{job}-{rank}", "training_job": job, "rank": str(rank),
                   "Hostname": host}
         self._add("rank", labels, values, mask)
@@ -270,6 +274,44 @@ def test_a_window_that_opens_as_a_new_process_starts_up_does_not_date_a_stall_fr
     frames.rank["start_time"] = np.where(frames.rank["t"] >= T0 + 290 * STEP, T0 + 290 * STEP, T0)
     assert stalled.detect(_opening_at(frames, 300)) == []
     assert kinds(stalled.detect(frames)) == ["stalled"]      # seen whole, the silence since that step is one
+
+
+def paused(begin: int, end: int, apart: str, live: bool) -> dict[str, np.ndarray]:
+    """Steps stop over [begin, end) for a save or an evaluation (`apart`): its seconds reported
+    as it goes (`live`), or all in the sample where it ends."""
+    steps = np.full(N, 10.0)
+    steps[begin:end] = 0.0
+    seconds = np.zeros(N)
+    if live:
+        seconds[begin:end] = STEP
+    else:
+        seconds[end - 1] = (end - begin) * STEP
+    return {"steps": steps, apart: seconds}
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["heard as it goes", "reported as it ends"])
+@pytest.mark.parametrize("apart", ["checkpoint_s", "eval_s"])
+def test_a_save_or_an_evaluation_longer_than_the_floor_is_no_stall(apart, live):
+    """20 minutes without a step, the loop saving (or evaluating) throughout: that time is the
+    ledger's `checkpoint` (`evaluation`), not a stall."""
+    f = Fleet()
+    healthy_job(f, ranks=2, per_rank={r: paused(200, 280, apart, live) for r in range(2)})
+    assert stalled.detect(f.frames()) == []
+    f = Fleet()
+    healthy_job(f, ranks=2, per_rank={r: {"steps": paused(200, 280, apart, live)["steps"]} for r in range(2)})
+    assert kinds(stalled.detect(f.frames())) == ["stalled"]       # the same silence, nothing said of it
+
+
+def test_a_hang_after_an_evaluation_is_a_stall_from_its_end():
+    f = Fleet()
+    per_rank = paused(200, 240, "eval_s", live=False)
+    per_rank["steps"][240:] = 0.0           # no step after it, to the window's end
+    healthy_job(f, ranks=2, per_rank={r: per_rank for r in range(2)})
+    [found] = stalled.detect(f.frames())
+    assert found.evidence["last_step"] == iso(T0 + 199 * STEP)
+    assert found.evidence["save_or_evaluation_ended"] == iso(T0 + 239 * STEP)
+    assert found.start == pytest.approx(T0 + 239 * STEP)
+    assert found.wasted_gpu_hours == pytest.approx(2 * (N - 239) * STEP / 3600, rel=0.02)
 
 
 def test_short_pause_is_not_a_stall():

@@ -18,7 +18,7 @@ from burnrate.analyzer.output.report import analyze, render_table, to_document
 from burnrate.exporter.ledger import NAMES
 from burnrate.exporter.telemetry import encode
 from burnrate.trainer.monitor import Monitor
-from tests.test_detectors import STEP, T0, Fleet
+from tests.test_detectors import STEP, T0, Fleet, paused
 
 GPUS = 2
 BIN_GPU_HOURS = STEP * GPUS / 3600
@@ -154,6 +154,28 @@ def test_evaluation_and_a_stall_inside_a_run():
         (480 - 5 - 40) * one + 5 * 15 / 75 * one + 1.5 / 3600, abs=1e-3)
     assert hours["sync_wait"] / hours["productive"] == pytest.approx(2 / 12, rel=0.01)
     assert hours["startup"] == 0 and hours["restart"] == 0
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["heard as it goes", "reported as it ends"])
+def test_a_twenty_minute_evaluation_is_evaluation_in_the_ledger_and_no_stall_in_the_findings(live):
+    """The `stalled` finding and the ledger read a long evaluation alike: neither calls it a stall."""
+    f = Fleet()
+    f.node("node-a")
+    f.gpu("node-a", 0)
+    f.alloc("node-a", 0, "llm-0", "llm")
+    per = paused(200, 280, "eval_s", live)
+    steps = per["steps"]
+    f.rank("llm", 0, "node-a", steps=steps, step_s=np.where(steps > 0, 15.0, 0.0), wait_s=0.0,
+           compute_s=np.where(steps > 0, 12.0, 0.0), eval_s=per["eval_s"], checkpoint_s=0.0)
+    frame = f.rows["rank"][-1]
+    frame["global_step"] = np.cumsum(steps)
+    frame["start_time"] = T0 - 3600.0
+    frame["resumed_from"] = 0.0
+    job, doc, _ = ledger_of(f)
+    hours = {k: v["gpu_hours"] for k, v in job["ledger"].items()}
+    assert hours["stalled"] == 0
+    assert hours["evaluation"] == pytest.approx(80 * STEP / 3600, abs=STEP / 3600)
+    assert [x["kind"] for x in doc["findings"] if x["training_job"] == "llm"] == []
 
 
 def _ledger(runs: int, lost: float, restart: float, startup: list[float], checkpoint: float = 0.0,

@@ -69,6 +69,8 @@ CASES = [
     ("TrainingStalled", {}, r"(\d+) \* \(", lambda d: d.stalled.interval_factor),
     ("TrainingStalled", {}, r"(\d+)\s*\)\s*or on", lambda d: d.stalled.floor_minutes * 60),
     ("TrainingStalled", {}, r"\+ (\d+)\s*\)", lambda d: d.stalled.floor_minutes * 60),
+    # A save or an evaluation under way within the floor is no stall.
+    ("TrainingStalled", {}, r"(?:checkpoint|eval)_seconds_total\[(\d+)s\]", lambda d: d.stalled.floor_minutes * 60),
 ]
 
 

@@ -665,3 +665,54 @@ def test_a_loop_stuck_between_reports_still_says_its_process_lives(tmp_path) -> 
         assert (record.loss, record.mfu, record.checkpoint_s, record.eval_s) == (None, None, 0, 0)
         assert (record.start_time, record.resumed_from) == (reports[-1]["start_time"], reports[-1]["resumed_from"])
     assert [json.loads(line)["steps"] for line in jsonl.read_text().splitlines()] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("kind, counter", [("checkpoint", "checkpoint_s"), ("eval", "eval_s")])
+def test_a_save_or_an_evaluation_under_way_is_heard_while_it_lasts_and_counted_once(tmp_path, kind, counter) -> None:
+    """A long save or evaluation blocks the loop. Each keep-alive during it carries its seconds
+    since the agent last heard of it, so the agent's counter grows while it lasts (not a stall,
+    and in a window that closes before it ends); the report after it carries only the rest, so
+    the agent counts it once, and the JSON lines hold it whole in the interval it ended in."""
+    path = str(tmp_path / "agent.sock")
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(path)
+    agent.settimeout(5.0)
+    jsonl = tmp_path / "records.jsonl"
+    try:
+        mon = Monitor(seq_len=8, every_steps=1, socket_path=path, jsonl_path=str(jsonl), keepalive_s=0.2)
+        mon.step(samples=2)
+        json.loads(agent.recv(65536))
+        with getattr(mon, kind)():
+            time.sleep(1.0)
+        agent.setblocking(False)
+        during: list[dict] = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                during.append(json.loads(agent.recv(65536)))
+        agent.setblocking(True)
+        mon.step(samples=2)
+        after = json.loads(agent.recv(65536))
+        mon.close()
+    finally:
+        agent.close()
+    assert 3 <= len(during) <= 6, during                    # one each 0.2 s of the save
+    for quiet in during:
+        record = validate(encode(quiet))
+        assert isinstance(record, Record), record           # the agent takes each
+        assert (record.steps, record.step_s) == (0, 0) and getattr(record, counter) > 0
+    told = sum(q[counter] for q in during)
+    assert 0.5 < told < 1.0 and after["steps"] == 1
+    lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert [line[counter] for line in lines][0] == 0 and lines[1][counter] >= 1.0
+    assert told + after[counter] == pytest.approx(lines[1][counter], abs=1e-9)
+
+
+def test_a_save_ended_that_had_not_begun_is_an_error() -> None:
+    mon = Monitor(seq_len=8, keepalive_s=0, sink=TelemetrySink(os.devnull))
+    mon.begin_checkpoint()
+    with pytest.raises(RuntimeError, match="an evaluation ended that had not begun"):
+        mon.end_eval()
+    with pytest.raises(RuntimeError, match="an evaluation began while a checkpoint save was under way"):
+        mon.begin_eval()
+    mon.end_checkpoint()
+    mon.close()

@@ -52,12 +52,13 @@ class BurnrateCallback(MonitorHooks, Callback):
         # Validation runs between two batches: the time before it is the batch's, after it
         # the next fetch's.
         self._validation_began = time.perf_counter()
+        if self.monitor is not None:
+            self.monitor.begin_eval()       # heard while it lasts: a long validation is no stall
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self.monitor is not None:
-            elapsed = time.perf_counter() - self._validation_began
-            self.monitor.add_eval(elapsed)
-            self._mark += elapsed
+            self.monitor.end_eval()
+            self._mark += time.perf_counter() - self._validation_began
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._close()

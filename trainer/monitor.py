@@ -79,6 +79,19 @@ class _Interval:
 OWED = ("steps", "step_s", "data_wait_s", "compute_s", "samples", "tokens", "flops", "checkpoint_s", "eval_s")
 
 
+_APART = {"checkpoint_s": "a checkpoint save", "eval_s": "an evaluation"}
+
+
+@dataclass
+class _Apart:
+    """A save or an evaluation under way: its counter, when it began, and until when the agent
+    has heard of it."""
+
+    counter: str
+    began: float
+    told: float
+
+
 @dataclass
 class _Phase:
     """One compute phase whose duration may not be known yet (GPU events in flight)."""
@@ -201,6 +214,8 @@ class Monitor:
         # keep-alive repeats, with nothing new.
         self._sending = threading.Lock()
         self._last_record: dict | None = None
+        self._apart: _Apart | None = None                   # a save or an evaluation under way
+        self._ahead: dict[str, float] = {}      # its seconds keep-alives told the agent before a report
         self._keepalive = KeepAlive(self._keep_alive, lambda: time.monotonic() - self._last_report,
                                     keepalive_s) if keepalive_s > 0 else None
         # A loop that ends without close() still sends its last partial interval.
@@ -316,8 +331,17 @@ class Monitor:
             self.report()
 
     def checkpoint(self) -> contextlib.AbstractContextManager[None]:
-        """Time a checkpoint save; its time is kept out of the step times."""
-        return _timed(self.add_checkpoint)
+        """Time a checkpoint save (`begin_checkpoint` … `end_checkpoint`)."""
+        return _apart(self.begin_checkpoint, self.end_checkpoint)
+
+    def begin_checkpoint(self) -> None:
+        """A checkpoint save begins. Its time is kept out of the step times, and the agent hears
+        it while it lasts: each keep-alive carries its seconds so far, so a long save is neither
+        a stall nor missing from a window that closes before it ends."""
+        self._begin_apart("checkpoint_s")
+
+    def end_checkpoint(self) -> None:
+        self.add_checkpoint(self._end_apart("checkpoint_s"))
 
     def add_checkpoint(self, seconds: float) -> None:
         """Count a checkpoint save of `seconds` that just ended, kept out of the step times."""
@@ -326,8 +350,16 @@ class Monitor:
         self.last_checkpoint_time = time.time()
 
     def eval(self) -> contextlib.AbstractContextManager[None]:
-        """Time an evaluation pass; its time is kept out of the step times."""
-        return _timed(self.add_eval)
+        """Time an evaluation pass (`begin_eval` … `end_eval`)."""
+        return _apart(self.begin_eval, self.end_eval)
+
+    def begin_eval(self) -> None:
+        """An evaluation pass begins: kept out of the step times, and heard while it lasts, as a
+        save is (`begin_checkpoint`)."""
+        self._begin_apart("eval_s")
+
+    def end_eval(self) -> None:
+        self.add_eval(self._end_apart("eval_s"))
 
     def add_eval(self, seconds: float) -> None:
         """Count an evaluation of `seconds` that just ended, kept out of the step times."""
@@ -399,6 +431,24 @@ class Monitor:
             self._interval.compute_s += seconds
             self.last_compute_s = seconds
 
+    def _begin_apart(self, counter: str) -> None:
+        with self._sending:
+            if self._apart is not None:
+                raise RuntimeError(f"burnrate: {_APART[counter]} began while {_APART[self._apart.counter]} "
+                                   "was under way")
+            now = time.perf_counter()
+            self._apart = _Apart(counter, now, now)
+
+    def _end_apart(self, counter: str) -> float:
+        """The seconds since the matching begin: keep-alives may have told the agent some of them
+        already (`_ahead`), which the next report's datagram leaves out."""
+        with self._sending:
+            apart = self._apart
+            if apart is None or apart.counter != counter:
+                raise RuntimeError(f"burnrate: {_APART[counter]} ended that had not begun")
+            self._apart = None
+        return time.perf_counter() - apart.began
+
     def _due(self) -> bool:
         if self.every_steps:
             return self.step_no % self.every_steps == 0
@@ -442,11 +492,19 @@ class Monitor:
             "start_time": self.start_time,
             "resumed_from": self.resumed_from,
         }
-        # What earlier datagrams could not deliver (the agent's queue full as every rank of a
-        # job reports at once, or no agent yet) goes with this one: delayed, never lost.
-        datagram = record if self._owed is None else {**record, **{k: record[k] + self._owed[k] for k in OWED}}
         with self._sending:
-            delivered = self.sink.send(record, datagram)
+            # What earlier datagrams could not deliver (the agent's queue full as every rank of a
+            # job reports at once, or no agent yet) goes with this one: delayed, never lost. What
+            # keep-alives told the agent ahead of it (a save or an evaluation under way) does not;
+            # a report that does not hold all of that yet leaves the rest to the next.
+            owed = dict.fromkeys(OWED, 0) if self._owed is None else dict(self._owed)
+            for k, ahead in self._ahead.items():
+                early = min(ahead, record[k] + owed[k])
+                owed[k] -= early
+                self._ahead[k] = ahead - early
+            datagram = {**record, **{k: record[k] + owed[k] for k in OWED if owed[k]}} if any(owed.values()) \
+                else record
+            delivered = self.sink.send(record, None if datagram is record else datagram)
             first, self._last_record = self._last_record is None, record
         if first and self._keepalive is not None and not self._closed:
             self._keepalive.start()
@@ -462,13 +520,19 @@ class Monitor:
 
     def _keep_alive(self) -> None:
         """The last report again with nothing new in it: no steps or seconds, no loss or MFU (the
-        agent keeps their last values), to the agent only (the JSON lines hold intervals)."""
+        agent keeps their last values), to the agent only (the JSON lines hold intervals); but for
+        the seconds of a save or an evaluation under way since the agent last heard of it."""
         with self._sending:
             if self._closed or self._last_record is None:
                 return
             quiet = {**self._last_record, **dict.fromkeys(OWED, 0), "time": time.time(),
                      "loss": None, "grad_norm": None, "mfu": None}
-            self.sink.send_bytes(encode(quiet))
+            apart, now = self._apart, time.perf_counter()
+            if apart is not None:
+                quiet[apart.counter] = now - apart.told
+            if self.sink.send_bytes(encode(quiet)) and apart is not None:
+                self._ahead[apart.counter] = self._ahead.get(apart.counter, 0.0) + now - apart.told
+                apart.told = now
 
     def _warn_undelivered(self) -> None:
         error = self.sink.last_error
@@ -499,13 +563,12 @@ _IMPORTED = time.time()
 
 
 @contextlib.contextmanager
-def _timed(add: Callable[[float], None]) -> Iterator[None]:
-    """Time the block and hand its seconds to `add`."""
-    t0 = time.perf_counter()
+def _apart(begin: Callable[[], None], end: Callable[[], None]) -> Iterator[None]:
+    begin()
     try:
         yield
     finally:
-        add(time.perf_counter() - t0)
+        end()
 
 
 def _scalar(value: Any) -> float | None:

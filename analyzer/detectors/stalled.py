@@ -2,7 +2,8 @@
 
 A hung collective (one rank dead or deadlocked, the others spinning in NCCL at
 100%) or a wedged data pipeline (GPUs at 0%) look different on the GPU but the
-same in the step counter, which is what this reads. A stall is a living process's: where
+same in the step counter, which is what this reads. A save or an evaluation, however
+long, is not a stall: the stall counts from its end. A stall is a living process's: where
 the ledger knows when a job's last process ended (`process_ends`), its stall ends there,
 and the GPUs held after are `held_after_exit` (analyzer.costing.ledger_findings).
 """
@@ -26,8 +27,8 @@ class Config:
     """No step for this many usual step intervals is a stall, not jitter."""
     floor_minutes: float = 10.0
     """...and never less than this: PyTorch's default NCCL collective timeout is
-    10 minutes, so a shorter pause can still be a slow collective, a checkpoint
-    save or an evaluation pass."""
+    10 minutes, so a shorter pause can still be a slow collective (or a save or an
+    evaluation from a loop that does not report their seconds)."""
 
 
 def _ffill_index(mask: np.ndarray) -> np.ndarray:
@@ -66,6 +67,24 @@ def _usual_step_s(rank: Grid, rows: np.ndarray, steps: np.ndarray, progress: np.
         return 0.0
     total_steps = np.nansum(rank.totals["steps"][rows])
     return float(np.nansum(rank.totals["step_s"][rows]) / total_steps) if total_steps > 0 else 0.0
+
+
+def _saving_or_evaluating(v: Views, rank: Grid, rows: np.ndarray) -> np.ndarray:
+    """The bins a save or an evaluation took: no step completes in them, and they are not a
+    stall. Their seconds are reported as they end (or, from a monitor that tells of one under
+    way, as it goes): each stretch of bins reporting them covers that many seconds back from
+    its last, as the slowest rank reported them."""
+    took = [np.nan_to_num(rank.values[name][rows].astype(np.float64)) for name in ("checkpoint_s", "eval_s")
+            if name in rank.values]
+    out = np.zeros(v.n, dtype=bool)
+    if not took:
+        return out
+    per_bin = sum(took).max(axis=0)
+    times = v.time(np.arange(v.n))
+    for r in runs((per_bin > 0)[None, :]):
+        end = times[r.end - 1]
+        out[(times >= end - per_bin[r.start:r.end].sum()) & (times <= end)] = True
+    return out
 
 
 def _process_start(rank: Grid, rows: np.ndarray) -> float:
@@ -124,19 +143,25 @@ def detect(data: Frames | Views, config: Config = Config(),
             # stepped, if their process made that step (a window that opens amid a stall).
             own = np.isfinite(reported) & (reported >= _process_start(rank, rows))
             last = np.where((seen < 0) & own, reported, np.maximum(last, reported))
-        over = times - last > limit
-        stalled = (held > 0) & over & (_confirmed(known, last) | _going_on(known, over))
+        # The stall counts from the last step, or from the end of a save or an evaluation after
+        # it, however long that took.
+        apart = _ffill_index(_saving_or_evaluating(v, rank, rows))
+        quiet = np.maximum(last, np.where(apart >= 0, times[np.maximum(apart, 0)], -np.inf))
+        over = times - quiet > limit
+        stalled = (held > 0) & over & (_confirmed(known, quiet) | _going_on(known, over))
         ended = (process_ends or {}).get(job)
         if ended is not None:
             stalled &= v.begins(np.arange(v.n)) < ended
         for r in runs(stalled[None, :]):
-            since = float(last[r.start])
+            since = float(quiet[r.start])
             begin = max(v.bin_of(since), 0)
             span = slice(begin, r.end)
             end = float(v.begins(r.end)) if ended is None else min(float(v.begins(r.end)), ended)
-            evidence = {"last_step": iso(since), "stalled_minutes": (end - since) / 60,
+            evidence = {"last_step": iso(float(last[r.start])), "stalled_minutes": (end - since) / 60,
                         "usual_step_seconds": usual, "threshold_minutes": limit / 60,
                         "gpus_held": float(held[r.start:r.end].max())}
+            if since > last[r.start]:
+                evidence["save_or_evaluation_ended"] = iso(since)
             if util is not None and held_rows is not None:
                 gpu_rows = alloc.keys["gpu_row"].to_numpy()[held_rows]
                 gpu_rows = gpu_rows[gpu_rows >= 0]

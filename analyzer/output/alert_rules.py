@@ -61,11 +61,17 @@ def training(config: DetectorConfig) -> list[tuple[str, dict]]:
     unheard = (f"time() - max by (namespace, training_job) (label_replace(max_over_time("
                f"burnrate_train_last_report_timestamp_seconds[6h]), {NS}))")
     held = f"sum by (namespace, training_job) (label_replace(burnrate_gpu_allocated, {NS})) > 0"
+    # In seconds, as the floor is above: the chart's trainingStalledFloor shortens both.
+    apart = "".join(f"\nunless on (namespace, training_job)\nsum by (namespace, training_job) (label_replace("
+                    f"increase(burnrate_train_{name}_seconds_total[{floor_s}s]), {NS})) > 0"
+                    for name in ("checkpoint", "eval"))
     out = [(f"No step for max({factor} usual step times, {stalled.floor_minutes:g} min) while the job still holds "
             "GPUs and its process lives. max_over_time keeps a hung job's last step time visible after the agent "
             f"forgets its silent ranks; without steps in the last hour the {stalled.floor_minutes:g}-minute floor "
             f"applies. A job no agent has heard for {UNHEARD_S} s has no process (keep-alives come every "
-            f"{KEEPALIVE_S:g} s): its GPUs held after are TrainingHeldAfterExit's.", _alert(
+            f"{KEEPALIVE_S:g} s): its GPUs held after are TrainingHeldAfterExit's. A save or an evaluation is no "
+            f"stall: none is paged while one went on in the last {stalled.floor_minutes:g} min (the monitor tells of "
+            "one under way as it goes).", _alert(
         "TrainingStalled",
         f"(\n  time()\n  - {last_step}\n)\n"
         f"> on (namespace, training_job)\n"
@@ -75,13 +81,14 @@ def training(config: DetectorConfig) -> list[tuple[str, dict]]:
         f"      > 0\n    ),\n    {floor_s}\n  )\n"
         f"  or on (namespace, training_job)\n  0 * {last_step} + {floor_s}\n)\n"
         f"and on (namespace, training_job)\n{held}\n"
-        f"unless on (namespace, training_job)\n({unheard}) > {UNHEARD_S}",
+        f"unless on (namespace, training_job)\n({unheard}) > {UNHEARD_S}{apart}",
         1, {"severity": "critical"},
         "Training job {{ $labels.namespace }}/{{ $labels.training_job }} has made no step for "
         "{{ $value | humanizeDuration }}.",
         f"No rank has completed an optimizer step for longer than max({factor} usual step times, "
-        f"{Y.spelled(_m(stalled.floor_minutes))}) while the job's process lives and holds its GPUs. A hung "
-        "collective, a dead rank or a wedged data pipeline; every minute of it is paid for."))]
+        f"{Y.spelled(_m(stalled.floor_minutes))}) while the job's process lives and holds its GPUs, and no "
+        f"checkpoint save or evaluation went on in the last {Y.spelled(_m(stalled.floor_minutes))}. A hung collective, a dead rank or a wedged data "
+        "pipeline; every minute of it is paid for."))]
     after_s = f"{config.ledger.held_after_exit_minutes * 60:g}"
     out.append((f"GPUs a training job holds {config.ledger.held_after_exit_minutes:g} min after the agent last "
                 "heard any of its ranks: the process ended or died and its pods kept the GPUs.", _alert(

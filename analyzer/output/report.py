@@ -282,7 +282,7 @@ def headline(f: Finding) -> str:
     """A finding's key figure in a few words ("data wait 40%")."""
     e = f.evidence
     for key, fmt in (("data_wait_share", "data wait {:.0%}"), ("low_util_share", "GPU idle {:.0%} of samples"),
-                     ("slowdown", "{:.2f}x slower compute"), ("stalled_minutes", "no step for {:.0f} min"),
+                     ("slowdown", "{:.2f}x slower compute"), ("stalled_minutes", "stalled for {:.0f} min"),
                      ("clock_ratio", "clock at {:.0%}"), ("mfu", "MFU {:.1%}"),
                      ("peak_replicas", "peak needs {:d} of {fleet_replicas} replicas"),
                      ("held_gpu_hours", "GPU at {mean_util_pct:.0f}% over {held_gpu_hours:.1f} GPU-h"), ("idle_hours", "idle {:.1f} GPU-h"),
