@@ -627,33 +627,45 @@ def test_a_report_the_agent_had_no_room_for_goes_with_the_next(tmp_path) -> None
         agent.close()
 
 
+@contextlib.contextmanager
+def listening(path: Path) -> Iterator[socket.socket]:
+    """A bare datagram socket where the agent's would be, its reads waiting up to 5 s."""
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(str(path))
+    agent.settimeout(5.0)
+    try:
+        yield agent
+    finally:
+        agent.close()
+
+
+def waiting(agent: socket.socket) -> list[dict]:
+    """Every message queued on `agent` now, without waiting for more."""
+    agent.setblocking(False)
+    out: list[dict] = []
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            out.append(json.loads(agent.recv(65536)))
+    agent.settimeout(5.0)
+    return out
+
+
 def test_a_loop_stuck_between_reports_still_says_its_process_lives(tmp_path) -> None:
     """A loop that stops reporting (hung in a collective, here asleep) sends, every keep-alive
     period, its last report again with nothing new in it: the agent keeps the rank, and its
     counters and last step stay where they were. The JSON lines hold only the loop's intervals,
     and once the monitor is closed nothing more is sent."""
-    path = str(tmp_path / "agent.sock")
-    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    agent.bind(path)
-    agent.settimeout(5.0)
     jsonl = tmp_path / "records.jsonl"
-    try:
-        mon = Monitor(seq_len=8, every_steps=1, socket_path=path, jsonl_path=str(jsonl), keepalive_s=0.2)
+    with listening(tmp_path / "agent.sock") as agent:
+        mon = Monitor(seq_len=8, every_steps=1, socket_path=agent.getsockname(), jsonl_path=str(jsonl), keepalive_s=0.2)
         for _ in range(3):
             mon.step(samples=2, loss=1.5)
         reports = [json.loads(agent.recv(65536)) for _ in range(3)]
         time.sleep(1.0)                                     # the loop hangs
-        agent.setblocking(False)
-        quiet: list[dict] = []
-        with contextlib.suppress(BlockingIOError):
-            while True:
-                quiet.append(json.loads(agent.recv(65536)))
+        quiet = waiting(agent)
         mon.close()
         time.sleep(0.5)
-        with pytest.raises(BlockingIOError):
-            agent.recv(65536)                               # closed: nothing more
-    finally:
-        agent.close()
+        assert waiting(agent) == []                         # closed: nothing more
     assert [r["steps"] for r in reports] == [1, 1, 1] and reports[-1]["step"] == 3
     assert 3 <= len(quiet) <= 6, quiet                      # one each 0.2 s of the hang
     times = [q["time"] for q in quiet]
@@ -673,28 +685,17 @@ def test_a_save_or_an_evaluation_under_way_is_heard_while_it_lasts_and_counted_o
     since the agent last heard of it, so the agent's counter grows while it lasts (not a stall,
     and in a window that closes before it ends); the report after it carries only the rest, so
     the agent counts it once, and the JSON lines hold it whole in the interval it ended in."""
-    path = str(tmp_path / "agent.sock")
-    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    agent.bind(path)
-    agent.settimeout(5.0)
     jsonl = tmp_path / "records.jsonl"
-    try:
-        mon = Monitor(seq_len=8, every_steps=1, socket_path=path, jsonl_path=str(jsonl), keepalive_s=0.2)
+    with listening(tmp_path / "agent.sock") as agent:
+        mon = Monitor(seq_len=8, every_steps=1, socket_path=agent.getsockname(), jsonl_path=str(jsonl), keepalive_s=0.2)
         mon.step(samples=2)
         json.loads(agent.recv(65536))
         with getattr(mon, kind)():
             time.sleep(1.0)
-        agent.setblocking(False)
-        during: list[dict] = []
-        with contextlib.suppress(BlockingIOError):
-            while True:
-                during.append(json.loads(agent.recv(65536)))
-        agent.setblocking(True)
+        during = waiting(agent)
         mon.step(samples=2)
         after = json.loads(agent.recv(65536))
         mon.close()
-    finally:
-        agent.close()
     assert 3 <= len(during) <= 6, during                    # one each 0.2 s of the save
     for quiet in during:
         record = validate(encode(quiet))
