@@ -314,6 +314,19 @@ def test_a_hang_after_an_evaluation_is_a_stall_from_its_end():
     assert found.wasted_gpu_hours == pytest.approx(2 * (N - 239) * STEP / 3600, rel=0.02)
 
 
+def test_a_restart_heard_from_its_monitors_creation_is_starting_up_not_stalled():
+    """The old process's last step at bin 199; a new one starts at bin 210, heard from its monitor's
+    creation on (with nothing counted), through a 22-minute start-up to its first step at bin 300."""
+    f = Fleet()
+    steps = np.where((np.arange(N) < 200) | (np.arange(N) >= 300), 10.0, 0.0)
+    healthy_job(f, ranks=2, per_rank={r: {"steps": steps} for r in range(2)})
+    frames = f.frames()
+    frames.rank["start_time"] = np.where(frames.rank["t"] >= T0 + 210 * STEP, T0 + 210 * STEP, T0)
+    assert stalled.detect(frames) == []
+    frames.rank["start_time"] = T0                  # the same process all along: a hang
+    assert kinds(stalled.detect(frames)) == ["stalled"]
+
+
 def test_short_pause_is_not_a_stall():
     f = Fleet()
     steps = np.full(N, 10.0)

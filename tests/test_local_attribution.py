@@ -12,7 +12,10 @@ import time
 import pytest
 
 from burnrate.agent.local import LocalHolders, running
+from burnrate.agent.telemetry.inbox import TelemetryInbox
 from burnrate.exporter.snapshot import GpuIdentity, GpuReading, RankKey, RankState
+from burnrate.trainer.monitor import Monitor
+from burnrate.trainer.telemetry import Identity
 from tests.conftest import PYTHON, ROOT
 
 NOW = 1_800_000_000.0
@@ -110,3 +113,21 @@ def test_an_agent_attributing_locally_never_imports_grpc_or_protobuf(tmp_path):
     assert out.returncode == 0, out.stderr
     assert 'DCGM_FI_DEV_GPU_UTIL{' in out.stdout
     assert out.stderr.splitlines()[-1] == "[]", out.stderr
+
+
+def test_a_rank_holds_its_gpu_from_its_monitors_creation_before_any_step(tmp_path):
+    """Before the first step the model loads, compiles and fetches its first batches. The monitor,
+    created before them, says so at once, nothing counted, and keeps saying it: the agent holds
+    the rank's GPU through that start-up, where it used to wait for the first step's report."""
+    with TelemetryInbox(tmp_path / "agent.sock") as inbox:
+        mon = Monitor(seq_len=8, every_steps=1, socket_path=str(inbox.path), keepalive_s=0.2, start_step=40,
+                      identity=Identity("llm", "ml", "w-0", 0, 0, 1))
+        time.sleep(1.0)                                 # the first step compiles
+        assert inbox.wait_idle(5)
+        (state,) = inbox.ranks()
+        allocated = {a.gpu_uuid: a.pod.pod for a in LocalHolders(held_for_s=0.5)(inbox.ranks(), GPUS)}
+        mon.close()
+    assert dict(inbox.rejected) == {}
+    assert (state.values["steps"], state.values["global_step"], state.values["resumed_from"]) == (0, 40, 40)
+    assert state.values["start_time"] == mon.start_time and "last_step_time" not in state.values
+    assert allocated == {"GPU-0": "w-0"}                 # heard within the last half second, by keep-alives

@@ -25,7 +25,7 @@ from burnrate.trainer.data import SyntheticTokens, TokenFile, batches
 from burnrate.trainer.faults import Faults, InjectedCrash, parse_fault
 from burnrate.trainer.flops import model_flops_per_token, peak_flops
 from burnrate.trainer.model import GPT, MODELS
-from burnrate.trainer.monitor import Monitor
+from burnrate.trainer.monitor import OWED, Monitor
 from burnrate.trainer.telemetry import Identity
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -348,13 +348,22 @@ def agent_socket(tmp_path):
 
 
 def _received(sock: socket.socket) -> list[dict]:
+    """The monitor's reports, after the hello it sends as it is created."""
     out = []
     sock.setblocking(False)
     try:
         while True:
             out.append(json.loads(sock.recv(65536)))
     except BlockingIOError:
-        return out
+        hello, *reports = out
+        assert is_hello(hello), hello
+        return reports
+
+
+def is_hello(message: dict) -> bool:
+    """A monitor's first message: the rank and its process, nothing counted, no figure."""
+    return all(message[k] == 0 for k in OWED) and (message["loss"], message["grad_norm"], message["mfu"]) == (
+        None, None, None) and message["step"] == (message["resumed_from"] or 0) and message["start_time"] > 0
 
 
 def test_sending_without_an_agent_never_fails(tmp_path):
@@ -417,6 +426,7 @@ def test_non_finite_loss_is_sent_as_nan(agent_socket):
     mon = Monitor(flops_per_token=1.0, every_steps=1, socket_path=path)
     mon.step(samples=1, tokens=1, loss=torch.tensor(float("nan")), grad_norm=float("inf"))
     mon.close()
+    assert is_hello(json.loads(sock.recv(65536)))
     raw = sock.recv(65536)
     assert b'"loss":NaN' in raw and b'"grad_norm":Infinity' in raw
 
@@ -509,5 +519,5 @@ def test_no_agent_is_said_once_with_the_socket_path(tmp_path, caplog):
                 mon.step(samples=1)
     (warning,) = [r for r in caplog.records if r.name == "burnrate.monitor"]
     assert path in warning.getMessage() and "no agent is listening" in warning.getMessage()
-    # five reports and, at close, one more that carries what none of them delivered
-    assert mon.sink.dropped == 6
+    # the hello, five reports and, at close, one more that carries what none of them delivered
+    assert mon.sink.dropped == 7

@@ -213,11 +213,17 @@ class Monitor:
         # The loop's reports and the keep-alives share the sink; the last report is what a
         # keep-alive repeats, with nothing new.
         self._sending = threading.Lock()
-        self._last_record: dict | None = None
         self._apart: _Apart | None = None                   # a save or an evaluation under way
         self._ahead: dict[str, float] = {}      # its seconds keep-alives told the agent before a report
         self._keepalive = KeepAlive(self._keep_alive, lambda: time.monotonic() - self._last_report,
                                     keepalive_s) if keepalive_s > 0 else None
+        # The agent hears the rank from here on, before its first step: it lives, and (where no
+        # kubelet says who holds a GPU) holds its GPU, while the model compiles and the first
+        # batches load. Nothing in it is counted, so it goes to the agent only.
+        self._last_record = self._record(_Interval(), None, None, None)
+        self.sink.send_bytes(encode(self._last_record))
+        if self._keepalive is not None:
+            self._keepalive.start()
         # A loop that ends without close() still sends its last partial interval.
         atexit.register(self.close)
 
@@ -458,13 +464,39 @@ class Monitor:
         """Send the deltas since the last report now (a sync point on GPU)."""
         self._resolve(block=True)
         iv = self._interval
-        ident = self.identity
         mfu = iv.flops / (iv.step_s * self.peak.flops) if iv.step_s > 0 and self.peak.flops > 0 else None
         if mfu is not None and mfu > 1:
             # Only a wrong peak gets here (an estimate, or a bad override); the agent rejects
             # ratios above 1, and with them the whole record.
             mfu = None
-        record = {
+        record = self._record(iv, _scalar(self._loss), _scalar(self._grad_norm), mfu)
+        with self._sending:
+            # What earlier datagrams could not deliver (the agent's queue full as every rank of a
+            # job reports at once, or no agent yet) goes with this one: delayed, never lost. What
+            # keep-alives told the agent ahead of it (a save or an evaluation under way) does not;
+            # a report that does not hold all of that yet leaves the rest to the next.
+            owed = dict.fromkeys(OWED, 0) if self._owed is None else dict(self._owed)
+            for k, ahead in self._ahead.items():
+                early = min(ahead, record[k] + owed[k])
+                owed[k] -= early
+                self._ahead[k] = ahead - early
+            datagram = {**record, **{k: record[k] + owed[k] for k in OWED if owed[k]}} if any(owed.values()) \
+                else record
+            delivered = self.sink.send(record, None if datagram is record else datagram)
+            self._last_record = record
+        self._owed = None if delivered else {k: datagram[k] for k in OWED}
+        if not delivered and not self._warned:
+            self._warned = True
+            self._warn_undelivered()
+        if self.on_report is not None:
+            self.on_report(record)
+        self._interval = _Interval()
+        self._last_report = time.monotonic()
+        return record
+
+    def _record(self, iv: _Interval, loss: float | None, grad_norm: float | None, mfu: float | None) -> dict:
+        ident = self.identity
+        return {
             "v": SCHEMA_VERSION,
             "training_job": ident.training_job,
             "namespace": ident.namespace,
@@ -481,8 +513,8 @@ class Monitor:
             "samples": iv.samples,
             "tokens": iv.tokens,
             "flops": iv.flops,
-            "loss": _scalar(self._loss),
-            "grad_norm": _scalar(self._grad_norm),
+            "loss": loss,
+            "grad_norm": grad_norm,
             "mfu": mfu,
             "peak_flops": self.peak.flops,
             "peak_source": self.peak.source,
@@ -492,38 +524,13 @@ class Monitor:
             "start_time": self.start_time,
             "resumed_from": self.resumed_from,
         }
-        with self._sending:
-            # What earlier datagrams could not deliver (the agent's queue full as every rank of a
-            # job reports at once, or no agent yet) goes with this one: delayed, never lost. What
-            # keep-alives told the agent ahead of it (a save or an evaluation under way) does not;
-            # a report that does not hold all of that yet leaves the rest to the next.
-            owed = dict.fromkeys(OWED, 0) if self._owed is None else dict(self._owed)
-            for k, ahead in self._ahead.items():
-                early = min(ahead, record[k] + owed[k])
-                owed[k] -= early
-                self._ahead[k] = ahead - early
-            datagram = {**record, **{k: record[k] + owed[k] for k in OWED if owed[k]}} if any(owed.values()) \
-                else record
-            delivered = self.sink.send(record, None if datagram is record else datagram)
-            first, self._last_record = self._last_record is None, record
-        if first and self._keepalive is not None and not self._closed:
-            self._keepalive.start()
-        self._owed = None if delivered else {k: datagram[k] for k in OWED}
-        if not delivered and not self._warned:
-            self._warned = True
-            self._warn_undelivered()
-        if self.on_report is not None:
-            self.on_report(record)
-        self._interval = _Interval()
-        self._last_report = time.monotonic()
-        return record
 
     def _keep_alive(self) -> None:
         """The last report again with nothing new in it: no steps or seconds, no loss or MFU (the
         agent keeps their last values), to the agent only (the JSON lines hold intervals); but for
         the seconds of a save or an evaluation under way since the agent last heard of it."""
         with self._sending:
-            if self._closed or self._last_record is None:
+            if self._closed:
                 return
             quiet = {**self._last_record, **dict.fromkeys(OWED, 0), "time": time.time(),
                      "loss": None, "grad_norm": None, "mfu": None}

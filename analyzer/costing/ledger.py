@@ -206,15 +206,17 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         took = float(reported.max()) if len(reported) and reported.max() > 0 else usual * _steps_in(
             gauge, cells, run["first"], run["resumed_from"])
         begin = min(max((run["first_time"] or seen[run["first"]]) - took, start), last)
-        # A rank's series begins with its first report, after its first steps: that alone does not
-        # make a run that started inside the window one that was stepping before it.
+        # A rank's series begins with its first message (from an older monitor, after its first
+        # steps): that alone does not make a run that started inside the window one that was
+        # stepping before it.
         opened_stepping = k == 0 and (run["process_start"] is None or run["process_start"] < v.start) and \
             _stepping_at_first_sample(cells, gauge, run["resumed_from"])
         if opened_stepping:
             begin = start       # already past its first step when the window opened
         elif np.isfinite(begin) and run["first_time"] is not None and run["first_time"] > begin:
             # The first report's steps split the held time only as far as their time was held:
-            # where a GPU is held from that report on (attribution by ranks), none of it was.
+            # where a GPU is held from the rank's first message on (attribution by ranks), as
+            # far as that came before them.
             first = cells[:, run["first"]]
             parts[:, first, run["first"]] *= _held_share(held, cover, begin, run["first_time"], v.step)
         run["first_step"] = begin + usual if np.isfinite(begin) else run["first_time"]
@@ -249,7 +251,8 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
     if unheld > 0:
         basis["startup"] = (f"its GPUs were not held for {unheld:,.0f} GPU-seconds of its runs' start-up, from their "
                             "processes' start to their first steps, so that time is in no job's: an agent without a "
-                            "kubelet holds a GPU from its rank's first report, which follows the first step")
+                            "kubelet holds a GPU from its rank's first message, which its monitor sends as it is created (an "
+                            "older monitor: after its first step)")
     if not lost_known:
         hours["lost_progress"] = None
         basis["lost_progress"] = ("a run restarted but the next run did not report the step it resumed from: "

@@ -3,7 +3,8 @@
 A hung collective (one rank dead or deadlocked, the others spinning in NCCL at
 100%) or a wedged data pipeline (GPUs at 0%) look different on the GPU but the
 same in the step counter, which is what this reads. A save or an evaluation, however
-long, is not a stall: the stall counts from its end. A stall is a living process's: where
+long, is not a stall: the stall counts from its end; nor is a new process's start-up after
+the last step. A stall is a living process's: where
 the ledger knows when a job's last process ended (`process_ends`), its stall ends there,
 and the GPUs held after are `held_after_exit` (analyzer.costing.ledger_findings).
 """
@@ -87,6 +88,18 @@ def _saving_or_evaluating(v: Views, rank: Grid, rows: np.ndarray) -> np.ndarray:
     return out
 
 
+def _starting_after(rank: Grid, rows: np.ndarray, quiet: np.ndarray) -> np.ndarray:
+    """The bins where the job's newest process started after its last step (and after any save
+    or evaluation since): a restart starting up, which `slow_startup` judges, not a stall. Its
+    monitor says so from its creation on (docs/telemetry.md), before its first step."""
+    start = rank.values.get("start_time")
+    if start is None:
+        return np.zeros(quiet.size, dtype=bool)
+    newest = np.nanmax(np.where(rank.present[rows], start[rows], np.nan), axis=0, initial=-np.inf)
+    newest = np.maximum.accumulate(np.where(np.isnan(newest), -np.inf, newest))
+    return newest > quiet
+
+
 def _process_start(rank: Grid, rows: np.ndarray) -> float:
     """When the job's newest process started (its ranks' `start_time`), -inf where unknown."""
     start = rank.values.get("start_time")
@@ -147,7 +160,7 @@ def detect(data: Frames | Views, config: Config = Config(),
         # it, however long that took.
         apart = _ffill_index(_saving_or_evaluating(v, rank, rows))
         quiet = np.maximum(last, np.where(apart >= 0, times[np.maximum(apart, 0)], -np.inf))
-        over = times - quiet > limit
+        over = (times - quiet > limit) & ~_starting_after(rank, rows, quiet)
         stalled = (held > 0) & over & (_confirmed(known, quiet) | _going_on(known, over))
         ended = (process_ends or {}).get(job)
         if ended is not None:

@@ -71,7 +71,8 @@ def training(config: DetectorConfig) -> list[tuple[str, dict]]:
             f"applies. A job no agent has heard for {UNHEARD_S} s has no process (keep-alives come every "
             f"{KEEPALIVE_S:g} s): its GPUs held after are TrainingHeldAfterExit's. A save or an evaluation is no "
             f"stall: none is paged while one went on in the last {stalled.floor_minutes:g} min (the monitor tells of "
-            "one under way as it goes).", _alert(
+            "one under way as it goes); nor is a process that started after the job's last step (a restart starting "
+            "up, heard from its monitor's creation on).", _alert(
         "TrainingStalled",
         f"(\n  time()\n  - {last_step}\n)\n"
         f"> on (namespace, training_job)\n"
@@ -81,7 +82,9 @@ def training(config: DetectorConfig) -> list[tuple[str, dict]]:
         f"      > 0\n    ),\n    {floor_s}\n  )\n"
         f"  or on (namespace, training_job)\n  0 * {last_step} + {floor_s}\n)\n"
         f"and on (namespace, training_job)\n{held}\n"
-        f"unless on (namespace, training_job)\n({unheard}) > {UNHEARD_S}{apart}",
+        f"unless on (namespace, training_job)\n({unheard}) > {UNHEARD_S}{apart}\n"
+        f"unless on (namespace, training_job)\n(max by (namespace, training_job) (label_replace("
+        f"burnrate_train_start_timestamp_seconds, {NS})) > on (namespace, training_job) {last_step})",
         1, {"severity": "critical"},
         "Training job {{ $labels.namespace }}/{{ $labels.training_job }} has made no step for "
         "{{ $value | humanizeDuration }}.",
