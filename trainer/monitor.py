@@ -175,9 +175,10 @@ class Monitor:
         `on_report` also gets each record (to print progress, say). `start_step` is the step
         a resumed run continues from (0 for a fresh start); left out, the ledger knows the
         steps but not whether any were computed again. `start_time` is when this process
-        started (default: the kernel's record of it), for the ledger's start-up time. While no
-        report has gone out for `keepalive_s` (a hang, a long step), one with nothing new says
-        the process still lives (trainer.keepalive); 0 sends none."""
+        started (default: the kernel's record of it), for the ledger's start-up time. The agent
+        hears the rank at once (a message with nothing counted), and while no report has gone
+        out for `keepalive_s` (the start-up to the first step, a hang, a long step), one with
+        nothing new says the process still lives (trainer.keepalive); 0 sends none."""
         self.seq_len = seq_len
         if flops_per_token is None and model is not None and seq_len:
             flops_per_token = model_flops_per_token(model, seq_len)
