@@ -7,6 +7,7 @@ import re
 import shlex
 import signal
 import subprocess
+import tempfile
 import time
 
 import psutil
@@ -196,8 +197,17 @@ def test_the_simulated_fleet_reports_beside_the_live_jobs_throughout(demo):
         assert f"of {gpus} GPUs reporting" in stats and "stopped reporting" not in stats, (search, stats)
 
 
+@pytest.fixture
+def scratch():
+    """The demo's TMPDIR, short and the test's own: a trainer's launcher killed with the demo
+    cannot remove its directory there, and a loader's worker makes sockets in it, whose paths
+    hold 107 bytes."""
+    with tempfile.TemporaryDirectory(prefix="burnrate-dtmp-") as tmp:
+        yield tmp
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "ctrl-c, started in the background", "sigterm", "sigkill"])
-def test_stopping_the_demo_stops_everything_it_started(tmp_path, how):
+def test_stopping_the_demo_stops_everything_it_started(tmp_path, scratch, how):
     """Ctrl-C in a terminal signals the whole foreground process group (a shell that started
     the demo in the background hands it SIGINT ignored); kill, timeout, systemd and container
     runtimes send SIGTERM to the demo alone; and the demo may die outright (SIGKILL). Each
@@ -207,7 +217,7 @@ def test_stopping_the_demo_stops_everything_it_started(tmp_path, how):
     proc = subprocess.Popen([PYTHON, "-m", "burnrate", "demo", "--duration", "600", "--no-browser", "--dir", str(work),
                              "--port", str(free_port()), "--agent-port", str(agent_port)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True,
+                            start_new_session=True, env={**os.environ, "TMPDIR": scratch},
                             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if "background" in how else None)
     try:
         lines = []
