@@ -1,7 +1,7 @@
 """Attribution without a cluster: fixed node facts and allocations produced on the node.
 
-Kept apart from `attributor`, whose kubelet client imports gRPC and protobuf (about 20 MB
-of the agent's memory) that an agent attributing GPUs locally never uses."""
+Kept apart from `attributor`, whose kubelet client imports gRPC and protobuf (14 MB of the
+agent's memory: bench/RESULTS.md, "Agent") that an agent attributing GPUs locally never uses."""
 from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping

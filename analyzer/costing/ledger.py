@@ -251,8 +251,8 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
     if unheld > 0:
         basis["startup"] = (f"its GPUs were not held for {unheld:,.0f} GPU-seconds of its runs' start-up, from their "
                             "processes' start to their first steps, so that time is in no job's: an agent without a "
-                            "kubelet holds a GPU from its rank's first message, which its monitor sends as it is created (an "
-                            "older monitor: after its first step)")
+                            "kubelet holds a GPU from its rank's first message, which its monitor sends as it is "
+                            "created (an older monitor: after its first step)")
     if not lost_known:
         hours["lost_progress"] = None
         basis["lost_progress"] = ("a run restarted but the next run did not report the step it resumed from: "

@@ -90,8 +90,8 @@ def training(config: DetectorConfig) -> list[tuple[str, dict]]:
         "{{ $value | humanizeDuration }}.",
         f"No rank has completed an optimizer step for longer than max({factor} usual step times, "
         f"{Y.spelled(_m(stalled.floor_minutes))}) while the job's process lives and holds its GPUs, and no "
-        f"checkpoint save or evaluation went on in the last {Y.spelled(_m(stalled.floor_minutes))}. A hung collective, a dead rank or a wedged data "
-        "pipeline; every minute of it is paid for."))]
+        f"checkpoint save or evaluation went on in the last {Y.spelled(_m(stalled.floor_minutes))}. A hung "
+        "collective, a dead rank or a wedged data pipeline; every minute of it is paid for."))]
     after_s = f"{config.ledger.held_after_exit_minutes * 60:g}"
     out.append((f"GPUs a training job holds {config.ledger.held_after_exit_minutes:g} min after the agent last "
                 "heard any of its ranks: the process ended or died and its pods kept the GPUs.", _alert(
