@@ -65,6 +65,15 @@ def test_a_series_that_went_from_15s_to_1s_samples_has_one_of_those_intervals():
     assert interval.tolist() == [1.0]
 
 
+def test_a_short_series_interval_is_the_median_of_all_its_gaps():
+    """An agent's first two samples 3 ms apart (a collection at its start, then its schedule's
+    first), then every second: the interval is a second, and so is the step a recording of it
+    is read at; it was 3 ms, read from the series' first gaps only."""
+    times = T0 + np.array([0.0, 0.0032, 1.0037, 2.0072])
+    interval = series_intervals(times, np.zeros(4, np.int64), np.ones(4), STALENESS_S)
+    assert interval.tolist() == [pytest.approx(1.0005)]
+
+
 def test_coarse_steps_count_only_the_samples_a_step_holds():
     """A 55 s step over 15 s samples: a run's first and last steps stand for the
     samples in them, so a job that starts mid-step is not charged the whole step."""
@@ -147,6 +156,21 @@ def test_hand_built_frames_are_held_too():
     tables["gpu"] = gpu_rows(T0 + 60.0 * np.arange(60))
     frames = Frames(Window(T0, T0 + 3600), 15.0, **tables)
     assert account(Views(frames)).observed_gpu_hours == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("step", [1.0, 0.99992], ids=["step-1s", "step-just-under-1s"])
+@pytest.mark.parametrize("phase", [0.1, 0.45, 0.55, 0.9])
+def test_a_gpu_sampled_through_the_window_s_end_reports_at_its_last_point_whatever_its_phase(step, phase):
+    """A GPU sampled every second reports at the window's last point, however its samples fall
+    between the grid's points: the point takes samples up to half a step either side, and one
+    0.6 s before the end stands for it. The step a recording is read at is its measured interval,
+    a hair under 1 s as often as on it. The GPU's seconds are its samples' wherever they fall."""
+    tables = {name: empty_table(name) for name in TABLES}
+    tables["gpu"] = gpu_rows(T0 + phase + np.arange(100.0))
+    views = Views(Frames(Window(T0, T0 + 100.0), step, **tables))
+    # From its first sample's point on (one past the start's half step is in the next).
+    assert views.gpu.present[0][int(phase >= 0.5):].all()
+    assert account(views).observed_gpu_hours * 3600 == pytest.approx(100.0)
 
 
 def test_successive_jobs_in_one_pod_stay_apart():

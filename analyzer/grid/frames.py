@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterable
 
+import numpy as np
 import pandas as pd
 
 from burnrate.exporter.recording import TABLES
@@ -42,6 +43,13 @@ RANK_LATEST = ("last_report_time",)
 class Window:
     start: float   # unix seconds
     end: float
+
+
+def grid_size(window: Window, step: float) -> int:
+    """The points of a window's grid, one every `step` from its start. Samples fall into the
+    nearest point, so a window not on the step's multiples needs the point its last samples
+    round up to, which may lie up to half a step past its end."""
+    return max(int(np.rint((window.end - window.start) / step)) + 1, 1)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import pandas as pd
 from burnrate.exporter import labels as L
 from burnrate.exporter.recording import TABLES
 
-from .frames import Frames
+from .frames import Frames, grid_size
 from .series import ramps, series_numbers
 
 STALENESS_S = 300.0
@@ -61,11 +61,16 @@ def hold(frames: Frames, staleness_s: float = STALENESS_S) -> Frames:
     """The frames with every sample standing for its interval (module docstring)."""
     step = float(frames.step_s)
     limit = float(frames.window.end)        # the window's last samples hold their interval, no further
+    # Where the grid's last point stops taking samples (it may lie past the window's end): a raw
+    # sample that stands for that point is repeated into it, whatever its phase. A step's point
+    # (rows_end_steps) stands for the step before it, never for a later one.
+    reach = (None if frames.rows_end_steps
+             else float(frames.window.start) + (grid_size(frames.window, step) - 0.5) * step)
     # One table after the other: side by side their row-long temporaries add up, and on a day of
     # 1,024 GPUs that was the read's peak (0.65-0.77 GB above the frames against 0.42 GB, for 0.2-0.4 s).
     return replace(frames, **{name: hold_table(getattr(frames, name), SERIES.get(name, TABLES[name][0]), step, limit,
                                                staleness_s, with_held=name in HELD, marked=name in MARKED,
-                                               device=frames.gpu if name == "alloc" else None)
+                                               device=frames.gpu if name == "alloc" else None, reach=reach)
                               for name in TABLES})
 
 
@@ -80,9 +85,11 @@ def series_intervals(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, stal
     rows = np.bincount(codes, minlength=n_series)
     begin = np.cumsum(rows) - rows
     pairs = np.maximum(rows - 1, 0)
-    # Evenly spread pair positions within each series: a bounded, vectorized median.
+    # Evenly spread pair positions within each series: a bounded, vectorized median. A series
+    # of fewer pairs takes each of them once (spread over `per_series`, it took its first ones
+    # only: two samples 3 ms apart at an agent's start were a short series' interval).
     k = np.arange(per_series)
-    at = begin[:, None] + (k[None, :] * pairs[:, None]) // per_series
+    at = begin[:, None] + (k[None, :] * pairs[:, None]) // np.clip(pairs, 1, per_series)[:, None]
     valid = k[None, :] < pairs[:, None]
     at = np.where(valid, at, 0)
     gap = t[np.minimum(at + 1, len(t) - 1)] - t[at]
@@ -99,10 +106,11 @@ def series_intervals(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, stal
 
 def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: float,
                staleness_s: float = STALENESS_S, with_held: bool = True, marked: bool = False,
-               device: pd.DataFrame | None = None) -> pd.DataFrame:
+               device: pd.DataFrame | None = None, reach: float | None = None) -> pd.DataFrame:
     """`marked`: the rows filled in are named in a `repeated` column. `device`: the gpu table,
     for a table of holders: a gap in a holder's series in which its GPU was sampled is a
-    release, and is not bridged."""
+    release, and is not bridged. `reach`: no row is repeated to this time or later (the last
+    grid point's upper edge); where not given, none past `limit`."""
     def unfilled(out: pd.DataFrame) -> pd.DataFrame:
         return out.assign(**{REPEATED: np.zeros(len(out), bool)}) if marked else out
 
@@ -134,7 +142,7 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
     # dozen row-long temporaries of a day of a thousand ranks were the read's peak.
     for a, b in _blocks(c):
         held[a:b], copies[a:b] = _held(t[a:b], c[a:b], samples[a:b], interval[c[a:b]], step, limit, staleness_s,
-                                       released[a:b])
+                                       released[a:b], reach)
     source = frame.drop(columns="sample_count", errors="ignore")
     if (copies == 1).all():
         held_rows = np.empty(len(t), np.float32)     # seconds: float32 holds them to the millisecond
@@ -144,7 +152,8 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
     offset = ramps(copies)
     new_t = np.repeat(t, copies) + offset * step
     rest = np.repeat(held, copies) - offset * step
-    new_held = np.where(offset == np.repeat(copies, copies) - 1, rest, np.minimum(rest, step))
+    # A copy past the sample's seconds (its series' last, into the grid's last point) holds none.
+    new_held = np.clip(np.where(offset == np.repeat(copies, copies) - 1, rest, np.minimum(rest, step)), 0.0, None)
     resort = np.argsort(new_t, kind="stable")
     out = source.take(rows[resort]).reset_index(drop=True)
     out["t"] = new_t[resort]
@@ -184,7 +193,7 @@ def _blocks(codes: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _held(t: np.ndarray, c: np.ndarray, samples: np.ndarray, interval: np.ndarray, step: float, limit: float,
-          staleness_s: float, released: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+          staleness_s: float, released: np.ndarray, reach: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The seconds each row (sorted by series, then time) stands for, and the grid points it
     is repeated into, from its series' `interval` (one per row). A `released` row is its
     holder's last before a release: it holds one interval, as before an outage."""
@@ -204,8 +213,17 @@ def _held(t: np.ndarray, c: np.ndarray, samples: np.ndarray, interval: np.ndarra
     held = np.where(coarse, held, np.clip(np.minimum(held, limit + interval - t), 0.0, None))
     # Fine regime: a sample repeated into each grid point it stands for.
     copies = np.where(coarse, 1, np.maximum(np.ceil(held / step - 1e-9), 1)).astype(np.int64)
-    # No copy past the window's last point: the last copy in it carries the rest.
-    copies = np.clip(copies, 1, np.maximum(np.floor((limit - t) / step + 1e-9) + 1, 1).astype(np.int64))
+    if reach is None:
+        # No copy past the window's end: the last copy in it carries the rest.
+        most = np.floor((limit - t) / step + 1e-9) + 1
+    else:
+        # No copy past the grid's last point, which takes the samples up to half a step past it;
+        # a sample that stands at the window's end is repeated into that point however it is
+        # phased (a GPU sampled 0.6 of a step before the end is reporting at it).
+        most = np.ceil((reach - t) / step - 1e-9)
+        at_end = ~coarse & np.isinf(nxt) & (t + held > limit)      # a series' last, holding past the end
+        copies = np.where(at_end, np.maximum(copies, most), copies).astype(np.int64)
+    copies = np.clip(copies, 1, np.maximum(most, 1).astype(np.int64))
     return held, copies
 
 

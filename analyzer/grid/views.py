@@ -18,7 +18,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from .frames import RANK_COUNTERS, RANK_LATEST, Frames
+from .frames import RANK_COUNTERS, RANK_LATEST, Frames, grid_size
 from .holding import REPEATED, STALENESS_S, hold
 from .runs import label_runs
 from . import workers
@@ -401,9 +401,7 @@ class Views:
         self.start = float(frames.window.start)
         # A step's point stands for the step before it (Frames.rows_end_steps).
         self.lag = self.step if frames.rows_end_steps else 0.0
-        # Samples fall into the nearest bin (build_grid), so a window not on the step's
-        # multiples needs the bin its last samples round up to.
-        self.n = max(int(np.rint((frames.window.end - frames.window.start) / self.step)) + 1, 1)
+        self.n = grid_size(frames.window, self.step)
         self._job_rows: dict[int, dict[tuple[str, str], np.ndarray]] = {}
         self.class_overrides = dict(class_overrides or {})
         self.dropped_mfu: dict[tuple[str, str], int] = {}     # (namespace, job) -> MFU samples out of range
