@@ -54,7 +54,7 @@ class LocalHolders:
         held: dict[str, tuple[Allocation, int]] = {}
         for state in ranks:
             uuid = by_index.get(gpu_index(state, len(gpus)))
-            if uuid is not None and (now - state.last_seen <= self.held_for_s or running(state.pid)):
+            if uuid is not None and (running(state.pid) if state.pid > 0 else now - state.last_seen <= self.held_for_s):
                 k = state.key
                 held[uuid] = (Allocation(uuid, uuid, PodRef(k.namespace, k.pod, CONTAINER, k.training_job)), state.pid)
         present = set(by_index.values())

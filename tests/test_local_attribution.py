@@ -72,6 +72,17 @@ def test_a_hung_rank_the_telemetry_table_forgot_keeps_its_gpu_while_its_process_
     assert held(holders=holders) == {}
 
 
+def test_a_rank_whose_process_ended_lets_go_at_once_and_one_the_agent_cannot_see_after_its_silence(child):
+    """A rank's last message comes as its process exits. Where the kernel named the process,
+    its GPU is free at the next collection: a hold of 5 s more was charged to every finished
+    job, as `stalled` or `no_process` by where the samples fell. Where it named none, silence
+    is all the agent goes by."""
+    child.kill()
+    child.wait()
+    assert held(rank(0, silent_for=0.0, pid=child.pid)) == {}
+    assert held(rank(0, silent_for=0.0), rank(1, silent_for=4.0)) == {"GPU-0": "w-0", "GPU-1": "w-1"}
+
+
 def test_an_unreaped_rank_has_let_go(child):
     child.send_signal(signal.SIGKILL)
     deadline = time.monotonic() + 10
