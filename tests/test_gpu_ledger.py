@@ -8,7 +8,10 @@ Two runs on one NVIDIA H200 (bench/RESULTS.md, "a training job's ledger"): the r
 - tests/data/h200-ledger: the agent attributed the GPU by its rank (`--attribution local`, no
   kubelet), so the GPU was held from the rank's first report and let go after it exited;
 - tests/data/h200-ledger-pod: `bench/gpu/ledger_run.py`, a pod holding the GPU throughout
-  (a stand-in kubelet, `--attribution kubelet`), as in Kubernetes.
+  (a stand-in kubelet, `--attribution kubelet`), as in Kubernetes;
+- tests/data/h100-ledger: the same job on an NVIDIA H100 (`bench/gpu/run --only ledger-local`),
+  its monitor heard from its creation, so that local attribution held the GPU before the first
+  step; tests/data/h100-ledger-pod beside it, in a pod.
 
 Each holds recording.tgz (the agent's recording), times.txt (the launches' start and exit by
 the wall clock of the process that ran them; the pod's hold), trainer.jsonl (the monitor's own
@@ -30,6 +33,7 @@ from tests.conftest import PYTHON, ROOT
 
 LOCAL = Path(ROOT) / "tests" / "data" / "h200-ledger"
 POD = Path(ROOT) / "tests" / "data" / "h200-ledger-pod"
+HELLO = Path(ROOT) / "tests" / "data" / "h100-ledger"
 SAMPLE_S = 1.0          # the agent's collection interval: each edge is known to one sample
 RELEASE_S = 5.0         # a rank's GPU stays held until it has been silent this long (three intervals, 5 s at least)
 
@@ -163,3 +167,41 @@ def test_the_gpu_bench_prints_the_pod_s_ledger_beside_its_processes(pod_job):
     assert table["startup"] == ["17.3 + 15.1", "16.2 + 15.1"]
     assert table["restart"] == ["28.1", "28.0"] and table["lost_progress"] == ["6.5", "6.6"]
     assert table["checkpoint"] == ["12.2", "12.0"]
+
+
+@pytest.fixture(scope="module")
+def hello_job(tmp_path_factory):
+    return analysed(HELLO, tmp_path_factory.mktemp("h100"))
+
+
+def test_a_monitor_heard_from_its_creation_has_its_first_steps_held_without_a_kubelet(hello_job):
+    """On the H100 the monitor said hello when the trainer made it, just before the first step:
+    under local attribution the GPU was held from then, so each run's first step (torch.compile's
+    22.9 s, the resumed run's 3.4 s) is productive, where the H200's older monitor left them in no
+    one's time. What comes before the monitor (imports, the model) is still held by no one, and
+    the ledger says how long."""
+    job, recs = hello_job, records(HELLO)
+    one = [r for r in recs if r["resumed_from"] == 0]
+    two = [r for r in recs if r["resumed_from"] == 800]
+    run1, run2 = job["runs"]
+    assert one[0]["step_s"] > 20 and two[0]["step_s"] > 3
+    assert run1["ledger"]["productive"] * 3600 == pytest.approx(sum(r["step_s"] for r in one if r["step"] <= 800),
+                                                                abs=2 * SAMPLE_S)
+    assert run2["ledger"]["productive"] * 3600 == pytest.approx(sum(r["step_s"] for r in two), abs=2 * SAMPLE_S)
+    unheld = sum(r[0]["time"] - r[0]["step_s"] - r[0]["start_time"] for r in (one, two))
+    assert seconds(job, "startup") == 0.0
+    said = re.search(r"not held for ([\d,]+) GPU-seconds of its runs' start-up", job["ledger_basis"]["startup"])
+    assert float(said.group(1).replace(",", "")) == pytest.approx(unheld, abs=4 * SAMPLE_S)
+
+
+def test_the_gpu_bench_prints_the_ledger_with_no_pod_beside_its_processes(hello_job):
+    """With no pod, each run's start-up by its processes runs from its own start."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+    import ledger_run
+
+    lines = ledger_run.rows(hello_job, records(HELLO), stamps(HELLO))
+    table = {line.split(" | ")[0].strip("| "): [cell.strip(" |") for cell in line.split(" | ")[1:4]]
+             for line in lines if line.startswith("| ")}
+    assert table["startup"] == ["0.0 + 0.0", "13.8 + 16.3", "run 1: its process start to its first step's start; "
+                                "run 2: its process start to its first step's start"]
+    assert table["checkpoint"][:2] == ["14.0", "14.1"]
