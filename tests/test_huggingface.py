@@ -5,6 +5,7 @@ and each loss and gradient norm the Trainer logs arrives with the step it was lo
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -59,3 +60,50 @@ def test_a_hugging_face_trainer_reports_exact_counts(tmp_path):
         assert values == (pytest.approx(logged[newest]) if newest else (None, None))
     # The last step's values, logged after its on_step_end, reach the agent.
     assert (rank.values["loss"], rank.values["grad_norm"]) == pytest.approx(logged[STEPS])
+
+
+class SlowTokens(Tokens):
+    """An evaluation set that takes a second: eight samples, an eighth of a second each."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        time.sleep(0.125)
+        return super().__getitem__(i)
+
+
+def test_a_hugging_face_evaluation_is_heard_while_it_lasts_and_counted_once(tmp_path):
+    """The Trainer tells callbacks of an evaluation only when it ends; from its first batch on,
+    the monitor's keep-alives carry its seconds, so the agent's counter grows while it lasts (a
+    long one is neither a stall nor paged as one), and in the end it holds the evaluation once."""
+    config = transformers.GPT2Config(vocab_size=128, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=BATCH,
+        per_device_eval_batch_size=2, eval_strategy="steps", eval_steps=1, save_strategy="no", report_to=[],
+        use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+    records = tmp_path / "records.jsonl"
+    heard: list[float] = []
+
+    class Probe(transformers.TrainerCallback):
+        """Called after burnrate's callback: what the agent has of the evaluation so far."""
+
+        def on_prediction_step(self, args, state, control, **kwargs):
+            (rank,) = inbox.ranks()
+            heard.append(rank.values.get("eval_s", 0.0))
+
+    with TelemetryInbox(tmp_path / "agent.sock") as inbox:
+        callback = BurnrateCallback(seq_len=SEQ, socket_path=str(inbox.path), jsonl_path=str(records),
+                                    job="hf-eval", every_steps=1, keepalive_s=0.1)
+        trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args,
+                                       train_dataset=Tokens(), eval_dataset=SlowTokens(),
+                                       callbacks=[callback, Probe()])
+        trainer.train()
+        time.sleep(0.2)
+        (rank,) = inbox.ranks()
+        total = rank.values["eval_s"]
+    # Two evaluations of four batches each; by each one's last batch the agent had most of it.
+    assert len(heard) == 8
+    assert heard[3] > 0.5 and heard[7] - heard[4] > 0.4, heard
+    written = sum(r["eval_s"] for r in map(json.loads, records.read_text().splitlines()))
+    assert 2.0 <= written and total == pytest.approx(written, abs=1e-6)

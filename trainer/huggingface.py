@@ -5,7 +5,10 @@
 
 The Trainer fetches an optimizer step's micro-batches before `on_step_begin`, so the time
 from the previous step's end to this one's begin is data wait, unless an evaluation or a
-checkpoint save ended in between: that time is theirs, kept out of the step times.
+checkpoint save ended in between: that time is theirs, kept out of the step times. The
+Trainer tells of an evaluation only when it ends, but calls back after each of its batches:
+from the first, the evaluation is under way since the last step ended, and the agent hears
+it as it goes (a long one is neither a stall nor paged as one).
 Samples are the micro-batches' per-device batch size; tokens are the Trainer's own count
 (`include_num_input_tokens_seen`, per rank) where it keeps one, else samples × `seq_len`.
 Loss and gradient norm are the Trainer's logged ones (every `logging_steps`), sent with
@@ -31,10 +34,13 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
         self._ended_step: dict[str, Any] | None = None    # its counts, until its log (if any) arrives
         self._loss: float | None = None
         self._grad_norm: float | None = None
+        self._training = False
+        self._evaluating = False
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._start(model, state.global_step)
         self._tokens_seen = state.num_input_tokens_seen
+        self._training = True
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._close_step()
@@ -63,15 +69,39 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
         self._grad_norm = logs.get("grad_norm", self._grad_norm)
         self._close_step()
 
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if self._training and not self._evaluating:
+            self.monitor.begin_eval(since=self._mark)
+            self._evaluating = True
+
     def on_evaluate(self, args, state, control, **kwargs):
-        self._set_apart(self.monitor.add_eval)
+        self._end_evaluation()
+
+    def on_predict(self, args, state, control, **kwargs):
+        self._end_evaluation()
 
     def on_save(self, args, state, control, **kwargs):
         self._set_apart(self.monitor.add_checkpoint)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._close_step()
+        if self._evaluating:
+            self._end_evaluation()
+        self._training = False
         self._close()
+
+    def _end_evaluation(self) -> None:
+        """An evaluation (or a prediction) pass ended: one heard since its first batch ends there,
+        one with no batch is the time since the last mark; outside training (`evaluate()` before
+        or after `train()`), none of the run's."""
+        if not self._training:
+            return
+        if not self._evaluating:
+            self._set_apart(self.monitor.add_eval)
+            return
+        self.monitor.end_eval()
+        self._evaluating = False
+        self._mark = time.perf_counter()
 
     def _close_step(self) -> None:
         """Count the step that ended, if it is still open, with the last logged values."""

@@ -360,10 +360,11 @@ class Monitor:
         """Time an evaluation pass (`begin_eval` … `end_eval`)."""
         return _apart(self.begin_eval, self.end_eval)
 
-    def begin_eval(self) -> None:
+    def begin_eval(self, since: float | None = None) -> None:
         """An evaluation pass begins: kept out of the step times, and heard while it lasts, as a
-        save is (`begin_checkpoint`)."""
-        self._begin_apart("eval_s")
+        save is (`begin_checkpoint`). `since`: when it began, by `time.perf_counter()`, for a
+        loop that learns of it only once it is under way (a framework's first evaluation batch)."""
+        self._begin_apart("eval_s", since)
 
     def end_eval(self) -> None:
         self.add_eval(self._end_apart("eval_s"))
@@ -438,13 +439,14 @@ class Monitor:
             self._interval.compute_s += seconds
             self.last_compute_s = seconds
 
-    def _begin_apart(self, counter: str) -> None:
+    def _begin_apart(self, counter: str, since: float | None = None) -> None:
         with self._sending:
             if self._apart is not None:
                 raise RuntimeError(f"burnrate: {_APART[counter]} began while {_APART[self._apart.counter]} "
                                    "was under way")
             now = time.perf_counter()
-            self._apart = _Apart(counter, now, now)
+            began = now if since is None else min(since, now)
+            self._apart = _Apart(counter, began, began)
 
     def _end_apart(self, counter: str) -> float:
         """The seconds since the matching begin: keep-alives may have told the agent some of them
