@@ -68,3 +68,13 @@ def test_a_finding_with_no_place_or_evidence_has_no_blank_line_under_it():
                    wasted_dollars=2.5, evidence={}, recommendation="start faster")
     lines = _findings_table([bare], 120)
     assert all(line.strip() for line in lines), lines
+
+
+@pytest.mark.parametrize("minutes, text", [(0.25, "stalled for 15 s"), (50.2, "stalled for 50 min")])
+def test_a_stall_s_headline_is_in_seconds_under_a_minute(minutes, text):
+    """Thresholds of seconds (the demo's) find stalls that short: 15 s read "stalled for 0 min"."""
+    from burnrate.analyzer.detectors.findings import Finding
+    from burnrate.analyzer.output.report import headline
+
+    stall = Finding("stalled", "critical", END, END + minutes * 60, evidence={"stalled_minutes": minutes})
+    assert headline(stall) == text

@@ -278,17 +278,22 @@ def where(f: Finding) -> str:
     return " ".join(parts) or "-"
 
 
+def _stalled_for(minutes: float) -> str:
+    """In seconds under a minute: thresholds of seconds (the demo's) make stalls that short."""
+    return f"stalled for {minutes:.0f} min" if minutes >= 1 else f"stalled for {minutes * 60:.0f} s"
+
+
 def headline(f: Finding) -> str:
     """A finding's key figure in a few words ("data wait 40%")."""
     e = f.evidence
     for key, fmt in (("data_wait_share", "data wait {:.0%}"), ("low_util_share", "GPU idle {:.0%} of samples"),
-                     ("slowdown", "{:.2f}x slower compute"), ("stalled_minutes", "stalled for {:.0f} min"),
+                     ("slowdown", "{:.2f}x slower compute"), ("stalled_minutes", _stalled_for),
                      ("clock_ratio", "clock at {:.0%}"), ("mfu", "MFU {:.1%}"),
                      ("peak_replicas", "peak needs {:d} of {fleet_replicas} replicas"),
                      ("held_gpu_hours", "GPU at {mean_util_pct:.0f}% over {held_gpu_hours:.1f} GPU-h"), ("idle_hours", "idle {:.1f} GPU-h"),
                      ("unallocated_hours", "free {:.1f} GPU-h")):
         if isinstance(e.get(key), (int, float)):
-            return fmt.format(e[key], **e)
+            return fmt(e[key]) if callable(fmt) else fmt.format(e[key], **e)
     if "signals" in e:
         return ", ".join(e["signals"])
     if "xid_events" in e:
