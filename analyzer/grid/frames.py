@@ -10,8 +10,11 @@ it in `missing`.
 Columns come beyond the recording's: `held_s` on the gpu and alloc tables, the
 seconds each row stands for (analyzer.grid.holding: what GPU-time is made of, true at
 any scrape interval), `signal` on the alloc table, the allocation signal the
-row was read from (analyzer.sources.allocation); and `repeated` on the rank table, True
-on the rows analyzer.grid.holding filled in, a sample held over rather than a new one.
+row was read from (analyzer.sources.allocation); `repeated` on the rank table, True
+on the rows analyzer.grid.holding filled in, a sample held over rather than a new one; and,
+where a window's end falls past a raw sample's point, `also_next_point` on any table, True on
+each series' last row that stands for the grid's last point too (views.build_grid holds it
+over into that point).
 The rank table's gauges and step numbers (`FLOAT32`) come as float32, not as the recording's
 float64. Its `RANK_LATEST` columns count on each series' last row only: a store's frames hold
 them there alone (a recording's on every row).

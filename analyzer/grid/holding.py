@@ -53,6 +53,7 @@ COARSE = 0.75
 HELD = ("gpu", "alloc")
 MARKED = ("rank",)
 REPEATED = "repeated"
+ALSO_NEXT = "also_next_point"
 # A GPU is observed as one series whoever holds it; a holder is a (GPU, pod, job).
 SERIES = {"gpu": ("UUID",), "alloc": ("UUID", "namespace", "pod", "training_job")}
 
@@ -137,23 +138,34 @@ def hold_table(frame: pd.DataFrame, keys: tuple[str, ...], step: float, limit: f
     interval = np.where(np.isfinite(interval), interval, step)
     released = (_released(frame[L.UUID], order, c, t, interval, device)
                 if device is not None and len(device) and L.UUID in frame else np.zeros(len(t), bool))
-    held, copies = np.empty(len(t)), np.empty(len(t), np.int64)
+    # (The copies into the grid's last point are a few, one a series: a byte a row holds them.)
+    held, copies, tail = np.empty(len(t)), np.empty(len(t), np.int64), np.zeros(len(t), np.int8)
     # A block of whole series at a time: each row looks only at its series' neighbours, and a
     # dozen row-long temporaries of a day of a thousand ranks were the read's peak.
     for a, b in _blocks(c):
-        held[a:b], copies[a:b] = _held(t[a:b], c[a:b], samples[a:b], interval[c[a:b]], step, limit, staleness_s,
-                                       released[a:b], reach)
+        held[a:b], copies[a:b], tail[a:b] = _held(t[a:b], c[a:b], samples[a:b], interval[c[a:b]], step, limit,
+                                                  staleness_s, released[a:b], reach)
     source = frame.drop(columns="sample_count", errors="ignore")
     if (copies == 1).all():
         held_rows = np.empty(len(t), np.float32)     # seconds: float32 holds them to the millisecond
         held_rows[order] = held
-        return unfilled(source.assign(held_s=held_rows) if with_held else source)
+        out = unfilled(source.assign(held_s=held_rows) if with_held else source)
+        if not tail.any():
+            return out
+        # Each such row stands for one point more, the grid's last (a copy there would hold
+        # none of its seconds): a mark the grid reads (views.build_grid), where a copied row
+        # would make the whole table be copied to append a few.
+        also = np.zeros(len(t), bool)
+        also[order[tail > 0]] = True
+        return out.assign(**{ALSO_NEXT: also})
+    copies += tail
     rows = np.repeat(order, copies)
     offset = ramps(copies)
     new_t = np.repeat(t, copies) + offset * step
     rest = np.repeat(held, copies) - offset * step
-    # A copy past the sample's seconds (its series' last, into the grid's last point) holds none.
-    new_held = np.clip(np.where(offset == np.repeat(copies, copies) - 1, rest, np.minimum(rest, step)), 0.0, None)
+    # The last of a sample's own copies carries the rest; those into the grid's last point, none.
+    own = np.repeat(copies - tail, copies)
+    new_held = np.where(offset < own, np.where(offset == own - 1, rest, np.minimum(rest, step)), 0.0)
     resort = np.argsort(new_t, kind="stable")
     out = source.take(rows[resort]).reset_index(drop=True)
     out["t"] = new_t[resort]
@@ -193,10 +205,13 @@ def _blocks(codes: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _held(t: np.ndarray, c: np.ndarray, samples: np.ndarray, interval: np.ndarray, step: float, limit: float,
-          staleness_s: float, released: np.ndarray, reach: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The seconds each row (sorted by series, then time) stands for, and the grid points it
-    is repeated into, from its series' `interval` (one per row). A `released` row is its
-    holder's last before a release: it holds one interval, as before an outage."""
+          staleness_s: float, released: np.ndarray, reach: float | None = None
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The seconds each row (sorted by series, then time) stands for, the grid points it is
+    repeated into, from its series' `interval` (one per row), and the further copies, holding
+    none of its seconds, that carry a series' last sample into the grid's last point past the
+    window's end (`reach`). A `released` row is its holder's last before a release: it holds
+    one interval, as before an outage."""
     nxt = np.append(np.where(c[1:] == c[:-1], t[1:] - t[:-1], np.inf), np.inf)
     bridged = (nxt <= np.maximum(staleness_s, BRIDGED_INTERVALS * interval)) & ~released
     # A lone sample whose series' next one comes steps later stands for the time until then,
@@ -213,18 +228,17 @@ def _held(t: np.ndarray, c: np.ndarray, samples: np.ndarray, interval: np.ndarra
     held = np.where(coarse, held, np.clip(np.minimum(held, limit + interval - t), 0.0, None))
     # Fine regime: a sample repeated into each grid point it stands for.
     copies = np.where(coarse, 1, np.maximum(np.ceil(held / step - 1e-9), 1)).astype(np.int64)
-    if reach is None:
-        # No copy past the window's end: the last copy in it carries the rest.
-        most = np.floor((limit - t) / step + 1e-9) + 1
-    else:
-        # No copy past the grid's last point, which takes the samples up to half a step past it;
-        # a sample that stands at the window's end is repeated into that point however it is
-        # phased (a GPU sampled 0.6 of a step before the end is reporting at it).
-        most = np.ceil((reach - t) / step - 1e-9)
-        at_end = ~coarse & np.isinf(nxt) & (t + held > limit)      # a series' last, holding past the end
-        copies = np.where(at_end, np.maximum(copies, most), copies).astype(np.int64)
-    copies = np.clip(copies, 1, np.maximum(most, 1).astype(np.int64))
-    return held, copies
+    # No copy past the window's end: the last copy in it carries the rest.
+    copies = np.clip(copies, 1, np.maximum(np.floor((limit - t) / step + 1e-9) + 1, 1).astype(np.int64))
+    tail = np.zeros(len(t), np.int8)
+    if reach is not None:
+        # The grid's last point takes the samples up to half a step past it: a series' last
+        # sample that stands past the window's end is repeated into it however it is phased (a
+        # GPU sampled 0.6 of a step before the end is reporting at it).
+        last = np.flatnonzero(np.isinf(nxt))
+        last = last[~coarse[last] & (t[last] + held[last] > limit)]
+        tail[last] = np.clip(np.ceil((reach - t[last]) / step - 1e-9) - copies[last], 0, None)
+    return held, copies, tail
 
 
 def _released(uuid: pd.Series, order: np.ndarray, c: np.ndarray, t: np.ndarray, interval: np.ndarray,

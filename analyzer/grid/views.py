@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .frames import RANK_COUNTERS, RANK_LATEST, Frames, grid_size
-from .holding import REPEATED, STALENESS_S, hold
+from .holding import ALSO_NEXT, REPEATED, STALENESS_S, hold
 from .runs import label_runs
 from . import workers
 from .series import category_codes, ramps, series_codes, series_numbers
@@ -138,8 +138,19 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
     cell = codes * n                       # one flat index, computed once for every column
     cell += col
     del codes, col
+    # Rows that also stand for the next point, the grid's last (analyzer.grid.holding): held
+    # over into it, as a repeated row is, none of their seconds with them.
+    also = None
+    if ALSO_NEXT in frame.columns:
+        also = frame[ALSO_NEXT].to_numpy(bool)
+        if release:
+            del frame[ALSO_NEXT]
+        also = (also if keep.all() else also[keep]) & (cell % n < n - 1)
+    after = cell[also] + 1 if also is not None else None
     present = np.zeros((s, n), bool)
     present.ravel()[cell] = True
+    if after is not None:
+        present.ravel()[after] = True
     sampled = None
     if REPEATED in frame.columns:
         fresh = ~frame[REPEATED].to_numpy(bool)
@@ -175,6 +186,8 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         if name in counters:
             cumulative.fill(np.nan)
             cumulative.ravel()[cell] = data
+            if after is not None:
+                cumulative.ravel()[after] = data[also]
             totals[name] = cumulative[np.arange(s), last]
             delta = counter_delta(cumulative)
             if before is not None and name in before[2]:
@@ -188,6 +201,8 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         exact = data.dtype == np.float64 and (wide is None or name in wide)
         arr = np.full((s, n), np.nan, dtype=np.float64 if exact else np.float32)
         arr.ravel()[cell] = data
+        if after is not None:
+            arr.ravel()[after] = data[also]
         values[name] = arr
     return Grid(keys, {name: values[name] for name in columns if name not in latest}, present, sampled, totals, lasts)
 
