@@ -11,7 +11,9 @@ Two runs on one NVIDIA H200 (bench/RESULTS.md, "a training job's ledger"): the r
   (a stand-in kubelet, `--attribution kubelet`), as in Kubernetes;
 - tests/data/h100-ledger: the same job on an NVIDIA H100 (`bench/gpu/run --only ledger-local`),
   its monitor heard from its creation, so that local attribution held the GPU before the first
-  step; tests/data/h100-ledger-pod beside it, in a pod.
+  step; tests/data/h100-ledger-pod beside it, in a pod;
+- tests/data/h200-ledger-exit: the same job with no pod again, on an H200, by the agent that
+  lets a rank's GPU go at the first collection after its process ends.
 
 Each holds recording.tgz (the agent's recording), times.txt (the launches' start and exit by
 the wall clock of the process that ran them; the pod's hold), trainer.jsonl (the monitor's own
@@ -34,6 +36,7 @@ from tests.conftest import PYTHON, ROOT
 LOCAL = Path(ROOT) / "tests" / "data" / "h200-ledger"
 POD = Path(ROOT) / "tests" / "data" / "h200-ledger-pod"
 HELLO = Path(ROOT) / "tests" / "data" / "h100-ledger"
+EXIT = Path(ROOT) / "tests" / "data" / "h200-ledger-exit"
 SAMPLE_S = 1.0          # the agent's collection interval: each edge is known to one sample
 RELEASE_S = 5.0         # a rank's GPU stays held until it has been silent this long (three intervals, 5 s at least)
 
@@ -205,3 +208,16 @@ def test_the_gpu_bench_prints_the_ledger_with_no_pod_beside_its_processes(hello_
     assert table["startup"] == ["0.0 + 0.0", "13.8 + 16.3", "run 1: its process start to its first step's start; "
                                 "run 2: its process start to its first step's start"]
     assert table["checkpoint"][:2] == ["14.0", "14.1"]
+
+
+def test_a_gpu_let_go_at_its_rank_s_exit_charges_the_job_nothing_after_it(tmp_path):
+    """The agent that held a rank's GPU 5 s past its last message charged those seconds to the
+    job: 3.2 s of `stalled` after the resumed run's exit on the H100 (tests/data/h100-ledger).
+    Let go at its process's end, nothing after either run's exit is the job's: the crash's
+    restart is its last report to its exit, within a sample."""
+    job, t, recs = analysed(EXIT, tmp_path), stamps(EXIT), records(EXIT)
+    assert seconds(job, "stalled") == 0.0 and seconds(job, "no_process") == 0.0
+    last = max(r["time"] for r in recs if r["resumed_from"] == 0)
+    assert seconds(job, "restart") == pytest.approx(t["run1-exit"] - last, abs=SAMPLE_S)
+    assert seconds(job, "productive") == pytest.approx(sum(r["step_s"] for r in recs if r["step"] <= 800
+                                                           or r["resumed_from"] == 800), abs=2 * SAMPLE_S)
