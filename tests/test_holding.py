@@ -254,3 +254,22 @@ def test_held_a_block_of_series_at_a_time_is_held_as_the_whole(monkeypatch):
         monkeypatch.setattr(holding, "BLOCK_ROWS", rows)
         assert len(holding._blocks(np.sort(frame["UUID"].cat.codes.to_numpy()))) > (1 if rows == 100 else 39)
         pd.testing.assert_frame_equal(hold_table(frame, GPU_KEYS, 15.0, T0 + 400 * 60.0), whole)
+
+
+def test_the_last_point_a_series_last_sample_stands_for_reads_it_present_and_its_counts_unknown():
+    """A window ending 0.6 of a step after the last samples: the grid's last point lies past
+    them, and each series' last sample stands for it. GPUs and ranks report there, and the
+    ranks' steps there are unknown, not none (the interval after a last sample says nothing of
+    them), so that point is neither a stall's evidence nor a count that was not made."""
+    from dataclasses import replace
+    from tests.test_detectors import STEP
+    from tests.test_ledger import ended_job
+
+    frames = ended_job(alive_until=479).frames()
+    window = frames.window
+    views = Views(replace(frames, window=Window(window.start, window.end + 0.6 * STEP)))
+    last = float(frames.rank["t"].max())
+    assert views.time(views.n - 1) > last + 0.5 * STEP        # the last samples fall in the point before
+    assert views.gpu.present[:, -2:].all() and views.rank.present[:, -2:].all()
+    steps = views.rank.values["steps"]
+    assert (steps[:, -2] == 0).all() and np.isnan(steps[:, -1]).all()

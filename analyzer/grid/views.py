@@ -139,7 +139,7 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
     cell += col
     del codes, col
     # Rows that also stand for the next point, the grid's last (analyzer.grid.holding): held
-    # over into it, as a repeated row is, none of their seconds with them.
+    # over into it, as a repeated row is, none of their seconds or counts with them.
     also = None
     if ALSO_NEXT in frame.columns:
         also = frame[ALSO_NEXT].to_numpy(bool)
@@ -149,8 +149,6 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
     after = cell[also] + 1 if also is not None else None
     present = np.zeros((s, n), bool)
     present.ravel()[cell] = True
-    if after is not None:
-        present.ravel()[after] = True
     sampled = None
     if REPEATED in frame.columns:
         fresh = ~frame[REPEATED].to_numpy(bool)
@@ -164,6 +162,10 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
     values, totals, lasts = {}, {}, {}
     cumulative = np.empty((s, n)) if counters else None     # one buffer for every counter
     last = n - 1 - np.argmax(present[:, ::-1], axis=1) if counters else None
+    if after is not None:
+        # Present there from here on: its counters' increase there is unknown (the interval
+        # after a series' last sample), as spread makes it where rows were repeated.
+        present.ravel()[after] = True
     # Sums first: their float64 bincount is briefly beside its float32 copy, before the other grids exist.
     for name in sorted(columns, key=lambda c: c not in summed):
         data = frame[name].to_numpy()
@@ -186,8 +188,6 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         if name in counters:
             cumulative.fill(np.nan)
             cumulative.ravel()[cell] = data
-            if after is not None:
-                cumulative.ravel()[after] = data[also]
             totals[name] = cumulative[np.arange(s), last]
             delta = counter_delta(cumulative)
             if before is not None and name in before[2]:
