@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -20,14 +21,28 @@ from burnrate.agent.telemetry.inbox import TelemetryInbox  # noqa: E402
 from burnrate.trainer.flops import palm_flops_per_token  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.framework_runs import assert_ledger_facts  # noqa: E402
-from tests.torchtitan_job import CHECKPOINT_EVERY, GLOBAL_BATCH, LOG_FREQ, SEQ, STEPS, VALIDATE_EVERY  # noqa: E402
+from tests.torchtitan_job import (CHECKPOINT_EVERY, GLOBAL_BATCH, LOG_FREQ, SEQ, SLOW_BATCH_S, SLOW_SAVE_S,  # noqa: E402
+                                  STEPS, VALIDATE_EVERY)
 
 pytestmark = pytest.mark.slow
 
 LAYERS, HEADS, HEAD_DIM = 6, 16, 16   # torchtitan's Llama 3 debug model
 
 
-def run_job(tmp_path, inbox) -> str:
+def run_job(tmp_path, inbox) -> tuple[str, list[tuple[int, float, float]]]:
+    """The job's log, and what the agent had heard (steps, checkpoint and evaluation seconds)
+    every 20 ms while it ran."""
+    heard: list[tuple[int, float, float]] = []
+    done_listening = threading.Event()
+
+    def listen() -> None:
+        while not done_listening.wait(0.02):
+            for rank in inbox.ranks():
+                v = rank.values
+                heard.append((v.get("steps", 0), v.get("checkpoint_s", 0.0), v.get("eval_s", 0.0)))
+
+    listener = threading.Thread(target=listen)
+    listener.start()
     env = {"BURNRATE_TELEMETRY_SOCKET": str(inbox.path), "BURNRATE_TRAINING_JOB": "titan",
            "POD_NAMESPACE": "ml", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
            "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
@@ -36,20 +51,23 @@ def run_job(tmp_path, inbox) -> str:
                            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
                            os.path.join(ROOT, "tests", "torchtitan_job.py"), str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done_listening.set()
+    listener.join()
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return done.stdout + done.stderr
+    return done.stdout + done.stderr, heard
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    """One run of the job for every test here: its work folder, its log and the agent's rank."""
+    """One run of the job for every test here: its work folder, its log, the agent's rank and
+    what the agent had heard as it ran."""
     tmp_path = tmp_path_factory.mktemp("torchtitan")
     with TelemetryInbox(tmp_path / "agent.sock") as inbox:
-        log = run_job(tmp_path, inbox)
+        log, heard = run_job(tmp_path, inbox)
         assert inbox.wait_idle(5)
         assert dict(inbox.rejected) == {}
         (rank,) = inbox.ranks()
-    return tmp_path, log, rank
+    return tmp_path, log, rank, heard
 
 
 def records_of(tmp_path) -> dict[int, dict]:
@@ -57,7 +75,7 @@ def records_of(tmp_path) -> dict[int, dict]:
 
 
 def test_torchtitans_trainer_reports_exact_counts_and_its_own_figures(job):
-    tmp_path, log, rank = job
+    tmp_path, log, rank, _ = job
     flops = json.loads((tmp_path / "flops.json").read_text())
     v = rank.values
     samples = STEPS * GLOBAL_BATCH
@@ -97,7 +115,7 @@ def test_steps_between_torchtitans_logs_carry_the_newest_loss_it_logged(job):
     """torchtitan hands over loss and gradient norm only on its logging steps (1 and every
     `log_freq`): each step's record has the newest it logged, and the last step, not a
     logging step here, sends the last logged ones to the agent."""
-    tmp_path, log, rank = job
+    tmp_path, log, rank, _ = job
     records = records_of(tmp_path)
     logged = {int(s): (float(loss), float(norm)) for s, loss, norm
               in re.findall(r"- step: +(\d+) +loss: +([\d.]+) +grad_norm: +([\d.]+)", log)}
@@ -110,3 +128,31 @@ def test_steps_between_torchtitans_logs_carry_the_newest_loss_it_logged(job):
         assert r["grad_norm"] == pytest.approx(newest[1], abs=1e-4), step
     last = logged[max(logged)]
     assert (rank.values["loss"], rank.values["grad_norm"]) == pytest.approx(last, abs=1e-4)
+
+
+def test_torchtitans_saves_and_validations_are_heard_while_they_last_and_counted_once(job):
+    """torchtitan tells its metrics processor of neither a save nor a validation until the next
+    step: the save is known from the job's checkpoint settings where the step's work ends, the
+    validation from its first batch, and keep-alives carry each one's seconds so far, so the
+    agent's counters grow before the step's report (a long one is neither a stall nor paged as
+    one). Once reported, each is counted once."""
+    tmp_path, log, rank, heard = job
+    records = records_of(tmp_path)
+    written = {step: (sum(records[s]["checkpoint_s"] for s in records if s <= step),
+                      sum(records[s]["eval_s"] for s in records if s <= step)) for step in range(STEPS + 1)}
+    # What the agent had beyond the reports of the steps it had heard, while the next step was open.
+    ahead: dict[int, list[tuple[float, float]]] = {}
+    for steps, checkpoint_s, eval_s in heard:
+        ahead.setdefault(steps + 1, []).append((checkpoint_s - written[steps][0], eval_s - written[steps][1]))
+    saves = [s for s in range(1, STEPS) if s % CHECKPOINT_EVERY == 0]
+    validations = [s for s in range(1, STEPS + 1) if s == 1 or s % VALIDATE_EVERY == 0]
+    for step in range(1, STEPS + 1):
+        most_checkpoint = max(c for c, _ in ahead[step])
+        most_eval = max(e for _, e in ahead[step])
+        # Never more than the step's own report then holds.
+        assert most_checkpoint <= records[step]["checkpoint_s"] + 1e-6, step
+        assert most_eval <= records[step]["eval_s"] + 1e-6, step
+        assert (most_checkpoint > SLOW_SAVE_S / 2) == (step in saves), (step, most_checkpoint)
+        assert (most_eval > SLOW_BATCH_S) == (step in validations), (step, most_eval)
+    assert rank.values["checkpoint_s"] == pytest.approx(written[STEPS][0], abs=1e-6)
+    assert rank.values["eval_s"] == pytest.approx(written[STEPS][1], abs=1e-6)

@@ -19,6 +19,7 @@ import json
 import os
 import random
 import sys
+import time
 import types
 
 # torchtitan is imported only in main(), after the stand-ins are in place: the test imports
@@ -26,6 +27,7 @@ import types
 
 SEQ, LOCAL_BATCH, GLOBAL_BATCH, STEPS = 64, 2, 4, 7   # 2-way gradient accumulation
 LOG_FREQ, CHECKPOINT_EVERY, VALIDATE_EVERY = 2, 3, 2
+SLOW_SAVE_S, SLOW_BATCH_S, KEEPALIVE_S = 0.5, 0.3, 0.1
 
 
 def stand_in_for_the_accelerator() -> None:
@@ -81,7 +83,23 @@ def config(work: str, assets_at: str):
     c.validator.dataloader.dataset, c.validator.dataloader.dataset_path = "c4_test", f"{assets_at}/data"
     c.metrics.log_freq, c.metrics.disable_color_printing = LOG_FREQ, True
     rank = os.environ["RANK"]
-    return with_burnrate(c, every_steps=1, jsonl_path=f"{work}/rank{rank}.jsonl")
+    return with_burnrate(c, every_steps=1, jsonl_path=f"{work}/rank{rank}.jsonl", keepalive_s=KEEPALIVE_S)
+
+
+def slowed(trainer) -> None:
+    """Each save, and each validation batch, made long enough that the monitor's keep-alives
+    tell the agent of it while it lasts (torchtitan's own timing of a save includes it)."""
+    save, context = trainer.checkpointer.dcp_save, trainer.validator.validation_context
+
+    def slow_save(*args, **kwargs):
+        time.sleep(SLOW_SAVE_S)
+        return save(*args, **kwargs)
+
+    def slow_context(*args, **kwargs):
+        time.sleep(SLOW_BATCH_S)
+        return context(*args, **kwargs)
+
+    trainer.checkpointer.dcp_save, trainer.validator.validation_context = slow_save, slow_context
 
 
 def main(work: str) -> None:
@@ -96,6 +114,7 @@ def main(work: str) -> None:
     assets(work_of_rank)
     c = config(work, work_of_rank)
     trainer = c.build()
+    slowed(trainer)
     trainer.train()
     trainer.close()
     if os.environ["RANK"] == "0":

@@ -341,11 +341,12 @@ class Monitor:
         """Time a checkpoint save (`begin_checkpoint` … `end_checkpoint`)."""
         return _apart(self.begin_checkpoint, self.end_checkpoint)
 
-    def begin_checkpoint(self) -> None:
+    def begin_checkpoint(self, since: float | None = None) -> None:
         """A checkpoint save begins. Its time is kept out of the step times, and the agent hears
         it while it lasts: each keep-alive carries its seconds so far, so a long save is neither
-        a stall nor missing from a window that closes before it ends."""
-        self._begin_apart("checkpoint_s")
+        a stall nor missing from a window that closes before it ends. `since`: when it began, by
+        `time.perf_counter()`, as for `begin_eval`."""
+        self._begin_apart("checkpoint_s", since)
 
     def end_checkpoint(self) -> None:
         self.add_checkpoint(self._end_apart("checkpoint_s"))

@@ -16,10 +16,12 @@ newest torchtitan logged. FLOPs per token are torchtitan's own count, so MFU agr
 the MFU it logs over the same peak.
 
 Between one step's optimizer step and the next step, the Trainer may save a checkpoint and
-then validate: a validation is known by its `log_validation()` call (its first batch marks
-where it began), a save by the job's checkpoint settings (the steps torchtitan saves at).
-Both are kept out of the step times. The save after the last step is not timed: the
-Trainer closes without telling its metrics processor when that save ended.
+then validate: a save is known by the job's checkpoint settings (the steps torchtitan saves
+at) and begins where the step's own work ends; a validation begins at its first batch (which
+ends the save) and ends at its `log_validation()` call. Both are kept out of the step times,
+and the agent hears each while it lasts (`Monitor.begin_checkpoint`, `begin_eval`), so a long
+one is no stall. The save after the last step is not timed: the Trainer closes without
+telling its metrics processor when that save ended.
 
 Samples and tokens are each rank's data-parallel share, as torchtitan counts throughput:
 ranks that share a batch through tensor, context or pipeline parallelism divide it.
@@ -37,6 +39,8 @@ from typing import Any
 
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools import utils
+
+from burnrate.exporter.telemetry import KEEPALIVE_S
 
 from .monitor import Monitor
 
@@ -62,6 +66,10 @@ class BurnrateMetricsProcessor(MetricsProcessor):
         peak_tflops: float | None = None
         """The GPU's peak dense TFLOP/s, where burnrate's table does not know it"""
 
+        keepalive_s: float = KEEPALIVE_S
+        """With nothing sent for this long (a save, a validation, a hang), tell the agent the
+        process lives, with the save's or the validation's seconds so far"""
+
     def __init__(self, config: Config, **kwargs: Any) -> None:
         # The base class and the Trainer write three attributes through properties (below):
         # what they keep exists before the base class first writes them.
@@ -78,8 +86,7 @@ class BurnrateMetricsProcessor(MetricsProcessor):
         self._fresh_tokens = 0               # counted but not yet matched to a fetch
         self._computing = False
         self._ended: float | None = None     # when the open step's own work ended
-        self._validation_began: float | None = None
-        self._validation_ended: float | None = None
+        self._apart: str | None = None       # "save" or "validation", while one goes on
         self._loss = self._grad_norm = None     # the newest logged, carried by the steps after
 
     # --- what the Trainer writes -----------------------------------------------------
@@ -91,10 +98,10 @@ class BurnrateMetricsProcessor(MetricsProcessor):
     def ntokens_since_last_log(self, value: int) -> None:
         if value > self._ntokens:
             self._fresh_tokens += value - self._ntokens
-            if self._ended is not None and self._validation_began is None:
+            if self._ended is not None and self._apart != "validation":
                 # Training batches are counted before the open step ends; after it, only
                 # a validation's.
-                self._validation_began = time.perf_counter()
+                self._begin_validation()
         self._ntokens = value
 
     @property
@@ -129,18 +136,17 @@ class BurnrateMetricsProcessor(MetricsProcessor):
             extra_metrics: dict[str, Any] | None = None) -> None:
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)
         self._loss, self._grad_norm = global_avg_loss, grad_norm
-        self._ended = time.perf_counter()    # logging is the step's own work
-        if step == self._last_step:
-            self._close_step(self._ended)
+        self._work_ended(time.perf_counter())    # logging is the step's own work
 
     def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None) -> None:
         super().log_validation(loss, step, extra_metrics)
         self._fresh_tokens = 0
-        self._validation_ended = time.perf_counter()
-        if self._step is None and self.monitor is not None:
-            # After the last step, which is already closed: only the validation is left.
-            self.monitor.add_eval(self._validation_ended - (self._validation_began or self._ended))
-            self._validation_began = self._validation_ended = None
+        if self.monitor is None:
+            return
+        if self._apart != "validation":
+            self._begin_validation()        # one with no batches
+        self.monitor.end_eval()
+        self._apart = None
 
     def close(self) -> None:
         if self._step is not None and self._ended is not None:
@@ -156,7 +162,7 @@ class BurnrateMetricsProcessor(MetricsProcessor):
         return Monitor(flops_per_token=float(self.num_flops_per_token), seq_len=self._seq_len,
                        device=utils.device_type, peak=peak, every_s=c.every_s,
                        every_steps=c.every_steps, socket_path=c.socket_path, jsonl_path=c.jsonl_path,
-                       job=c.job, start_step=start_step)
+                       job=c.job, start_step=start_step, keepalive_s=c.keepalive_s)
 
     def _fetched(self, seconds: float) -> None:
         if self.monitor is None or self._step is None:
@@ -174,29 +180,44 @@ class BurnrateMetricsProcessor(MetricsProcessor):
         if self._computing:
             self.monitor.end_compute()
             self._computing = False
-            self._ended = time.perf_counter()
-            if self._step == self._last_step and not MetricsProcessor.should_log(self, self._step):
-                self._close_step(self._ended)
+            if not MetricsProcessor.should_log(self, self._step):
+                self._work_ended(time.perf_counter())
+            else:
+                self._ended = time.perf_counter()    # and again once it has logged
+
+    def _work_ended(self, now: float) -> None:
+        """The open step's own work ended at `now`: the last step closes there; after any
+        other, the save the job's settings make there begins."""
+        self._ended = now
+        if self._step == self._last_step:
+            self._close_step(now)
+        elif self._saves_at(self._step) and self._apart is None:
+            self.monitor.begin_checkpoint(since=now)
+            self._apart = "save"
+
+    def _begin_validation(self) -> None:
+        """A validation's first batch: the save before it (if any) ended here. One with no save
+        before it began where the step ended, one after the last step at its first batch."""
+        now = time.perf_counter()
+        since = now
+        if self._apart == "save":
+            self.monitor.end_checkpoint()
+        elif self._step is not None and self._ended is not None:
+            since = self._ended
+        self.monitor.begin_eval(since=since)
+        self._apart = "validation"
 
     def _close_step(self, now: float) -> None:
-        """Close the open step at `now`, keeping the save and validation after it out."""
+        """Close the open step at `now`: the save after it, if no validation ended it, ends here."""
         step, self._step = self._step, None
-        ended = self._ended if self._ended is not None else now
-        saves = self._saves_at(step)
-        if self._validation_ended is not None:
-            # A validation with no batches began where the step ended.
-            began = self._validation_began or ended
-            if saves:
-                self.monitor.add_checkpoint(began - ended)
-            self.monitor.add_eval(self._validation_ended - (began if saves else ended))
-        elif saves and now > ended:
-            self.monitor.add_checkpoint(now - ended)
+        if self._apart == "save":
+            self.monitor.end_checkpoint()
+            self._apart = None
         if self._computing:     # the step never reached its optimizer step
             self.monitor.end_compute()
             self._computing = False
         self.monitor.step(loss=self._loss, grad_norm=self._grad_norm)
-        self._validation_began = self._validation_ended = None
-        # After the last step, a validation is timed from where the step ended.
+        # After the last step, a validation is timed from its first batch.
         self._ended = now if step == self._last_step else None
 
     def _saves_at(self, step: int) -> bool:
