@@ -198,3 +198,34 @@ def test_the_first_report_of_each_process_is_left_out():
     starts = [r for r in records if r["steps"] and r["step"] - r["steps"] == (r["resumed_from"] or 0)]
     assert [(r["step"], r["resumed_from"]) for r in starts] == [(1, 0), (406, 405)]
     assert all(r["step_s"] > 2.0 for r in starts)   # compilation, in each process
+
+
+def test_the_revision_names_the_files_tree_where_they_differ_from_the_commit(tmp_path):
+    """A GPU machine may get a copy of the tree whose git metadata is older than its files."""
+    import tree
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True,
+                              env={**os.environ, "GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b",
+                                   "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b"}).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("commit", "-q", "-m", "first")
+    first = git("rev-parse", "--short", "HEAD")
+    assert tree.revision(str(tmp_path)) == first
+    (tmp_path / "code.py").write_text("x = 2\n")
+    (tmp_path / "new.py").write_text("y = 1\n")
+    copied = tree.revision(str(tmp_path))
+    assert git("status", "--porcelain") == "M code.py\n?? new.py"       # its staging left as it was
+    git("add", "-A")
+    git("commit", "-q", "-m", "second")
+    assert copied == f"{first} with changes (the files' tree {git('rev-parse', 'HEAD^{tree}')[:12]})"
+
+
+
+def test_the_revision_outside_a_repository_is_unknown(tmp_path):
+    import tree
+
+    assert tree.revision(str(tmp_path)) == "unknown"
