@@ -5,6 +5,7 @@ and each loss and gradient norm the Trainer logs arrives with the step it was lo
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -73,6 +74,11 @@ class SlowTokens(Tokens):
         return super().__getitem__(i)
 
 
+class ShortTokens(Tokens):
+    def __len__(self) -> int:
+        return 4
+
+
 def test_a_hugging_face_evaluation_is_heard_while_it_lasts_and_counted_once(tmp_path):
     """The Trainer tells callbacks of an evaluation only when it ends; from its first batch on,
     the monitor's keep-alives carry its seconds, so the agent's counter grows while it lasts (a
@@ -107,3 +113,61 @@ def test_a_hugging_face_evaluation_is_heard_while_it_lasts_and_counted_once(tmp_
     assert heard[3] > 0.5 and heard[7] - heard[4] > 0.4, heard
     written = sum(r["eval_s"] for r in map(json.loads, records.read_text().splitlines()))
     assert 2.0 <= written and total == pytest.approx(written, abs=1e-6)
+
+
+class SlowSaveTrainer(transformers.Trainer):
+    """The Trainer as shipped, its checkpoints written to storage that takes 0.4 s a save."""
+
+    def _save_checkpoint(self, model, trial):
+        time.sleep(SAVE_S)
+        return super()._save_checkpoint(model, trial)
+
+
+SAVE_S = 0.4
+
+
+def test_a_hugging_face_save_is_heard_while_it_lasts_and_counted_once(tmp_path):
+    """The Trainer tells callbacks of a save only once it is made, but its control decides on it
+    before: after a step (1, 3), after the step's log (2) or after an evaluation (4), the save is
+    under way from there, the monitor's keep-alives carry its seconds, and the agent's counter
+    grows during it, before any report holds it; in the end it holds each save once."""
+    config = transformers.GPT2Config(vocab_size=128, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=5, per_device_train_batch_size=BATCH, logging_steps=2,
+        per_device_eval_batch_size=2, eval_strategy="steps", eval_steps=4, save_strategy="steps", save_steps=1,
+        report_to=[], use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+    records = tmp_path / "records.jsonl"
+    heard: list[tuple[int, float]] = []
+    done = threading.Event()
+
+    def listen() -> None:
+        while not done.wait(0.02):
+            heard.extend((r.values.get("steps", 0), r.values.get("checkpoint_s", 0.0)) for r in inbox.ranks())
+
+    with TelemetryInbox(tmp_path / "agent.sock") as inbox:
+        callback = BurnrateCallback(seq_len=SEQ, socket_path=str(inbox.path), jsonl_path=str(records),
+                                    job="hf-save", every_steps=1, keepalive_s=0.1)
+        trainer = SlowSaveTrainer(model=transformers.GPT2LMHeadModel(config), args=args,
+                                  train_dataset=Tokens(), eval_dataset=ShortTokens(), callbacks=[callback])
+        listener = threading.Thread(target=listen)
+        listener.start()
+        try:
+            trainer.train()
+            assert inbox.wait_idle(5)
+        finally:
+            done.set()
+            listener.join()
+        (rank,) = inbox.ranks()
+    sent = [json.loads(line) for line in records.read_text().splitlines()]
+    # What the reports that made each step had told the agent of saves (the final report, at
+    # the end of training, makes none).
+    reported = {0: 0.0}
+    for r in sent:
+        if r["steps"]:
+            reported[r["step"]] = reported[r["step"] - 1] + r["checkpoint_s"]
+    ahead = {step: max(c - reported[step] for s, c in heard if s == step) for step in range(1, 5)}
+    # During the saves after steps 1 to 4, the agent had their seconds before a report did.
+    assert all(a > SAVE_S / 2 for a in ahead.values()), ahead
+    saved = [r["checkpoint_s"] for r in sent if r["checkpoint_s"]]
+    assert len(saved) == 5 and min(saved) >= SAVE_S, saved
+    assert rank.values["checkpoint_s"] == pytest.approx(sum(saved), abs=1e-6)

@@ -8,7 +8,10 @@ from the previous step's end to this one's begin is data wait, unless an evaluat
 checkpoint save ended in between: that time is theirs, kept out of the step times. The
 Trainer tells of an evaluation only when it ends, but calls back after each of its batches:
 from the first, the evaluation is under way since the last step ended, and the agent hears
-it as it goes (a long one is neither a stall nor paged as one).
+it as it goes (a long one is neither a stall nor paged as one). It tells of a save only once
+it is made (`on_save`), but decides on it before: where its control says a save comes next,
+with no log or evaluation before it, the save is under way from that callback on, and heard
+as it goes too.
 Samples are the micro-batches' per-device batch size; tokens are the Trainer's own count
 (`include_num_input_tokens_seen`, per rank) where it keeps one, else samples × `seq_len`.
 Loss and gradient norm are the Trainer's logged ones (every `logging_steps`), sent with
@@ -36,6 +39,7 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
         self._grad_norm: float | None = None
         self._training = False
         self._evaluating = False
+        self._saving = False
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._start(model, state.global_step)
@@ -43,6 +47,7 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
         self._training = True
 
     def on_step_begin(self, args, state, control, **kwargs):
+        self._end_save()            # one the Trainer decided on and did not make
         self._close_step()
         now = time.perf_counter()
         self.monitor.add_data_wait(now - self._mark)
@@ -62,12 +67,17 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
         self._ended_step = {"samples": samples, "tokens": tokens}
         if not control.should_log:
             self._close_step()
+        self._save_may_begin(control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._save_may_begin(control)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
         self._loss = logs.get("loss", self._loss)
         self._grad_norm = logs.get("grad_norm", self._grad_norm)
         self._close_step()
+        self._save_may_begin(control)
 
     def on_prediction_step(self, args, state, control, **kwargs):
         if self._training and not self._evaluating:
@@ -76,17 +86,22 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
 
     def on_evaluate(self, args, state, control, **kwargs):
         self._end_evaluation()
+        self._save_may_begin(control)
 
     def on_predict(self, args, state, control, **kwargs):
         self._end_evaluation()
 
     def on_save(self, args, state, control, **kwargs):
-        self._set_apart(self.monitor.add_checkpoint)
+        if self._saving:
+            self._end_save()
+        else:
+            self._set_apart(self.monitor.add_checkpoint)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._close_step()
         if self._evaluating:
             self._end_evaluation()
+        self._end_save()
         self._training = False
         self._close()
 
@@ -102,6 +117,20 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
         self.monitor.end_eval()
         self._evaluating = False
         self._mark = time.perf_counter()
+
+    def _save_may_begin(self, control) -> None:
+        """A save comes next, with neither a log nor an evaluation before it: it is under way
+        from here (the Trainer clears each flag as it acts on it, before calling back)."""
+        if (self._training and control.should_save and not control.should_log and not control.should_evaluate
+                and not self._evaluating and not self._saving):
+            self.monitor.begin_checkpoint()
+            self._saving = True
+
+    def _end_save(self) -> None:
+        if self._saving:
+            self.monitor.end_checkpoint()
+            self._saving = False
+            self._mark = time.perf_counter()
 
     def _close_step(self) -> None:
         """Count the step that ended, if it is still open, with the last logged values."""
