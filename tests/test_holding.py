@@ -90,6 +90,28 @@ def test_coarse_steps_count_only_the_samples_a_step_holds():
     assert held["held_s"].sum() == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("jitter", [0.0, 0.4], ids=["on_the_grid", "off_it"])
+def test_a_gpu_whose_holder_changes_within_a_coarse_step_is_seen_for_that_step_once(jitter):
+    """A 55 s step over 15 s samples: a GPU's series (its labels name its holder) changes from no
+    pod to a trainer's within a step, so that step has a row of each, two samples each. The GPU
+    was seen for the same time as if its labels had not changed; each row stood for the whole
+    step, and the GPU for two steps in one. Rows a little off the grid take the general path."""
+    step = 55.0
+    times = T0 + step * np.arange(8) + jitter * (np.arange(8) % 2)
+    steady = gpu_rows(times, samples=np.full(8, 4.0))
+    changed = pd.concat([gpu_rows(times[:4], samples=[4, 4, 4, 2]),
+                         gpu_rows(times[3:], pod="trainer-0", samples=[2, 4, 4, 4, 4])], ignore_index=True)
+    changed = changed.sort_values("t", kind="stable").reset_index(drop=True)
+    for name in GPU_KEYS:
+        changed[name] = changed[name].astype(str).astype("category")
+    seen = []
+    for gpu in (steady, changed):
+        tables = {name: empty_table(name) for name in TABLES}
+        tables["gpu"] = gpu
+        seen.append(account(Views(Frames(Window(T0, times[-1]), step, **tables))).observed_gpu_hours * 3600)
+    assert seen[1] == pytest.approx(seen[0]) and seen[0] <= 8 * step
+
+
 def test_the_best_allocation_signal_is_chosen_per_gpu_and_per_time():
     grid = T0 + 15.0 * np.arange(4)
     share_ratio = pd.DataFrame({"t": grid[:2], "share": np.float32([0.5, 0.5]), "allocated": np.float32(np.nan)})

@@ -222,6 +222,17 @@ def _held(t: np.ndarray, c: np.ndarray, samples: np.ndarray, interval: np.ndarra
     linked_before = np.insert(linked[:-1], 0, False) & np.insert(c[1:] == c[:-1], 0, False)
     edge = np.where(coarse, np.minimum(samples * interval, step), interval)
     held = np.where(coarse, np.where(linked & linked_before, step, edge), np.where(linked, nxt, edge))
+    shares = np.append((c[1:] == c[:-1]) & (t[1:] == t[:-1]), False) & coarse     # with the next row
+    if shares.any():
+        # Rows that share a series' point (a GPU whose labels, its holder's, changed within the
+        # step) share its time, by their samples: the step, or at a run's edge their samples'.
+        begins = np.flatnonzero(~np.insert(shares[:-1], 0, False))
+        ends = np.append(begins[1:], len(t)) - 1
+        group = np.repeat(np.arange(len(begins)), np.diff(np.append(begins, len(t))))
+        total = np.add.reduceat(samples, begins)
+        point = np.where(linked_before[begins] & linked[ends], step, np.minimum(total * interval[begins], step))
+        shared = (ends - begins > 0)[group]
+        held = np.where(shared, point[group] * samples / total[group], held)
     # A fine sample holds forward from its time, at most one interval past the window's
     # end (n samples stand for n intervals, whatever the step); a coarse row stands for
     # the step before it.
@@ -307,17 +318,21 @@ def _on_grid(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, step: float)
     after = present[near]
     np.subtract(cell, series, out=near)
     before = present[np.maximum(near, 0, out=near)]
-    del near, cell
+    del near
     before &= col > 0
+    shared, group = _sharing_points(present, cell, col, series, len(t))
+    del cell
     edge = np.flatnonzero(~(after & before))
     del col
     samples = np.fmax(samples, 1.0)             # NaN (a point no count answered for) is one sample
     if (~(after[edge] | before[edge]) & (samples[edge] <= 1)).any():
         return None     # a lone sample between steps without any: a series slower than the step in part
-    # A series' interval: its inner steps' time over the samples in them.
+    # A series' interval: its inner steps' time over the samples in them (a point two rows share
+    # is one step).
+    apart = np.union1d(edge, shared)
     counted = np.bincount(codes, weights=samples, minlength=series) - \
-        np.bincount(codes[edge], weights=samples[edge], minlength=series)
-    steps = np.bincount(codes, minlength=series) - np.bincount(codes[edge], minlength=series)
+        np.bincount(codes[apart], weights=samples[apart], minlength=series)
+    steps = np.bincount(codes, minlength=series) - np.bincount(codes[apart], minlength=series)
     with np.errstate(invalid="ignore", divide="ignore"):
         interval = np.where(steps > 0, step * steps / counted, np.nan)
     known = np.isfinite(interval)
@@ -326,4 +341,27 @@ def _on_grid(t: np.ndarray, codes: np.ndarray, samples: np.ndarray, step: float)
     interval[~known] = np.median(interval[known])
     held = np.full(len(t), step, np.float32)    # seconds: float32 holds them to the millisecond
     held[edge] = np.minimum(samples[edge] * interval[codes[edge]], step)
+    if len(shared):
+        # Rows that share a series' point (a GPU whose labels, its holder's, changed within the
+        # step) share its time, by their samples: the step, or at a run's edge their samples'.
+        total = np.bincount(group, weights=samples[shared])
+        point = np.where(after[shared] & before[shared], step,
+                         np.minimum(total[group] * interval[codes[shared]], step))
+        held[shared] = point * samples[shared] / total[group]
     return held
+
+
+def _sharing_points(present: np.ndarray, cell: np.ndarray, col: np.ndarray, series: int,
+                    rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows that share a (point, series) cell with another, and each one's group (rows of
+    one cell). Few and found without sorting every row: only the points that hold fewer cells
+    than rows are looked at."""
+    if int(np.count_nonzero(present)) == rows:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    cells = present.reshape(-1, series).sum(axis=1)
+    crowded = np.bincount(col, minlength=len(cells)) > cells
+    candidates = np.flatnonzero(crowded[col])
+    _, group, count = np.unique(cell[candidates], return_inverse=True, return_counts=True)
+    keep = count[group] > 1
+    _, group = np.unique(group[keep], return_inverse=True)
+    return candidates[keep], group
