@@ -28,6 +28,10 @@ Choices the interface leaves open, made here and named so that a disagreement ca
   previous process's values where it still holds the rank (last value wins:
   JobSpec.stale_step_gauges, the default) or drops them when the new process first reports;
 - a hung process keeps reporting (unchanged counters) until it ends, as a live process does;
+- a last run may end, as the Hugging Face Trainer and torchtitan end training, with a save
+  and (where the job evaluates) an evaluation after its last step (RunSpec.final_save): that
+  time is `checkpoint` and `evaluation`, each reported once it is over; the process ends
+  when they do (or hangs after them);
 - a run that finishes (or a final hang, 10 minutes or more, that ends in the process's death)
   leaves its pods holding GPUs either not at all (a hang's pods are deleted together) or for
   longer than FORGET_AFTER_S plus two scrape intervals: a shorter tail after a process's end
@@ -73,6 +77,7 @@ class RunSpec:
     stall_after: int | None = None    # a stall after this step of the run (0-based, < steps - 1)
     stall_s: float = 0.0
     hang_s: float = 0.0               # alive after its last step with no step (a last run: until its pods go, or keep_s before)
+    final_save: bool = False          # a last run: a save, then an evaluation (if the job evaluates), after its last step
     # how this run follows the one before (ignored for the first run)
     new_pods: bool = False            # False: the same pods, the trainer restarts in them
     gap_s: float = 60.0               # same pods: previous process's end -> this process's start
@@ -122,7 +127,7 @@ class Process:
     """One run's trainer process (the same process on every rank: ranks step in lockstep)."""
     index: int
     start: float                      # S_k
-    end: float                        # D_k: last step's completion, or later for a hang
+    end: float                        # D_k: last step's completion (and final save), or later for a hang
     resumed_from: int                 # r_k (0: a fresh start)
     first_begin: float                # B_k: the first step begins
     step_begin: np.ndarray
@@ -230,9 +235,10 @@ def _lay_out(spec: JobSpec, run: RunSpec, index: int, start: float, resumed_from
     g = resumed_from + 1 + np.arange(n)
     ck = np.where(g % spec.checkpoint_every == 0, spec.checkpoint_s, 0.0)
     ev = np.where(g % spec.eval_every == 0, spec.eval_s, 0.0) if spec.eval_every else np.zeros(n)
-    # the run ends right at its last step's completion: no checkpoint or evaluation after it
-    ck[-1] = 0.0
-    ev[-1] = 0.0
+    # a run ends right at its last step's completion, or a finishing one after its final save
+    # and evaluation
+    ck[-1] = spec.checkpoint_s if run.final_save else 0.0
+    ev[-1] = spec.eval_s if run.final_save and spec.eval_every else 0.0
     stall = np.zeros(n)
     if run.stall_after is not None:
         stall[run.stall_after] = run.stall_s
@@ -242,7 +248,7 @@ def _lay_out(spec: JobSpec, run: RunSpec, index: int, start: float, resumed_from
     end = begin + d
     ckpt_end = end + ck
     eval_end = ckpt_end + ev
-    last = float(end[-1])
+    last = float(eval_end[-1])
     return Process(index=index, start=start, end=last + run.hang_s, resumed_from=resumed_from, first_begin=begin0,
                    step_begin=begin, step_end=end, step_d=d, global_step=g, ckpt=ck, ckpt_end=ckpt_end, evals=ev,
                    eval_end=eval_end, stall=stall, compute=run.compute, data_wait=run.data_wait, pods=pods,
@@ -357,7 +363,7 @@ def compute_truth(spec: JobSpec, processes: list[Process], holds: list[PodHold])
             # ledger's definition makes it restart (its last step to the next run's start).
             tail = "stalled" if p is processes[-1] else "restart"
             cat["stalled"] += float(np.sum(p.stall))
-            cat[tail] += p.end - p.last_step_at
+            cat[tail] += p.end - float(p.eval_end[-1])
     ledger = {c: sum(r[c] for r in per_rank) / H for c in CATEGORIES}
     gpu_hours = sum(held) / H
     n = len(processes)
@@ -612,8 +618,11 @@ def ledger_jobs(draw: st.DrawFn, telemetry: bool = True, report_resumed_from: bo
         # a run hangs at its end: the last run until its pods go, an earlier one until evicted
         if last and draw(st.integers(0, 2)) == 0:
             hang = draw(st.floats(600.0, 1800.0))
+        # a last run may end with a save and an evaluation, as frameworks end training
+        final_save = last and draw(st.booleans())
         runs.append(RunSpec(steps=steps, step_s=step_s, startup_s=draw(st.floats(30.0, 600.0)), compute=compute,
                             data_wait=data, stall_after=stall_after, stall_s=stall_s, hang_s=hang,
+                            final_save=final_save,
                             new_pods=new_pods, same_names=new_pods and draw(st.booleans()),
                             gap_s=draw(st.floats(10.0, 900.0)),
                             release_s=draw(st.floats(0.0, 60.0)), pending_s=draw(st.floats(0.0, 600.0)),

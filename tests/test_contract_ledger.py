@@ -520,7 +520,7 @@ DRAWN = {case.__name__: case for case in (behind, evaluating, saved_after, stall
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "hung_then_died", "forgotten", "single",
-                                     "recreated", *DRAWN])
+                                     "finished_saving", "recreated", *DRAWN])
 # from an agent that exports its ranks' last-report times, and from one that does not
 @pytest.mark.parametrize("heard", [True, False], ids=["last_report", "forget_after"])
 def test_fixed_jobs_ledgers_match_their_truth(vm, variant, heard):
@@ -544,6 +544,10 @@ def test_fixed_jobs_ledgers_match_their_truth(vm, variant, heard):
     elif variant == "single":    # one run on 4 GPUs of one node that finishes and frees them at once
         spec = replace(spec, runs=(_run(steps=4000, world=4),), keep_s=0.0, nodes=(("gpu-node-a", 4),),
                        pod_skew_s=(0.0,), interval_s=30.0)
+    elif variant == "finished_saving":
+        # the last run ends as frameworks end training: a 40 s save and a 120 s evaluation after its
+        # last step, then the pods free the GPUs 20 minutes later
+        spec = replace(spec, runs=(*spec.runs[:2], replace(spec.runs[2], final_save=True)))
     case = in_slot(replace(spec, report_last_heard=heard))
     import_victoria(case, vm.url)
     doc, step = analyse(vm.url, case)

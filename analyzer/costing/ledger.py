@@ -41,6 +41,7 @@ from ..grid.views import Views
 
 _I = {name: i for i, name in enumerate(NAMES)}
 # The categories a step's own time is split into; a stall is taken out of them.
+APART = ("checkpoint", "evaluation")     # a loop's time apart from its steps
 _STEP_PARTS = [_I[n] for n in ("productive", "data_wait", "sync_wait", "lost_progress")]
 
 
@@ -172,6 +173,7 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         per_run[run, _I[category]] += part.sum()
 
     cursor = -np.inf                    # where the time not yet given away begins
+    after_last: dict[str, float] = {}   # seconds of saves and evaluations after the last run's last step
     unheld = 0.0                        # GPU-seconds of start-up, process start to first step, no one held
     # The job's last bin with held time, where that is the window's last with data (a grid's
     # final points may lie past the window's end, or past its last scrape: a sample's slack):
@@ -229,6 +231,13 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         span = slice(run["first"], min(run["last"] + 2, v.n))    # a sample late at most: the last report
         split = _step_split(parts[:, :, span] * cells[None, :, span], steps[:, span] * cells[:, span],
                             gauge["global_step"][:, span], cells[:, span], nxt)
+        if k == len(runs) - 1:
+            # A save or an evaluation reported after the last run's last step (a framework's final
+            # ones) came after it: the held time that follows the step is theirs, not the steps'.
+            ranks = max(len(np.unique(v.rank.keys["rank"].to_numpy()[rows[cells.any(axis=1)]])), 1)
+            for category in APART:
+                split[_I[category], run["last"] + 1 - span.start:] = 0.0
+                after_last[category] = float((parts[_I[category]] * cells)[:, run["last"] + 1:].sum()) / ranks
         done = _spread(held * cover(begin, last), span, split, cells[:, span].sum(axis=0),
                        (cells & present)[:, span].any(axis=0), usual, stalled.interval_factor, v.step, opened_stepping)
         seconds += done
@@ -236,8 +245,12 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         cursor = last
     if runs:
         # After the last run's last step (or, if it never stepped, its start), the held time is
-        # `stalled` (`startup`) while the process lives and `no_process` after it ended.
+        # that of the saves and evaluations its ranks reported after it, then `stalled`
+        # (`startup`) while the process lives and `no_process` after it ended.
         last = len(runs) - 1
+        for category, took in after_last.items():
+            give(category, last, cursor, cursor + took)
+            cursor += took
         tail = held * cover(cursor, np.inf)
         heard = rank.latest.get("last_report_time")
         alive = _alive(v, present & (run_of == last), heard[rows] if heard is not None else np.full(len(rows), np.nan),
