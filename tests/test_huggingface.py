@@ -9,31 +9,21 @@ import threading
 import time
 
 import pytest
-import torch
 
 transformers = pytest.importorskip("transformers")
 
 from burnrate.agent.telemetry.inbox import TelemetryInbox  # noqa: E402
 from burnrate.trainer.huggingface import BurnrateCallback  # noqa: E402
 from tests.framework_runs import assert_exact_counts, assert_ledger_facts  # noqa: E402
+from tests.huggingface_job import BATCH, SAVE_S, SEQ, SlowSaveTrainer, SlowTokens, Tokens, gpt2  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-SEQ, BATCH, ACCUM, STEPS, LOG_EVERY = 16, 2, 2, 6, 2
-
-
-class Tokens(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        ids = torch.randint(0, 128, (SEQ,), generator=torch.Generator().manual_seed(i))
-        return {"input_ids": ids, "labels": ids}
+ACCUM, STEPS, LOG_EVERY = 2, 6, 2
 
 
 def test_a_hugging_face_trainer_reports_exact_counts(tmp_path):
-    config = transformers.GPT2Config(vocab_size=128, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
-    model = transformers.GPT2LMHeadModel(config)
+    model = gpt2()
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=BATCH,
         gradient_accumulation_steps=ACCUM, logging_steps=LOG_EVERY, eval_strategy="steps", eval_steps=3,
@@ -63,27 +53,10 @@ def test_a_hugging_face_trainer_reports_exact_counts(tmp_path):
     assert (rank.values["loss"], rank.values["grad_norm"]) == pytest.approx(logged[STEPS])
 
 
-class SlowTokens(Tokens):
-    """An evaluation set that takes a second: eight samples, an eighth of a second each."""
-
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        time.sleep(0.125)
-        return super().__getitem__(i)
-
-
-class ShortTokens(Tokens):
-    def __len__(self) -> int:
-        return 4
-
-
 def test_a_hugging_face_evaluation_is_heard_while_it_lasts_and_counted_once(tmp_path):
     """The Trainer tells callbacks of an evaluation only when it ends; from its first batch on,
     the monitor's keep-alives carry its seconds, so the agent's counter grows while it lasts (a
     long one is neither a stall nor paged as one), and in the end it holds the evaluation once."""
-    config = transformers.GPT2Config(vocab_size=128, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=BATCH,
         per_device_eval_batch_size=2, eval_strategy="steps", eval_steps=1, save_strategy="no", report_to=[],
@@ -101,8 +74,8 @@ def test_a_hugging_face_evaluation_is_heard_while_it_lasts_and_counted_once(tmp_
     with TelemetryInbox(tmp_path / "agent.sock") as inbox:
         callback = BurnrateCallback(seq_len=SEQ, socket_path=str(inbox.path), jsonl_path=str(records),
                                     job="hf-eval", every_steps=1, keepalive_s=0.1)
-        trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args,
-                                       train_dataset=Tokens(), eval_dataset=SlowTokens(),
+        trainer = transformers.Trainer(model=gpt2(), args=args,
+                                       train_dataset=Tokens(), eval_dataset=SlowTokens(8),
                                        callbacks=[callback, Probe()])
         trainer.train()
         time.sleep(0.2)
@@ -115,23 +88,11 @@ def test_a_hugging_face_evaluation_is_heard_while_it_lasts_and_counted_once(tmp_
     assert 2.0 <= written and total == pytest.approx(written, abs=1e-6)
 
 
-class SlowSaveTrainer(transformers.Trainer):
-    """The Trainer as shipped, its checkpoints written to storage that takes 0.4 s a save."""
-
-    def _save_checkpoint(self, model, trial):
-        time.sleep(SAVE_S)
-        return super()._save_checkpoint(model, trial)
-
-
-SAVE_S = 0.4
-
-
 def test_a_hugging_face_save_is_heard_while_it_lasts_and_counted_once(tmp_path):
     """The Trainer tells callbacks of a save only once it is made, but its control decides on it
     before: after a step (1, 3), after the step's log (2) or after an evaluation (4), the save is
     under way from there, the monitor's keep-alives carry its seconds, and the agent's counter
     grows during it, before any report holds it; in the end it holds each save once."""
-    config = transformers.GPT2Config(vocab_size=128, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=5, per_device_train_batch_size=BATCH, logging_steps=2,
         per_device_eval_batch_size=2, eval_strategy="steps", eval_steps=4, save_strategy="steps", save_steps=1,
@@ -147,8 +108,8 @@ def test_a_hugging_face_save_is_heard_while_it_lasts_and_counted_once(tmp_path):
     with TelemetryInbox(tmp_path / "agent.sock") as inbox:
         callback = BurnrateCallback(seq_len=SEQ, socket_path=str(inbox.path), jsonl_path=str(records),
                                     job="hf-save", every_steps=1, keepalive_s=0.1)
-        trainer = SlowSaveTrainer(model=transformers.GPT2LMHeadModel(config), args=args,
-                                  train_dataset=Tokens(), eval_dataset=ShortTokens(), callbacks=[callback])
+        trainer = SlowSaveTrainer(model=gpt2(), args=args,
+                                  train_dataset=Tokens(), eval_dataset=Tokens(4), callbacks=[callback])
         listener = threading.Thread(target=listen)
         listener.start()
         try:

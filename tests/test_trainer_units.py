@@ -490,9 +490,12 @@ def test_eval_and_checkpoint_time_stay_out_of_the_steps(agent_socket):
         with mon.checkpoint():
             time.sleep(0.05)
         mon.step(samples=1)
-    (record,) = _received(sock)
+    # The step before the evaluation goes out as it begins, not due yet (every 2 steps): held
+    # back through it, it would read as made after it.
+    before, record = _received(sock)
+    assert (before["steps"], before["eval_s"], before["checkpoint_s"]) == (1, 0.0, 0.0)
     assert record["eval_s"] >= 0.05 and record["checkpoint_s"] >= 0.05
-    assert record["step_s"] < 0.05
+    assert record["steps"] == 1 and record["step_s"] < 0.05
 
 
 def test_a_loop_that_never_closes_still_sends_its_last_steps(tmp_path):

@@ -441,6 +441,11 @@ class Monitor:
             self.last_compute_s = seconds
 
     def _begin_apart(self, counter: str, since: float | None = None) -> None:
+        if self._interval.steps:
+            # The steps since the last report go now, with their own time: held back through a
+            # long save or evaluation, they would read as made after it (a run's first steps as
+            # start-up, its last after the save that ends it).
+            self.report()
         with self._sending:
             if self._apart is not None:
                 raise RuntimeError(f"burnrate: {_APART[counter]} began while {_APART[self._apart.counter]} "
