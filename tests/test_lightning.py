@@ -5,6 +5,8 @@ module computed it, whatever the accumulation."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ pl = pytest.importorskip("pytorch_lightning")
 
 from burnrate.agent.telemetry.inbox import TelemetryInbox  # noqa: E402
 from burnrate.trainer.lightning import BurnrateCallback  # noqa: E402
+from pytorch_lightning.plugins.io import TorchCheckpointIO  # noqa: E402
 from burnrate.trainer.model import GPT, GPTConfig  # noqa: E402
 from tests.framework_runs import assert_exact_counts, assert_ledger_facts  # noqa: E402
 from tests.test_flops import counted_flops_per_token  # noqa: E402
@@ -76,3 +79,64 @@ def test_a_lightning_trainer_reports_exact_counts_and_the_modules_loss(tmp_path,
         own = module.losses[(step - 1) * accum:step * accum]
         assert loss == pytest.approx(sum(own) / accum, rel=1e-5)
     assert 4 < per_step[1] < 6      # about ln(128) at initialization, at any accumulation
+
+
+SAVE_S = 0.4
+
+
+class SlowStorage(TorchCheckpointIO):
+    """Lightning's own checkpoint writer, on storage that takes SAVE_S more a write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        time.sleep(SAVE_S)
+        super().save_checkpoint(checkpoint, path, storage_options)
+        self.writes += 1
+
+
+def test_a_lightning_save_is_kept_out_of_the_data_wait_and_heard_while_it_lasts(tmp_path):
+    """ModelCheckpoint saves every second step, after the step's own hooks and before the next
+    fetch: its time is neither the next batch's data wait nor unheard. From `on_save_checkpoint`
+    on, the save is under way, the monitor's keep-alives carry its seconds, and the agent's
+    counter grows during it, before any report holds it; in the end it holds each save once."""
+    torch.manual_seed(0)
+    records = tmp_path / "records.jsonl"
+    storage = SlowStorage()
+    heard: list[tuple[int, float]] = []
+    done = threading.Event()
+
+    def listen() -> None:
+        while not done.wait(0.02):
+            heard.extend((r.values.get("steps", 0), r.values.get("checkpoint_s", 0.0)) for r in inbox.ranks())
+
+    with TelemetryInbox(tmp_path / "agent.sock") as inbox:
+        callback = BurnrateCallback(seq_len=SEQ, socket_path=str(inbox.path), jsonl_path=str(records),
+                                    job="lightning-save", every_steps=1, keepalive_s=0.1)
+        saving = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=2, save_top_k=-1)
+        trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, num_sanity_val_steps=0,
+                             limit_val_batches=0, callbacks=[callback, saving], plugins=[storage], logger=False,
+                             enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+        listener = threading.Thread(target=listen)
+        listener.start()
+        try:
+            trainer.fit(Module(), loader())
+            assert inbox.wait_idle(5)
+        finally:
+            done.set()
+            listener.join()
+        (rank,) = inbox.ranks()
+    sent = [json.loads(line) for line in records.read_text().splitlines()]
+    assert storage.writes == 2      # after steps 2 and 4
+    saved = sum(r["checkpoint_s"] for r in sent)
+    assert saved >= 2 * SAVE_S and rank.values["checkpoint_s"] == pytest.approx(saved, abs=1e-6)
+    # Steps of a tiny model on CPU wait for their batches a few milliseconds at most.
+    assert sum(r["data_wait_s"] for r in sent) < SAVE_S / 2, sent
+    reported = {0: 0.0}
+    for r in sent:
+        if r["steps"]:
+            reported[r["step"]] = reported[r["step"] - 1] + r["checkpoint_s"]
+    ahead = {step: max(c - reported[step] for s, c in heard if s == step) for step in (2, 4)}
+    assert all(a > SAVE_S / 2 for a in ahead.values()), ahead

@@ -6,7 +6,9 @@
 Lightning fetches a batch before `on_train_batch_start`, so the time from the previous
 batch's end is data wait; each batch is a micro-batch, and a step closes when the
 optimizer stepped (`trainer.global_step` moved). Validation time is kept out of the step
-times. Samples are each batch's first dimension; tokens are samples × `seq_len`. The loss
+times, and so is a checkpoint save: it is under way from `on_save_checkpoint` (called as
+Lightning gathers the checkpoint, before it writes it) until the next hook (the next batch,
+a validation, the end). The agent hears both as they go. Samples are each batch's first dimension; tokens are samples × `seq_len`. The loss
 is each batch's own, as `training_step` returned it: Lightning divides what it hands on by
 `accumulate_grad_batches`, which is undone. FLOPs per token count attention where the
 module or one of its submodules carries the model's config (trainer.flops); elsewhere,
@@ -27,12 +29,18 @@ class BurnrateCallback(MonitorHooks, Callback):
         super().__init__(seq_len, **monitor_args)
         self._global_step = 0
         self._validation_began = time.perf_counter()
+        self._validating = False
+        self._saving = False
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._start(pl_module, trainer.global_step)
         self._global_step = trainer.global_step
 
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._end_save()
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._end_save()
         self.monitor.add_data_wait(time.perf_counter() - self._mark)
         self.monitor.begin_compute()
 
@@ -51,17 +59,34 @@ class BurnrateCallback(MonitorHooks, Callback):
     def on_validation_start(self, trainer, pl_module) -> None:
         # Validation runs between two batches: the time before it is the batch's, after it
         # the next fetch's.
+        self._end_save()
         self._validation_began = time.perf_counter()
         if self.monitor is not None:
             self.monitor.begin_eval()       # heard while it lasts: a long validation is no stall
+            self._validating = True
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if self.monitor is not None:
+        if self.monitor is not None and self._validating:
             self.monitor.end_eval()
+            self._validating = False
             self._mark += time.perf_counter() - self._validation_began
 
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        # Saved during a validation (a callback of the user's), a save stays in its time.
+        if self.monitor is not None and not self._validating and not self._saving:
+            self.monitor.begin_checkpoint()
+            self._saving = True
+
     def on_train_end(self, trainer, pl_module) -> None:
+        self._end_save()
         self._close()
+
+    def _end_save(self) -> None:
+        """A save under way ended before this hook: its time is not the next fetch's."""
+        if self._saving:
+            self.monitor.end_checkpoint()
+            self._saving = False
+            self._mark = time.perf_counter()
 
 
 def _samples(batch: Any) -> int:
