@@ -1,6 +1,9 @@
 """What every framework-callback test checks at the agent's inbox after a real run."""
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import pytest
 
 from burnrate.trainer.flops import model_flops_per_token
@@ -25,3 +28,35 @@ def assert_ledger_facts(rank, steps: int) -> None:
     assert v["resumed_from"] == 0 and v["global_step"] == steps
     # This test process started the run: its start is before the steps and not long before.
     assert time.time() - 3600 < v["start_time"] <= v["last_step_time"]
+
+
+@contextlib.contextmanager
+def heard_every_20ms(inbox, counter: str):
+    """What the agent had of a rank's steps and `counter` every 20 ms while the block runs: a
+    list of (steps, counter) pairs, filled as it goes."""
+    heard: list[tuple[int, float]] = []
+    done = threading.Event()
+
+    def listen() -> None:
+        while not done.wait(0.02):
+            heard.extend((r.values.get("steps", 0), r.values.get(counter, 0.0)) for r in inbox.ranks())
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    try:
+        yield heard
+    finally:
+        done.set()
+        listener.join()
+
+
+def ahead_of_reports(records: list[dict], heard: list[tuple[int, float]], counter: str,
+                     steps: range) -> dict[int, float]:
+    """For each of `steps`, the most of `counter` the agent had while that step was its last,
+    beyond what the reports that made the steps so far held (the monitor's JSON lines
+    `records`; a report that makes no step, the last at the end of training, is left out)."""
+    reported = {0: 0.0}
+    for r in records:
+        if r["steps"]:
+            reported[r["step"]] = reported[r["step"] - 1] + r[counter]
+    return {step: max(c - reported[step] for s, c in heard if s == step) for step in steps}

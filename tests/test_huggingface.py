@@ -5,7 +5,6 @@ and each loss and gradient norm the Trainer logs arrives with the step it was lo
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
@@ -14,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from burnrate.agent.telemetry.inbox import TelemetryInbox  # noqa: E402
 from burnrate.trainer.huggingface import BurnrateCallback  # noqa: E402
-from tests.framework_runs import assert_exact_counts, assert_ledger_facts  # noqa: E402
+from tests.framework_runs import ahead_of_reports, assert_exact_counts, assert_ledger_facts, heard_every_20ms  # noqa: E402
 from tests.huggingface_job import BATCH, SAVE_S, SEQ, SlowSaveTrainer, SlowTokens, Tokens, gpt2  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -98,36 +97,18 @@ def test_a_hugging_face_save_is_heard_while_it_lasts_and_counted_once(tmp_path):
         per_device_eval_batch_size=2, eval_strategy="steps", eval_steps=4, save_strategy="steps", save_steps=1,
         report_to=[], use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
     records = tmp_path / "records.jsonl"
-    heard: list[tuple[int, float]] = []
-    done = threading.Event()
-
-    def listen() -> None:
-        while not done.wait(0.02):
-            heard.extend((r.values.get("steps", 0), r.values.get("checkpoint_s", 0.0)) for r in inbox.ranks())
-
     with TelemetryInbox(tmp_path / "agent.sock") as inbox:
         callback = BurnrateCallback(seq_len=SEQ, socket_path=str(inbox.path), jsonl_path=str(records),
                                     job="hf-save", every_steps=1, keepalive_s=0.1)
         trainer = SlowSaveTrainer(model=gpt2(), args=args,
                                   train_dataset=Tokens(), eval_dataset=Tokens(4), callbacks=[callback])
-        listener = threading.Thread(target=listen)
-        listener.start()
-        try:
+        with heard_every_20ms(inbox, "checkpoint_s") as heard:
             trainer.train()
             assert inbox.wait_idle(5)
-        finally:
-            done.set()
-            listener.join()
         (rank,) = inbox.ranks()
     sent = [json.loads(line) for line in records.read_text().splitlines()]
-    # What the reports that made each step had told the agent of saves (the final report, at
-    # the end of training, makes none).
-    reported = {0: 0.0}
-    for r in sent:
-        if r["steps"]:
-            reported[r["step"]] = reported[r["step"] - 1] + r["checkpoint_s"]
-    ahead = {step: max(c - reported[step] for s, c in heard if s == step) for step in range(1, 5)}
     # During the saves after steps 1 to 4, the agent had their seconds before a report did.
+    ahead = ahead_of_reports(sent, heard, "checkpoint_s", range(1, 5))
     assert all(a > SAVE_S / 2 for a in ahead.values()), ahead
     saved = [r["checkpoint_s"] for r in sent if r["checkpoint_s"]]
     assert len(saved) == 5 and min(saved) >= SAVE_S, saved

@@ -5,7 +5,6 @@ module computed it, whatever the accumulation."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
@@ -17,7 +16,7 @@ from burnrate.agent.telemetry.inbox import TelemetryInbox  # noqa: E402
 from burnrate.trainer.lightning import BurnrateCallback  # noqa: E402
 from pytorch_lightning.plugins.io import TorchCheckpointIO  # noqa: E402
 from burnrate.trainer.model import GPT, GPTConfig  # noqa: E402
-from tests.framework_runs import assert_exact_counts, assert_ledger_facts  # noqa: E402
+from tests.framework_runs import ahead_of_reports, assert_exact_counts, assert_ledger_facts, heard_every_20ms  # noqa: E402
 from tests.test_flops import counted_flops_per_token  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -105,13 +104,6 @@ def test_a_lightning_save_is_kept_out_of_the_data_wait_and_heard_while_it_lasts(
     torch.manual_seed(0)
     records = tmp_path / "records.jsonl"
     storage = SlowStorage()
-    heard: list[tuple[int, float]] = []
-    done = threading.Event()
-
-    def listen() -> None:
-        while not done.wait(0.02):
-            heard.extend((r.values.get("steps", 0), r.values.get("checkpoint_s", 0.0)) for r in inbox.ranks())
-
     with TelemetryInbox(tmp_path / "agent.sock") as inbox:
         callback = BurnrateCallback(seq_len=SEQ, socket_path=str(inbox.path), jsonl_path=str(records),
                                     job="lightning-save", every_steps=1, keepalive_s=0.1)
@@ -119,14 +111,9 @@ def test_a_lightning_save_is_kept_out_of_the_data_wait_and_heard_while_it_lasts(
         trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, num_sanity_val_steps=0,
                              limit_val_batches=0, callbacks=[callback, saving], plugins=[storage], logger=False,
                              enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
-        listener = threading.Thread(target=listen)
-        listener.start()
-        try:
+        with heard_every_20ms(inbox, "checkpoint_s") as heard:
             trainer.fit(Module(), loader())
             assert inbox.wait_idle(5)
-        finally:
-            done.set()
-            listener.join()
         (rank,) = inbox.ranks()
     sent = [json.loads(line) for line in records.read_text().splitlines()]
     assert storage.writes == 2      # after steps 2 and 4
@@ -134,9 +121,5 @@ def test_a_lightning_save_is_kept_out_of_the_data_wait_and_heard_while_it_lasts(
     assert saved >= 2 * SAVE_S and rank.values["checkpoint_s"] == pytest.approx(saved, abs=1e-6)
     # Steps of a tiny model on CPU wait for their batches a few milliseconds at most.
     assert sum(r["data_wait_s"] for r in sent) < SAVE_S / 2, sent
-    reported = {0: 0.0}
-    for r in sent:
-        if r["steps"]:
-            reported[r["step"]] = reported[r["step"] - 1] + r["checkpoint_s"]
-    ahead = {step: max(c - reported[step] for s, c in heard if s == step) for step in (2, 4)}
+    ahead = ahead_of_reports(sent, heard, "checkpoint_s", range(2, 5, 2))
     assert all(a > SAVE_S / 2 for a in ahead.values()), ahead
