@@ -16,6 +16,7 @@ class MonitorHooks:
         self.monitor_args = monitor_args
         self.monitor: Monitor | None = None
         self._mark = time.perf_counter()    # when the last batch, evaluation or save ended
+        self._saving = False                # a save under way, begun where the framework decided on it
 
     def _start(self, model: Any, step: int) -> None:
         self.monitor = Monitor(model, seq_len=self.seq_len, start_step=step, **self.monitor_args)
@@ -27,6 +28,17 @@ class MonitorHooks:
         if self.monitor is not None:
             add(now - self._mark)
         self._mark = now
+
+    def _begin_save(self) -> None:
+        self.monitor.begin_checkpoint()
+        self._saving = True
+
+    def _end_save(self) -> None:
+        """The save under way, if any, ended: its time is not the next fetch's."""
+        if self._saving:
+            self.monitor.end_checkpoint()
+            self._saving = False
+            self._mark = time.perf_counter()
 
     def _close(self) -> None:
         if self.monitor is not None:

@@ -39,7 +39,6 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
         self._grad_norm: float | None = None
         self._training = False
         self._evaluating = False
-        self._saving = False
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._start(model, state.global_step)
@@ -123,14 +122,7 @@ class BurnrateCallback(MonitorHooks, TrainerCallback):
         from here (the Trainer clears each flag as it acts on it, before calling back)."""
         if (self._training and control.should_save and not control.should_log and not control.should_evaluate
                 and not self._evaluating and not self._saving):
-            self.monitor.begin_checkpoint()
-            self._saving = True
-
-    def _end_save(self) -> None:
-        if self._saving:
-            self.monitor.end_checkpoint()
-            self._saving = False
-            self._mark = time.perf_counter()
+            self._begin_save()
 
     def _close_step(self) -> None:
         """Count the step that ended, if it is still open, with the last logged values."""

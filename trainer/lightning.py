@@ -8,7 +8,8 @@ batch's end is data wait; each batch is a micro-batch, and a step closes when th
 optimizer stepped (`trainer.global_step` moved). Validation time is kept out of the step
 times, and so is a checkpoint save: it is under way from `on_save_checkpoint` (called as
 Lightning gathers the checkpoint, before it writes it) until the next hook (the next batch,
-a validation, the end). The agent hears both as they go. Samples are each batch's first dimension; tokens are samples × `seq_len`. The loss
+a validation, the end). The agent hears both as they go. Samples are each batch's first
+dimension; tokens are samples × `seq_len`. The loss
 is each batch's own, as `training_step` returned it: Lightning divides what it hands on by
 `accumulate_grad_batches`, which is undone. FLOPs per token count attention where the
 module or one of its submodules carries the model's config (trainer.flops); elsewhere,
@@ -30,7 +31,6 @@ class BurnrateCallback(MonitorHooks, Callback):
         self._global_step = 0
         self._validation_began = time.perf_counter()
         self._validating = False
-        self._saving = False
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._start(pl_module, trainer.global_step)
@@ -74,19 +74,11 @@ class BurnrateCallback(MonitorHooks, Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         # Saved during a validation (a callback of the user's), a save stays in its time.
         if self.monitor is not None and not self._validating and not self._saving:
-            self.monitor.begin_checkpoint()
-            self._saving = True
+            self._begin_save()
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._end_save()
         self._close()
-
-    def _end_save(self) -> None:
-        """A save under way ended before this hook: its time is not the next fetch's."""
-        if self._saving:
-            self.monitor.end_checkpoint()
-            self._saving = False
-            self._mark = time.perf_counter()
 
 
 def _samples(batch: Any) -> int:

@@ -40,8 +40,8 @@ from ..detectors.stalled import Config as StalledConfig
 from ..grid.views import Views
 
 _I = {name: i for i, name in enumerate(NAMES)}
-# The categories a step's own time is split into; a stall is taken out of them.
 APART = ("checkpoint", "evaluation")     # a loop's time apart from its steps
+# The categories a step's own time is split into; a stall is taken out of them.
 _STEP_PARTS = [_I[n] for n in ("productive", "data_wait", "sync_wait", "lost_progress")]
 
 
