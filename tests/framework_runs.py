@@ -31,15 +31,15 @@ def assert_ledger_facts(rank, steps: int) -> None:
 
 
 @contextlib.contextmanager
-def heard_every_20ms(inbox, counter: str):
-    """What the agent had of a rank's steps and `counter` every 20 ms while the block runs: a
-    list of (steps, counter) pairs, filled as it goes."""
-    heard: list[tuple[int, float]] = []
+def heard_every_20ms(inbox):
+    """What the agent had of a rank every 20 ms while the block runs: a list of its values
+    (steps and every counter), filled as it goes."""
+    heard: list[dict[str, float]] = []
     done = threading.Event()
 
     def listen() -> None:
         while not done.wait(0.02):
-            heard.extend((r.values.get("steps", 0), r.values.get(counter, 0.0)) for r in inbox.ranks())
+            heard.extend(dict(r.values) for r in inbox.ranks())
 
     listener = threading.Thread(target=listen)
     listener.start()
@@ -50,7 +50,7 @@ def heard_every_20ms(inbox, counter: str):
         listener.join()
 
 
-def ahead_of_reports(records: list[dict], heard: list[tuple[int, float]], counter: str,
+def ahead_of_reports(records: list[dict], heard: list[dict[str, float]], counter: str,
                      steps: range) -> dict[int, float]:
     """For each of `steps`, the most of `counter` the agent had while that step was its last,
     beyond what the reports that made the steps so far held (the monitor's JSON lines
@@ -59,4 +59,5 @@ def ahead_of_reports(records: list[dict], heard: list[tuple[int, float]], counte
     for r in records:
         if r["steps"]:
             reported[r["step"]] = reported[r["step"] - 1] + r[counter]
-    return {step: max(c - reported[step] for s, c in heard if s == step) for step in steps}
+    return {step: max(h.get(counter, 0.0) - reported[step] for h in heard if h.get("steps", 0) == step)
+            for step in steps}

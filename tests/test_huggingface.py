@@ -102,7 +102,7 @@ def test_a_hugging_face_save_is_heard_while_it_lasts_and_counted_once(tmp_path):
                                     job="hf-save", every_steps=1, keepalive_s=0.1)
         trainer = SlowSaveTrainer(model=gpt2(), args=args,
                                   train_dataset=Tokens(), eval_dataset=Tokens(4), callbacks=[callback])
-        with heard_every_20ms(inbox, "checkpoint_s") as heard:
+        with heard_every_20ms(inbox) as heard:
             trainer.train()
             assert inbox.wait_idle(5)
         (rank,) = inbox.ranks()

@@ -111,7 +111,7 @@ def test_a_lightning_save_is_kept_out_of_the_data_wait_and_heard_while_it_lasts(
         trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, num_sanity_val_steps=0,
                              limit_val_batches=0, callbacks=[callback, saving], plugins=[storage], logger=False,
                              enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
-        with heard_every_20ms(inbox, "checkpoint_s") as heard:
+        with heard_every_20ms(inbox) as heard:
             trainer.fit(Module(), loader())
             assert inbox.wait_idle(5)
         (rank,) = inbox.ranks()

@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -20,7 +19,7 @@ pytest.importorskip("torchtitan")
 from burnrate.agent.telemetry.inbox import TelemetryInbox  # noqa: E402
 from burnrate.trainer.flops import palm_flops_per_token  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
-from tests.framework_runs import assert_ledger_facts  # noqa: E402
+from tests.framework_runs import ahead_of_reports, assert_ledger_facts, heard_every_20ms  # noqa: E402
 from tests.torchtitan_job import (CHECKPOINT_EVERY, GLOBAL_BATCH, LOG_FREQ, SEQ, SLOW_BATCH_S, SLOW_SAVE_S,  # noqa: E402
                                   STEPS, VALIDATE_EVERY)
 
@@ -29,30 +28,17 @@ pytestmark = pytest.mark.slow
 LAYERS, HEADS, HEAD_DIM = 6, 16, 16   # torchtitan's Llama 3 debug model
 
 
-def run_job(tmp_path, inbox) -> tuple[str, list[tuple[int, float, float]]]:
-    """The job's log, and what the agent had heard (steps, checkpoint and evaluation seconds)
-    every 20 ms while it ran."""
-    heard: list[tuple[int, float, float]] = []
-    done_listening = threading.Event()
-
-    def listen() -> None:
-        while not done_listening.wait(0.02):
-            for rank in inbox.ranks():
-                v = rank.values
-                heard.append((v.get("steps", 0), v.get("checkpoint_s", 0.0), v.get("eval_s", 0.0)))
-
-    listener = threading.Thread(target=listen)
-    listener.start()
+def run_job(tmp_path, inbox) -> tuple[str, list[dict[str, float]]]:
+    """The job's log, and what the agent had of its rank every 20 ms while it ran."""
     env = {"BURNRATE_TELEMETRY_SOCKET": str(inbox.path), "BURNRATE_TRAINING_JOB": "titan",
            "POD_NAMESPACE": "ml", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
            "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "TMPDIR": str(tmp_path)}   # torchrun's log directory and triton's caches go there, not into /tmp
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-                           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
-                           os.path.join(ROOT, "tests", "torchtitan_job.py"), str(tmp_path)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    done_listening.set()
-    listener.join()
+    with heard_every_20ms(inbox) as heard:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+                               "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
+                               os.path.join(ROOT, "tests", "torchtitan_job.py"), str(tmp_path)],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return done.stdout + done.stderr, heard
 
@@ -138,21 +124,19 @@ def test_torchtitans_saves_and_validations_are_heard_while_they_last_and_counted
     one). Once reported, each is counted once."""
     tmp_path, log, rank, heard = job
     records = records_of(tmp_path)
-    written = {step: (sum(records[s]["checkpoint_s"] for s in records if s <= step),
-                      sum(records[s]["eval_s"] for s in records if s <= step)) for step in range(STEPS + 1)}
-    # What the agent had beyond the reports of the steps it had heard, while the next step was open.
-    ahead: dict[int, list[tuple[float, float]]] = {}
-    for steps, checkpoint_s, eval_s in heard:
-        ahead.setdefault(steps + 1, []).append((checkpoint_s - written[steps][0], eval_s - written[steps][1]))
+    sent = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    # A step closes at the next one's start, after its save and validation: what the agent had
+    # while step - 1 was its last is what it heard of step's.
+    ahead = {name: {step + 1: a for step, a in ahead_of_reports(sent, heard, name, range(STEPS)).items()}
+             for name in ("checkpoint_s", "eval_s")}
     saves = [s for s in range(1, STEPS) if s % CHECKPOINT_EVERY == 0]
     validations = [s for s in range(1, STEPS + 1) if s == 1 or s % VALIDATE_EVERY == 0]
     for step in range(1, STEPS + 1):
-        most_checkpoint = max(c for c, _ in ahead[step])
-        most_eval = max(e for _, e in ahead[step])
+        most_checkpoint, most_eval = ahead["checkpoint_s"][step], ahead["eval_s"][step]
         # Never more than the step's own report then holds.
         assert most_checkpoint <= records[step]["checkpoint_s"] + 1e-6, step
         assert most_eval <= records[step]["eval_s"] + 1e-6, step
         assert (most_checkpoint > SLOW_SAVE_S / 2) == (step in saves), (step, most_checkpoint)
         assert (most_eval > SLOW_BATCH_S) == (step in validations), (step, most_eval)
-    assert rank.values["checkpoint_s"] == pytest.approx(written[STEPS][0], abs=1e-6)
-    assert rank.values["eval_s"] == pytest.approx(written[STEPS][1], abs=1e-6)
+    assert rank.values["checkpoint_s"] == pytest.approx(sum(r["checkpoint_s"] for r in sent), abs=1e-6)
+    assert rank.values["eval_s"] == pytest.approx(sum(r["eval_s"] for r in sent), abs=1e-6)

@@ -234,7 +234,7 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         if k == len(runs) - 1:
             # A save or an evaluation reported after the last run's last step (a framework's final
             # ones) came after it: the held time that follows the step is theirs, not the steps'.
-            ranks = max(len(np.unique(v.rank.keys["rank"].to_numpy()[rows[cells.any(axis=1)]])), 1)
+            ranks = max(_ranks(v, rows[cells.any(axis=1)]), 1)
             for category in APART:
                 split[_I[category], run["last"] + 1 - span.start:] = 0.0
                 after_last[category] = float((parts[_I[category]] * cells)[:, run["last"] + 1:].sum()) / ranks
@@ -350,10 +350,15 @@ def _saves(v: Views, rows: np.ndarray, checkpoint_s: np.ndarray, held_bins: np.n
         return 0, None
     times = times[rows][:, held_bins[0]:held_bins[-1] + 1]
     saves = len(np.unique(times[np.isfinite(times) & (times >= v.time(held_bins[0]) - v.lag)]))
-    ranks = len(np.unique(v.rank.keys["rank"].to_numpy()[rows]))
+    ranks = _ranks(v, rows)
     if not saves or checkpoint_s.sum() <= 0:
         return saves, None
     return saves, float(checkpoint_s.sum() / ranks / saves)
+
+
+def _ranks(v: Views, rows: np.ndarray) -> int:
+    """How many ranks the rank-grid `rows` are (a rank restarted in a new pod is two rows)."""
+    return len(np.unique(v.rank.keys["rank"].to_numpy()[rows]))
 
 
 def _runs(v: Views, rows: np.ndarray, stepped: np.ndarray) -> tuple[np.ndarray, list[float | None]]:
