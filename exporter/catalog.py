@@ -215,6 +215,9 @@ CATALOG: tuple[MetricSpec, ...] = (
     _train("burnrate_train_last_report_timestamp_seconds", GAUGE, "seconds",
            "Unix time the agent last heard from this rank, a keep-alive included: a living process's "
            "is seconds old, an ended one's stays where it ended.", "last_report_time"),
+    _train("burnrate_train_closed_timestamp_seconds", GAUGE, "seconds",
+           "Unix time the agent heard this rank's process close its monitor (its last message said so): "
+           "the process trains no more while this equals the rank's last report time.", "closed_time"),
     _train("burnrate_train_world_size", GAUGE, "ranks", "Ranks in the job.", "world_size"),
     _train("burnrate_train_last_checkpoint_timestamp_seconds", GAUGE, "seconds",
            "Unix time of the last checkpoint saved.", "last_checkpoint_time"),

@@ -35,6 +35,7 @@ AMOUNT = "amount"          # a finite number >= 0
 RATIO = "ratio"            # a number in [0, 1]
 WORLD_SIZE = "world_size"  # an integer, 1 to 65536
 REAL = "real"              # any float, NaN and ±Inf included (a diverging loss)
+FLAG = "flag"              # true or false
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ FIELDS: tuple[Field, ...] = (
     # step it resumed from (0: a fresh start). Null where the loop cannot know: never a made-up 0.
     Field("start_time", AMOUNT, nullable=True, required=False),
     Field("resumed_from", COUNT, nullable=True, required=False),
+    # The process's last message: its monitor closed, so it trains no more whatever its exit
+    # takes (the ledger's end of a process that outlives its monitor).
+    Field("final", FLAG, required=False, default=False),
 )
 # Sent for whoever reads the JSON lines (how MFU was computed); the agent ignores them, as it
 # ignores any field it does not know, so that a newer trainer's messages are never dropped.

@@ -186,6 +186,8 @@ class Signals:
                 # A simulated process reports at least every KEEPALIVE_S while it lives, a hung one
                 # too: the agent heard each rank as the sample was taken, or last as it ended.
                 "last_report_time": np.minimum(t, self.t0 + self.exit_at * S)[:, rj],
+                # An ended process's monitor closed as it exited, and said so in its last message.
+                "closed_time": np.where(col >= self.exit_at, self.t0 + self.exit_at * S, np.nan)[:, rj],
                 "last_checkpoint_time": ckpt, "global_step": done,
                 # Simulated processes began before the history, fresh (resumed from step 0),
                 # and their loop spends no time saving or evaluating (checkpoints are instants).

@@ -109,6 +109,9 @@ class JobSpec:
     telemetry: bool = True                # ranks report burnrate_train_* at all
     report_resumed_from: bool = True      # burnrate_train_resumed_from_step is exported
     report_last_heard: bool = True        # burnrate_train_last_report_timestamp_seconds exported (an older agent: not)
+    # a last run that ends (does not hang) closes its monitor as it ends, and its last report says
+    # so: burnrate_train_closed_timestamp_seconds (an older monitor or agent: not)
+    report_closed: bool = True
     bystander: bool = False               # a serving Deployment on one more GPU of the first node
     step_jitter: float = 0.1              # each step's wall time within +-this share of its run's mean
     stale_step_gauges: bool = True        # a restarted trainer's step gauges read the previous process's until its first step
@@ -200,7 +203,7 @@ class LedgerCase:
                  f"checkpoint every {s.checkpoint_every} steps ({s.checkpoint_s:.0f} s), "
                  f"eval every {s.eval_every} steps ({s.eval_s:.0f} s), keep {s.keep_s:.0f} s, "
                  f"telemetry={s.telemetry}, resumed_from exported={s.report_resumed_from}, "
-                f"last report exported={s.report_last_heard}, "
+                 f"last report exported={s.report_last_heard}, close exported={s.report_closed}, "
                  f"stale step gauges={s.stale_step_gauges}, seed={s.seed}"]
         a0 = self.alloc_start
         for h in self.holds:
@@ -395,6 +398,7 @@ STEP_GAUGES = ("burnrate_train_last_step_timestamp_seconds", "burnrate_train_glo
                "burnrate_train_mfu_ratio")
 FLOPS_PER_SAMPLE = 6 * 7e9 * TOKENS_PER_SAMPLE
 LAST_HEARD = "burnrate_train_last_report_timestamp_seconds"
+CLOSED = "burnrate_train_closed_timestamp_seconds"
 
 
 def _last_report(p: Process, v: np.ndarray) -> np.ndarray:
@@ -448,10 +452,11 @@ def _gauges(p: Process, rank: int, x: np.ndarray, world: int) -> dict[str, np.nd
 
 
 def agent_view(processes: list[Process], rank: int, world: int, tau: np.ndarray,
-               stale_step_gauges: bool = True) -> dict[str, np.ndarray]:
+               stale_step_gauges: bool = True, closes: bool = False) -> dict[str, np.ndarray]:
     """One rank key's exported values at scrape times `tau` (NaN where not exported), as the
     agent keeps them: counters summed over the processes reporting to it while it holds the
-    rank, gauges last value wins, everything gone FORGET_AFTER_S after the last report."""
+    rank, gauges last value wins, everything gone FORGET_AFTER_S after the last report.
+    `closes`: the last of `processes` closed its monitor as it ended."""
     v = tau - REPORT_LAG_S
     x = [_last_report(p, v) for p in processes]
     # epochs: the agent forgets the rank when a gap between reports reaches FORGET_AFTER_S
@@ -490,6 +495,9 @@ def agent_view(processes: list[Process], rank: int, world: int, tau: np.ndarray,
     for name in gauges:
         out[name] = np.where(held, gauges[name], np.nan)
     out[LAST_HEARD] = np.where(held, last_seen, np.nan)     # the agent's time of the last report
+    if closes:      # that last report said the monitor closed
+        out[CLOSED] = np.where(held & (latest == len(processes) - 1) & (last_seen >= processes[-1].end),
+                               processes[-1].end, np.nan)
     return out
 
 
@@ -501,7 +509,8 @@ def _rank_series(spec: JobSpec, processes: list[Process], holds: list[PodHold], 
         ranks = next(h.ranks for h in holds if h.pod == pod)
         mine = [p for p in processes if pod in p.pods]
         for rank in ranks:
-            values = agent_view(mine, rank, world, tau, spec.stale_step_gauges)
+            closes = spec.report_closed and bool(mine) and mine[-1] is processes[-1] and not spec.runs[-1].hang_s
+            values = agent_view(mine, rank, world, tau, spec.stale_step_gauges, closes)
             labels = {"namespace": spec.namespace, "pod": pod, "training_job": spec.name, "rank": str(rank),
                       "Hostname": node.name, "instance": f"{node.name}:9400", "job": node.scrape_job}
             for name, v in values.items():
@@ -646,6 +655,7 @@ def ledger_jobs(draw: st.DrawFn, telemetry: bool = True, report_resumed_from: bo
         keep_s=keep, before_s=draw(st.floats(0.0, 3600.0)), after_s=draw(st.floats(0.0, 3600.0)),
         jitter_s=jitter, phase_s=draw(st.floats(0.0, interval, exclude_max=True)),
         telemetry=telemetry, report_resumed_from=report_resumed_from, report_last_heard=draw(st.booleans()),
+        report_closed=draw(st.booleans()),
         bystander=draw(st.booleans()),
         stale_step_gauges=draw(st.booleans()),
         seed=draw(st.integers(0, 2 ** 32 - 1)))

@@ -18,8 +18,8 @@ class FixedTelemetry:
 
     def ranks(self):
         values = dict(zip(RANK_FIELDS, (120, 60.0, 3.0, 55.5, 960, 983040, 7.2e14, 0.41, 2.75,
-                                        1.5, 1700000000.0, 1700000001.5, 2, 1699999000.0, 4.5, 1.25, 1120, 1699990000.0,
-                                        1000)))
+                                        1.5, 1700000000.0, 1700000001.5, 1700000001.5, 2, 1699999000.0, 4.5, 1.25, 1120,
+                                        1699990000.0, 1000)))
         return tuple(RankState(RankKey("ml", f"llm-worker-{r}", "llm", r), frozen(values), r, 1700000000.0)
                      for r in range(2))
 

@@ -587,6 +587,31 @@ def test_a_short_hang_is_stalled_by_the_last_report_times(vm, hang_s, after_s):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("closed", [True, False], ids=["close_exported", "older_monitor"])
+def test_gpus_let_go_seconds_after_a_closed_monitor_are_no_process(vm, closed):
+    """One run on 2 GPUs scraped every second finishes, and its pods let the GPUs go 3 s after its
+    last report, as the window closes: sooner than a living process's silence can be told from an
+    ended one's (a keep-alive every 2 s, a sample late). Where that last report said the monitor
+    closed, those seconds are `no_process`; from an older monitor or agent, the run reads as
+    stepping on through them (docs/ledger.md)."""
+    spec = replace(restarted(), runs=(_run(steps=300, step_s=1.0, startup_s=30.0),), keep_s=3.0,
+                   nodes=(("gpu-node-a", 2),), pod_skew_s=(0.0,), interval_s=1.0, jitter_s=0.0, phase_s=0.3,
+                   before_s=60.0, after_s=0.0, bystander=False, report_closed=closed)
+    case = in_slot(spec)
+    assert case.truth.ledger["no_process"] == pytest.approx(2 * 3.0 / 3600) and case.truth.ledger["stalled"] == 0
+    import_victoria(case, vm.url)
+    doc, step = analyse(vm.url, case)
+    ledger = {c: v["gpu_hours"] for c, v in the_job(doc, case)["ledger"].items()}
+    truth = case.truth.ledger
+    check(doc, case, step)
+    if closed:      # 4.3 of the 6 GPU-seconds; the rest at the window's end, within a sample
+        assert ledger["no_process"] >= 0.5 * truth["no_process"] and ledger["stalled"] <= 0.0001, ledger
+        assert ledger["productive"] == pytest.approx(truth["productive"], abs=0.0001)
+    else:           # 0.1111 against 0.1102
+        assert ledger["no_process"] == 0 and ledger["productive"] > truth["productive"] + 0.0005, ledger
+
+
+@pytest.mark.slow
 def test_without_resumed_from_lost_progress_is_null_not_zero(vm):
     case = in_slot(restarted(report_resumed_from=False))
     assert case.truth.ledger["lost_progress"] > 0

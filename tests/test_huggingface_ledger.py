@@ -67,10 +67,10 @@ def test_a_hugging_face_job_s_ledger_agrees_with_the_trainer_s_own_timings(tmp_p
     assert ledger["startup"] <= EDGES_S + ROUNDING_S, ledger
     steps_s = trainer["train_runtime"] - sum(trainer["evaluations"]) - sum(trainer["saves"])
     assert ledger["productive"] + ledger["data_wait"] + ledger["sync_wait"] == pytest.approx(steps_s, abs=tolerance)
-    # After the final save the process closes its monitor and exits; the agent lets the GPU go at
-    # its next collection. Those seconds read as stalled: a closed monitor's silence is a live
-    # one's for two keep-alives. Nothing else does.
-    assert ledger["stalled"] <= exited - trainer["ended"] + INTERVAL_S + EDGES_S + ROUNDING_S, (ledger, trainer)
-    assert ledger["no_process"] + ledger["restart"] + ledger["lost_progress"] == 0.0, ledger
+    # After the final save the process closes its monitor, which says so, and exits; the agent
+    # lets the GPU go at its next collection. Those seconds are the process's end, no stall.
+    assert ledger["stalled"] <= ROUNDING_S, ledger
+    assert ledger["no_process"] <= exited - trainer["ended"] + INTERVAL_S + EDGES_S + ROUNDING_S, (ledger, trainer)
+    assert ledger["restart"] + ledger["lost_progress"] == 0.0, ledger
     assert sum(ledger.values()) == pytest.approx(priced["gpu_hours"] * 3600, abs=ROUNDING_S * len(ledger))
     assert not [f for f in doc["findings"] if f["training_job"] == JOB and f["kind"] == "stalled"], doc["findings"]

@@ -79,7 +79,9 @@ def assert_same_tables(a, b, rtol: float = 1e-12) -> None:
                 # Read at each series' last row only, where a store's frame alone holds it.
                 at = x.groupby(list(labels), observed=True).tail(1).index
                 assert y.groupby(list(labels), observed=True).tail(1).index.equals(at)
-                assert x.loc[at, column].notna().all(), f"{table}.{column} on the series' last rows"
+                # Every rank was heard; only a rank whose monitor closed was heard closing.
+                assert column == "closed_time" or x.loc[at, column].notna().all(), \
+                    f"{table}.{column} on the series' last rows"
             np.testing.assert_allclose(x.loc[at, column].to_numpy(np.float64), y.loc[at, column].to_numpy(np.float64),
                                        rtol=rtol, equal_nan=True, err_msg=f"{table}.{column}")
 

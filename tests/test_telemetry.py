@@ -174,6 +174,8 @@ REJECTED: list[tuple[str, bytes]] = [
     ("wrong_type", encode(message(pod=None))),
     ("wrong_type", encode(message(local_rank=1.5))),
     ("wrong_type", encode(message(checkpoint_time="yesterday"))),
+    ("wrong_type", encode(message(final=1))),
+    ("wrong_type", encode(message(final=None))),
     ("bad_value", encode(message(rank=-1))),
     ("bad_value", encode(message(rank=4, world_size=4))),
     ("bad_value", encode(message(world_size=0, rank=0))),
@@ -312,7 +314,9 @@ def test_the_monitor_sends_and_the_agent_reads_the_fields_the_contract_names(tmp
     assert set(record) == {f.name for f in FIELDS} | set(INFORMATIONAL)
     accepted = validate(encode(record))
     assert isinstance(accepted, Record) and (accepted.tokens, accepted.loss) == (16, 1.5)
-    assert mon.sink.dropped == 2    # the hello and the report: nobody listens, counted, not raised
+    assert record["final"] is False
+    # The hello, the report and the close: nobody listens, counted, not raised.
+    assert mon.sink.dropped == 3
 
 
 def test_socket_path_from_environment() -> None:
@@ -658,6 +662,23 @@ def next_report(agent: socket.socket) -> dict:
     return message
 
 
+def test_the_agent_exports_when_a_rank_said_its_monitor_closed(inbox: TelemetryInbox, sender: Sender,
+                                                                clock: Clock) -> None:
+    """A process's last message says its monitor closed: the agent keeps that time beside the last
+    report's, equal while nothing follows; a later process of the rank moves the last report on."""
+    deliver(inbox, sender, message())
+    assert "closed_time" not in only_rank(inbox).values
+    clock.now += 3.0
+    deliver(inbox, sender, message(steps=0, step_s=0.0, data_wait_s=0.0, compute_s=0.0, samples=0, tokens=0,
+                                   flops=0.0, final=True))
+    values = only_rank(inbox).values
+    assert values["closed_time"] == values["last_report_time"] == T0 + 3.0 and values["steps"] == 2
+    clock.now += 5.0
+    deliver(inbox, sender, message(start_time=T0 + 6.0))
+    values = only_rank(inbox).values
+    assert values["closed_time"] == T0 + 3.0 < values["last_report_time"] == T0 + 8.0
+
+
 def test_a_loop_stuck_between_reports_still_says_its_process_lives(tmp_path) -> None:
     """A loop that stops reporting (hung in a collective, here asleep) sends, every keep-alive
     period, its last report again with nothing new in it: the agent keeps the rank, and its
@@ -673,8 +694,11 @@ def test_a_loop_stuck_between_reports_still_says_its_process_lives(tmp_path) -> 
         time.sleep(1.0)                                     # the loop hangs
         quiet = waiting(agent)
         mon.close()
+        (closing,) = waiting(agent)                         # the close, said once with nothing in it
         time.sleep(0.5)
         assert waiting(agent) == []                         # closed: nothing more
+    assert closing["final"] is True and closing["steps"] == 0 and closing["step"] == 3
+    assert all(r["final"] is False for r in reports + quiet)
     assert [r["steps"] for r in reports] == [1, 1, 1] and reports[-1]["step"] == 3
     assert 3 <= len(quiet) <= 6, quiet                      # one each 0.2 s of the hang
     times = [q["time"] for q in quiet]

@@ -348,7 +348,8 @@ def agent_socket(tmp_path):
 
 
 def _received(sock: socket.socket) -> list[dict]:
-    """The monitor's reports, after the hello it sends as it is created."""
+    """The monitor's reports, after the hello it sends as it is created and before the message
+    that says it closed, where it did (its last, with nothing counted)."""
     out = []
     sock.setblocking(False)
     try:
@@ -357,6 +358,10 @@ def _received(sock: socket.socket) -> list[dict]:
     except BlockingIOError:
         hello, *reports = out
         assert is_hello(hello), hello
+        if reports and reports[-1]["final"]:
+            closing = reports.pop()
+            assert all(closing[k] == 0 for k in OWED), closing
+        assert not any(r["final"] for r in reports)
         return reports
 
 
@@ -514,6 +519,31 @@ def test_a_loop_that_never_closes_still_sends_its_last_steps(tmp_path):
     assert sum(r["steps"] for r in records) == 7 and sum(r["samples"] for r in records) == 14
 
 
+def test_only_the_rank_s_own_process_says_it_closed(agent_socket):
+    """A child forked from the rank's process inherits its monitor's close at exit: the child's
+    exit says nothing, the process's own close says it once."""
+    path, sock = agent_socket
+    script = textwrap.dedent(f"""
+        import os, sys
+        from burnrate.monitor import Monitor
+        mon = Monitor(flops_per_token=1.0, seq_len=4, every_steps=1, socket_path={path!r})
+        mon.step(samples=2)
+        child = os.fork()
+        if child == 0:
+            sys.exit(0)          # an interpreter's exit, which runs what it inherited at exit
+        os.waitpid(child, 0)
+        mon.step(samples=2)
+    """)
+    done = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    messages = [json.loads(sock.recv(65536)) for _ in range(4)]
+    assert [m["final"] for m in messages] == [False, False, False, True]
+    assert [m["steps"] for m in messages[1:]] == [1, 1, 0]
+    sock.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        sock.recv(65536)
+
+
 def test_no_agent_is_said_once_with_the_socket_path(tmp_path, caplog):
     path = str(tmp_path / "nobody.sock")
     with caplog.at_level(logging.WARNING, logger="burnrate.monitor"):
@@ -522,5 +552,6 @@ def test_no_agent_is_said_once_with_the_socket_path(tmp_path, caplog):
                 mon.step(samples=1)
     (warning,) = [r for r in caplog.records if r.name == "burnrate.monitor"]
     assert path in warning.getMessage() and "no agent is listening" in warning.getMessage()
-    # the hello, five reports and, at close, one more that carries what none of them delivered
-    assert mon.sink.dropped == 7
+    # the hello, five reports, at close one more that carries what none of them delivered, and
+    # the close itself
+    assert mon.sink.dropped == 8

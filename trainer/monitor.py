@@ -211,6 +211,7 @@ class Monitor:
         self._micro = _MicroBatches()
         self._warned = False
         self._closed = False
+        self._pid = os.getpid()
         # The loop's reports and the keep-alives share the sink; the last report is what a
         # keep-alive repeats, with nothing new.
         self._sending = threading.Lock()
@@ -394,11 +395,18 @@ class Monitor:
             return
         self._closed = True
         atexit.unregister(self.close)
+        if os.getpid() != self._pid:
+            return      # the exit of a child forked from the rank's process, which inherited this at exit
         if self._keepalive is not None:
             self._keepalive.stop()
         iv = self._interval
         if iv.steps or iv.checkpoint_s or iv.eval_s or self._owed:
             self.report()
+        # The process trains no more, however long its exit takes: the agent hears it from this
+        # message's `final`, where the end of its keep-alives would leave it a live process's
+        # silence until the next was due (docs/telemetry.md).
+        with self._sending:
+            self.sink.send_bytes(encode({**self._quiet(), "final": True}))
         self.sink.close()
 
     # --- internals ----------------------------------------------------------------
@@ -532,6 +540,7 @@ class Monitor:
             "eval_s": iv.eval_s,
             "start_time": self.start_time,
             "resumed_from": self.resumed_from,
+            "final": False,
         }
 
     def _keep_alive(self) -> None:
@@ -541,14 +550,18 @@ class Monitor:
         with self._sending:
             if self._closed:
                 return
-            quiet = {**self._last_record, **dict.fromkeys(OWED, 0), "time": time.time(),
-                     "loss": None, "grad_norm": None, "mfu": None}
+            quiet = self._quiet()
             apart, now = self._apart, time.perf_counter()
             if apart is not None:
                 quiet[apart.counter] = now - apart.told
             if self.sink.send_bytes(encode(quiet)) and apart is not None:
                 self._ahead[apart.counter] = self._ahead.get(apart.counter, 0.0) + now - apart.told
                 apart.told = now
+
+    def _quiet(self) -> dict:
+        """The last report again with nothing new in it."""
+        return {**self._last_record, **dict.fromkeys(OWED, 0), "time": time.time(), "loss": None, "grad_norm": None,
+                "mfu": None}
 
     def _warn_undelivered(self) -> None:
         error = self.sink.last_error

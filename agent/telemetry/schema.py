@@ -70,6 +70,7 @@ _RULES = {
     telemetry.WORLD_SIZE: WorldSize,
     # Loss and gradient norm: NaN and ±Inf are kept, since they are what shows a run diverging.
     telemetry.REAL: float,
+    telemetry.FLAG: bool,
 }
 
 

@@ -84,6 +84,9 @@ class RankTable:
         self._ranks.move_to_end(identity)
         _apply(rank, record)
         rank.last_seen = now
+        if record.final:
+            # Kept after a later message (a new process of the rank): its last report is then later.
+            rank.gauges["closed_time"] = now
         rank.pid = pid
         rank.state = None
         return True

@@ -10,7 +10,8 @@ bin is given to the categories by what the job's ranks were doing:
   run, from the process's start for later ones), after a run's last step and before the next
   run's processes start it is `restart`, after the last run's last step it is `stalled`
   while its process lives and `no_process` after (a process reports while it lives, and the
-  agent exports when it last heard each rank; from an agent that does not, ranks whose series
+  agent exports when it last heard each rank and when a rank's last message said its monitor
+  closed, after which the process trains no more; from an agent that does not, ranks whose series
   vanish while the job still holds its GPUs stopped reporting its --forget-after before they
   went);
 - in between, the held time is split in proportion to the rank-seconds the run's counters
@@ -37,7 +38,7 @@ from burnrate.exporter.telemetry import FORGET_AFTER_S, KEEPALIVE_S
 
 from .accounting import Accounting, holder_seconds
 from ..detectors.stalled import Config as StalledConfig
-from ..grid.views import Views
+from ..grid.views import Grid, Views
 
 _I = {name: i for i, name in enumerate(NAMES)}
 APART = ("checkpoint", "evaluation")     # a loop's time apart from its steps
@@ -181,6 +182,10 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
     closing = int(np.flatnonzero(held > 0)[-1]) if (held > 0).any() else -1
     if closing >= 0 and seen[closing] + 2 * v.step <= v.frames.window.end:
         closing = -1
+    heard, closed = (_latest(rank, name, rows) for name in ("last_report_time", "closed_time"))
+    # Every rank of the last run said in its last message that its monitor closed: it trains no
+    # more, whatever its process's exit takes.
+    ended = bool(runs) and _closed(heard, closed, (present & (run_of == len(runs) - 1)).any(axis=1))
     for k, run in enumerate(runs):
         cells = run_of == k
         start = cursor if k == 0 or run["process_start"] is None else max(run["process_start"], cursor)
@@ -196,7 +201,8 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
             continue
         usual = _usual_step(step_s[cells], steps[cells])
         last = max(run["last_time"] or seen[run["last"]], start)
-        if k == len(runs) - 1 and closing >= 0 and (cells & present)[:, max(closing - 1, 0):closing + 1].any() and \
+        if k == len(runs) - 1 and closing >= 0 and not ended and \
+                (cells & present)[:, max(closing - 1, 0):closing + 1].any() and \
                 seen[closing] - last < max(stalled.interval_factor * usual, v.step) + v.step:
             # Still stepping when the window closes (a sample's slack: a rank's scrape may come
             # after the window's end): its last step is under way, through the time its last
@@ -252,10 +258,8 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
             give(category, last, cursor, cursor + took)
             cursor += took
         tail = held * cover(cursor, np.inf)
-        heard = rank.latest.get("last_report_time")
-        alive = _alive(v, present & (run_of == last), heard[rows] if heard is not None else np.full(len(rows), np.nan),
-                       tail, cursor, cover, lo, seen, _usual_step(step_s[run_of == last], steps[run_of == last]),
-                       stalled)
+        alive = _alive(v, present & (run_of == last), heard, ended, tail, cursor, cover, lo, seen,
+                       _usual_step(step_s[run_of == last], steps[run_of == last]), stalled)
         waiting = _I["startup"] if runs[last]["first"] is None else _I["stalled"]
         for category, share in ((waiting, alive), (_I["no_process"], 1.0 - alive)):
             seconds[category] += tail * share
@@ -299,14 +303,29 @@ def _unheld(held: np.ndarray, cover: Callable[[float, float], np.ndarray], t0: f
     return missing if missing > 2 * step * gpus else 0.0
 
 
-def _alive(v: Views, reporting: np.ndarray, heard: np.ndarray, tail: np.ndarray, cursor: float,
+def _latest(rank: Grid, name: str, rows: np.ndarray) -> np.ndarray:
+    """Each of `rows`' last value of a column read at its series' last sample (Grid.latest); NaN
+    where it is not exported."""
+    values = rank.latest.get(name)
+    return values[rows] if values is not None else np.full(len(rows), np.nan)
+
+
+def _closed(heard: np.ndarray, closed: np.ndarray, ranks: np.ndarray) -> bool:
+    """Whether the last message the agent heard from each of `ranks` (a mask of the job's rows)
+    said its monitor closed: `heard`, when it heard each last, `closed`, when it heard each close
+    (NaN: not exported, or never)."""
+    known = np.isfinite(heard) & ranks
+    return bool(known.any() and (closed[known] >= heard[known]).all())
+
+
+def _alive(v: Views, reporting: np.ndarray, heard: np.ndarray, ended: bool, tail: np.ndarray, cursor: float,
            cover: Callable[[float, float], np.ndarray], lo: np.ndarray, seen: np.ndarray, usual: float,
            stalled: StalledConfig) -> np.ndarray:
     """(bin,) the share of each bin of the last run's `tail` (its held time after `cursor`, its
     last step) that its process was alive. `reporting`: the last run's ranks' samples; `heard`:
-    when the agent last heard each of the job's ranks (NaN: not exported); `cover(t0, t1)`: the
-    share of each bin a stretch of time covers; `lo`, `seen`: where each bin's time begins, and
-    when its samples were seen."""
+    when the agent last heard each of the job's ranks (NaN: not exported); `ended`: each said
+    then that its monitor closed; `cover(t0, t1)`: the share of each bin a stretch of time covers;
+    `lo`, `seen`: where each bin's time begins, and when its samples were seen."""
     reported = reporting.any(axis=0)
     went = np.flatnonzero(reported)
     held_bins = np.flatnonzero(tail > 0)
@@ -316,9 +335,10 @@ def _alive(v: Views, reporting: np.ndarray, heard: np.ndarray, tail: np.ndarray,
         # The agent's time of each rank's last message, keep-alives included: the process lived
         # until the latest, and on through its GPUs' last held time where its last sample heard
         # it then (a living process reports at least every KEEPALIVE_S; a sample is a step late
-        # at most).
+        # at most), unless every rank's last message said its monitor closed: it trained no more
+        # from then, whatever its exit took.
         latest = float(np.nanmax(heard))
-        if kept and seen[went[-1]] - latest <= v.step + 2 * KEEPALIVE_S:
+        if kept and not ended and seen[went[-1]] - latest <= v.step + 2 * KEEPALIVE_S:
             return np.ones(v.n)
         return cover(-np.inf, latest)
     # Without those times (an older agent), a process is alive while its ranks report: the

@@ -36,10 +36,10 @@ from burnrate.exporter.recording import TABLES
 FLOAT32 = {"rank": ("mfu", "loss", "grad_norm", "global_step", "resumed_from")}
 # The rank table's cumulative counters: each bin's increase is read from them.
 RANK_COUNTERS = ("steps", "step_s", "data_wait_s", "compute_s", "tokens", "checkpoint_s", "eval_s")
-# When the agent last heard each rank: read at each series' last row only (Grid.latest), so a
-# store is asked for each series' last value once, not a value a step, and the frame holds it
-# on that row alone.
-RANK_LATEST = ("last_report_time",)
+# When the agent last heard each rank, and when it heard the rank's process close its monitor:
+# read at each series' last row only (Grid.latest), so a store is asked for each series' last
+# value once, not a value a step, and the frame holds it on that row alone.
+RANK_LATEST = ("last_report_time", "closed_time")
 
 
 @dataclass(frozen=True)
