@@ -307,3 +307,38 @@ def test_a_job_stepping_every_15s_then_every_second_is_not_stalled_under_the_dem
     hung = [f for f in found if f.kind == "stalled" and f.training_job == "hung"]
     if window.start < T0 + 60 * MIN:
         assert len(hung) == 1 and abs(hung[0].start - (T0 + 60 * MIN)) <= HISTORY_S
+
+
+def test_a_job_scraped_every_15s_beside_1s_data_lives_to_the_window_s_end(tmp_path):
+    """A training job scraped every 15 s, stepping and heard by its agent at each scrape, beside a
+    job sampled every second: the window's grid is 1 s, and each of the first job's samples holds
+    on over the 14 bins after it. Its process lived through its last sample's time; none of it is
+    `no_process`, and no `held_after_exit` (the demo's fleet at the end of its live part)."""
+    root, end = str(tmp_path / "recording"), T0 + 10 * MIN
+    tables = open_recording(root, segment="fleet")
+    device = (lambda g: (str(g), f"GPU-{HOST}-{g}", f"0000:{g:02x}:00.0", f"nvidia{g}", MODEL, HOST))   # noqa: E731
+    every = {"fleet": (0, np.arange(T0, end - 7.0, HISTORY_S)), "live": (1, np.arange(T0, end + 1e-9, LIVE_S))}
+    for t in every["live"][1]:
+        tables["node"].append(t, (HOST, "p5.48xlarge", "on-demand", "us-east-1a", MODEL, "2"), {"cpu_utilization": 0.3})
+    rows = []
+    for name, (g, times) in every.items():
+        for t in times:
+            made = t - T0
+            rows.append(("gpu", t, device(g) + ("",) * 4, {"up": 1.0, "gpu_util": 90.0, "sm_clock_mhz": 1980.0,
+                                                         "throttle_reasons": 0.0}))
+            rows.append(("alloc", t, device(g) + ("ml", f"{name}-0", "main", name), {"share": 1.0}))
+            rows.append(("rank", t, ("ml", f"{name}-0", name, "0", HOST), {
+                "steps": made, "step_s": made, "compute_s": 0.9 * made, "data_wait_s": 0.01 * made,
+                "tokens": 4096 * made, "mfu": 0.45, "loss": 2.0, "grad_norm": 1.0, "world_size": 1.0,
+                "last_step_time": t, "global_step": made, "start_time": T0 - 60.0, "resumed_from": 0.0,
+                "last_report_time": t}))
+    for table, t, labels, values in sorted(rows, key=lambda row: row[1]):
+        tables[table].append(t, labels, values)
+    for table in tables.values():
+        table.close()
+    frames = RecordingSource(root).frames(Window(T0, end))
+    assert frames.step_s == LIVE_S
+    report = analyze(frames, CATALOG, demo_live_thresholds())
+    (fleet,) = [j for j in report.jobs if j.training_job == "fleet"]
+    assert fleet.ledger.gpu_hours["no_process"] == 0 and fleet.ledger.gpu_hours["stalled"] == 0, fleet.ledger.gpu_hours
+    assert not [(f.kind, f.training_job) for f in report.findings if f.kind in ("held_after_exit", "stalled")]
