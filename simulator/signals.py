@@ -144,7 +144,8 @@ class Signals:
         wait = (self.w0 + self.extra) * self.T * np.exp(rng.normal(0.0, 0.1, (n_t, n_j)) * (self.extra > 0))
         comm = (1.0 - self.c0 - self.w0) * self.T
         wall = (wait + slowest + comm) * jitter
-        running = col < np.minimum(self.stall_at, self.exit_at)
+        # An exiting trainer steps until it exits: the sample it exits at counts its last steps.
+        running = (col < self.stall_at) & (col <= self.exit_at)
         sawtooth, burst = self._burst(i)
         job_steps = np.where(running, S / wall * burst, 0.0)
         steps, wall_r = job_steps[:, rj], wall[:, rj]
