@@ -91,6 +91,28 @@ def frame_dtypes(table: str, columns: Iterable[str]) -> dict[str, str]:
     return {c: "f4" if c in FLOAT32.get(table, ()) else stored[c] for c in columns}
 
 
+def on_rows(length: int, rows: np.ndarray, values: np.ndarray) -> pd.arrays.SparseArray:
+    """A column of `length` rows holding `values` on `rows` (increasing) and NaN on every other,
+    in the memory of those values alone: a RANK_LATEST column, one value a series."""
+    values, rows = np.asarray(values, np.float64), np.asarray(rows, np.int32)
+    if hasattr(pd.arrays.SparseArray, "from_indices"):      # pandas 3.1 on
+        return pd.arrays.SparseArray.from_indices(values, rows, length, fill_value=np.nan)
+    from pandas._libs.sparse import IntIndex                # before it, the positions' only spelling
+    return pd.arrays.SparseArray(values, sparse_index=IntIndex(length, rows), fill_value=np.nan)
+
+
+def values_at(column: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """`column`'s values on `rows` (positions), a sparse column's without making it whole."""
+    array = column.array
+    if not isinstance(array, pd.arrays.SparseArray):
+        return column.to_numpy()[rows]
+    index, values = array.sp_index.indices, array.sp_values
+    if not len(index):
+        return np.full(len(rows), np.nan)
+    at = np.minimum(np.searchsorted(index, rows), len(index) - 1)
+    return np.where(index[at] == rows, values[at], np.nan)
+
+
 OWNER_COLUMNS = ("namespace", "pod", "owner_kind", "owner_name")
 
 

@@ -18,7 +18,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from .frames import RANK_COUNTERS, RANK_LATEST, Frames, grid_size
+from .frames import RANK_COUNTERS, RANK_LATEST, Frames, grid_size, values_at
 from .holding import ALSO_NEXT, REPEATED, STALENESS_S, hold
 from .runs import label_runs
 from . import workers
@@ -168,16 +168,21 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
         present.ravel()[after] = True
     # Sums first: their float64 bincount is briefly beside its float32 copy, before the other grids exist.
     for name in sorted(columns, key=lambda c: c not in summed):
+        if name in latest:
+            at = np.full(s, -1, np.int64)
+            at[cell // n] = np.arange(len(cell))    # rows are in time order: each series' last wins
+            lasts[name] = np.full(s, np.nan)
+            if len(cell):
+                rows = np.maximum(at, 0) if keep.all() else np.flatnonzero(keep)[np.maximum(at, 0)]
+                lasts[name] = np.where(at >= 0, values_at(frame[name], rows), np.nan)
+            if release:
+                del frame[name]
+            continue
         data = frame[name].to_numpy()
         if release:
             del frame[name]
         if not keep.all():
             data = data[keep]
-        if name in latest:
-            at = np.full(s, -1, np.int64)
-            at[cell // n] = np.arange(len(cell))    # rows are in time order: each series' last wins
-            lasts[name] = np.where(at >= 0, data[np.maximum(at, 0)] if len(data) else np.nan, np.nan)
-            continue
         if name in summed:
             total = np.bincount(cell, weights=data, minlength=s * n)
             # A reduced read has one row a cell: its float32 seconds, exact in half the memory.

@@ -21,7 +21,7 @@ from burnrate.exporter.recording import TABLES
 from burnrate.exporter import catalog as C
 from burnrate.exporter import labels as L
 
-from ..grid.frames import RANK_LATEST, Frames, Window, frame_dtypes
+from ..grid.frames import RANK_LATEST, Frames, Window, frame_dtypes, on_rows
 from ..grid.freed import give_back, let_go
 from ..grid.series import distinct_text, labelled, text
 from .allocation import best_allocation, empty_alloc
@@ -255,9 +255,10 @@ class _Points:
             let_go(sum(s.nbytes for _, s in self.points.pop(column, ())))
         return frame
 
-    def _on_last_rows(self, points: Sequence[tuple[int, Points]], row_keys: np.ndarray, dtype) -> np.ndarray:
+    def _on_last_rows(self, points: Sequence[tuple[int, Points]], row_keys: np.ndarray,
+                      dtype) -> pd.arrays.SparseArray:
         """Each series' latest point's value on the series' last row (rows are in time order),
-        NaN on every other row; a series with no row has none."""
+        NaN on every other row (a sparse column: frames.on_rows); a series with no row has none."""
         last_row = np.full(max(len(self.keys), 1), -1, np.int64)
         last_row[row_keys] = np.arange(len(row_keys))      # a series' later row overwrites its earlier
         latest: dict[int, tuple[float, float]] = {}
@@ -268,11 +269,9 @@ class _Points:
                          if isinstance(series, Steps) else (series[-1, 0], series[-1, 1]))
             if k not in latest or at >= latest[k][0]:
                 latest[k] = (at, value)
-        out = np.full(len(row_keys), np.nan, dtype)
-        for k, (_, value) in latest.items():
-            if last_row[k] >= 0:
-                out[last_row[k]] = value
-        return out
+        placed = sorted((last_row[k], value) for k, (_, value) in latest.items() if last_row[k] >= 0)
+        return on_rows(len(row_keys), np.array([row for row, _ in placed], np.int64),
+                       np.array([value for _, value in placed], dtype))
 
     def _row_labels(self, layout: _Layout, n_names: int) -> tuple[np.ndarray, list[tuple[str, ...]]]:
         """Each row's entry in the table of label sets, which ends with one of empty labels."""

@@ -10,7 +10,7 @@ import pandas as pd
 
 from burnrate.exporter.recording import TABLES
 
-from ..grid.frames import RANK_COUNTERS, Frames, Window
+from ..grid.frames import RANK_COUNTERS, RANK_LATEST, Frames, Window
 from .recording_tables import Span, check, damage, empty_table, load_table, placed_rows, read_times, segments
 from ..grid.holding import STALENESS_S, hold, series_intervals
 from .allocation import SHARE_RATIO
@@ -94,7 +94,8 @@ class RecordingSource:
         done = 0
         # numpy reads and reduces without the GIL: tables load side by side, largest first.
         with ThreadPoolExecutor(max_workers=LOADERS) as pool:
-            loading = {pool.submit(load_table, self.root, name, _wanted(name, columns), span): name
+            loading = {pool.submit(load_table, self.root, name, _wanted(name, columns), span,
+                                   RANK_LATEST if name == "rank" else ()): name
                        for name in sorted(wanted, key=sizes.get, reverse=True)}
             for future in as_completed(loading):
                 name = loading[future]

@@ -26,7 +26,7 @@ import pandas as pd
 
 from burnrate.exporter.recording import FORMAT, TABLES
 
-from ..grid.frames import frame_dtypes
+from ..grid.frames import frame_dtypes, on_rows
 from ..grid.resample import reduce_rows
 from .timeparse import format_time
 
@@ -264,7 +264,7 @@ def _chunks(t: np.ndarray, span: Span | None) -> Iterator[tuple[int, int]]:
 
 
 def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str], table: str,
-             span: Span | None) -> pd.DataFrame | None:
+             span: Span | None, only_last: Iterable[str] = ()) -> pd.DataFrame | None:
     rows = placed_rows(segment)
     if rows == 0:
         return None
@@ -281,8 +281,10 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
     # no copy to join the chunks, and pages a reduction leaves unwritten are never touched.
     capacity = sum(hi - lo for lo, hi in chunks)
     reducing = span is not None and span.step is not None
+    # `only_last` columns are kept on each series' last row alone: its latest value so far.
+    latest = {c: np.full(len(order), np.nan) for c in columns if c in only_last}
     out = {"t": np.empty(capacity), "series": np.empty(capacity, np.int64),
-           **{c: np.empty(capacity, d) for c, d in frame_dtypes(table, columns).items()},
+           **{c: np.empty(capacity, d) for c, d in frame_dtypes(table, columns).items() if c not in latest},
            **({"sample_count": np.empty(capacity, np.float32)} if reducing else {})}
     filled = 0
     for lo, hi in chunks:
@@ -296,11 +298,23 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
             times, series, values = times[known], series[known], {c: v[known] for c, v in values.items()}
         if reducing:
             times, series, values = reduce_rows(times, series, len(order), values, table, span.first, span.step)
+        if latest:
+            last = np.full(len(order), -1, np.int64)
+            last[series] = np.arange(len(series))       # rows are in time order: each series' last wins
+            now = np.flatnonzero(last >= 0)
+            for name in latest:
+                latest[name][now] = values.pop(name)[last[now]]
         for name, part in (("t", times), ("series", series), *values.items()):
             out[name][filled:filled + len(times)] = part
         filled += len(times)
     if not filled:
         return None
+    if latest:
+        last = np.full(len(order), -1, np.int64)
+        last[out["series"][:filled]] = np.arange(filled)
+        rows = np.sort(last[last >= 0])
+        for name in latest:
+            out[name] = on_rows(filled, rows, latest[name][out["series"][rows]])
     values = [*columns, *(["sample_count"] if reducing else [])]
     # Labels via the small key table, not per row: one take per label column. Handed to the
     # frame as it is made, which keeps them (assigned afterwards, each would be copied).
@@ -309,7 +323,8 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
     for name in label_names:
         each = pd.Categorical([keys[k].get(name, "") for k in order])
         labels[name] = pd.Categorical.from_codes(each.codes[at], each.categories)
-    return pd.DataFrame({"t": out["t"][:filled], **{c: out[c][:filled] for c in values}, **labels}, copy=False)
+    return pd.DataFrame({"t": out["t"][:filled], **{c: out[c] if c in latest else out[c][:filled] for c in values},
+                         **labels}, copy=False)
 
 
 def empty_table(table: str, columns: Iterable[str] | None = None) -> pd.DataFrame:
@@ -321,8 +336,11 @@ def empty_table(table: str, columns: Iterable[str] | None = None) -> pd.DataFram
     return pd.DataFrame(empty)
 
 
-def load_table(root: str, table: str, columns: Iterable[str] | None = None, span: Span | None = None) -> pd.DataFrame:
-    """All segments of one table: `t` (unix seconds), the label columns, the values."""
+def load_table(root: str, table: str, columns: Iterable[str] | None = None, span: Span | None = None,
+               only_last: Iterable[str] = ()) -> pd.DataFrame:
+    """All segments of one table: `t` (unix seconds), the label columns, the values; the
+    `only_last` columns hold each series' value on its last row alone, NaN on every other (a
+    sparse column: frames.on_rows), as an analysis reads them (Grid.latest)."""
     check(root)
     if table not in TABLES:
         raise RecordingError(f"unknown table {table!r}; tables: {', '.join(TABLES)}")
@@ -333,7 +351,7 @@ def load_table(root: str, table: str, columns: Iterable[str] | None = None, span
         raise RecordingError(f"table {table} has no columns {sorted(missing)}")
     dtypes = {c: all_columns[c] for c in wanted}
     frames = [f for s in segments(root, table)
-              if (f := _segment(s, label_names, dtypes, table, span)) is not None]
+              if (f := _segment(s, label_names, dtypes, table, span, only_last)) is not None]
     if not frames:
         return empty_table(table, wanted)
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
