@@ -9,6 +9,7 @@ the copies it made before.
 import subprocess
 import sys
 import tracemalloc
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -245,3 +246,24 @@ def test_choosing_the_allocation_signal_makes_its_row_long_arrays_in_place():
     # 12.2 float64s a table's row (its two signals' rows, each chosen or not, then the kept ones
     # put together); 18.9 when the time, cell and GPU arrays were each made anew.
     assert peak < 15 * 8 * len(t), peak / (8 * len(t))
+
+
+@pytest.mark.parametrize("spelled", ["from_indices", "sparse_index"])
+def test_a_value_a_series_holds_only_those_values_and_reads_back(spelled, monkeypatch):
+    """A RANK_LATEST column (frames.on_rows) keeps a value and a position a series, not a float a
+    row, and values_at reads it at any rows: through pandas' `from_indices` (3.1 on) and through
+    the `sparse_index` every release before takes."""
+    if spelled == "sparse_index":
+        if not hasattr(pd.arrays.SparseArray, "from_indices"):
+            pytest.skip("this pandas has no from_indices: the other case takes sparse_index")
+        monkeypatch.delattr(pd.arrays.SparseArray, "from_indices")
+    rows, n = np.array([3, 999_998]), 1_000_000
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")        # pandas 3.1 says sparse_index will go
+        column = pd.Series(frames_module.on_rows(n, rows, np.array([1.5, np.nan])))
+    assert column.array.nbytes < 100 and len(column) == n
+    np.testing.assert_array_equal(frames_module.values_at(column, np.array([0, 3, 4, 999_998, 999_999])),
+                                  [np.nan, 1.5, np.nan, np.nan, np.nan])
+    assert frames_module.values_at(column, np.array([3]))[0] == 1.5
+    dense = pd.Series(np.arange(5.0))
+    np.testing.assert_array_equal(frames_module.values_at(dense, np.array([4, 1])), [4.0, 1.0])
