@@ -342,3 +342,74 @@ def test_a_job_scraped_every_15s_beside_1s_data_lives_to_the_window_s_end(tmp_pa
     (fleet,) = [j for j in report.jobs if j.training_job == "fleet"]
     assert fleet.ledger.gpu_hours["no_process"] == 0 and fleet.ledger.gpu_hours["stalled"] == 0, fleet.ledger.gpu_hours
     assert not [(f.kind, f.training_job) for f in report.findings if f.kind in ("held_after_exit", "stalled")]
+
+
+def _job_beside_live(root: str, start: float, stop_step: float, exit_at: float, closes: bool, release: float,
+                     end: float, live: bool) -> None:
+    """A 2-GPU job scraped every 15 s: stepping a step a second from `start` until `stop_step`
+    (then hung, if that is before its exit), its process ending at `exit_at` (its monitor saying
+    so where `closes`), its GPUs held until `release`, its ranks' series kept the agent's five
+    minutes after the exit while held; with `live`, a job on a third GPU sampled every second."""
+    tables = open_recording(root, segment="fleet")
+    device = (lambda g: (str(g), f"GPU-{HOST}-{g}", f"0000:{g:02x}:00.0", f"nvidia{g}", MODEL, HOST))   # noqa: E731
+    rows = []
+
+    def ranks(t: float, name: str, pod: str, rank: int, made: float, began: float, heard: float, closed: float):
+        rows.append(("rank", t, ("ml", pod, name, str(rank), HOST), {
+            "steps": made, "step_s": made, "compute_s": 0.9 * made, "data_wait_s": 0.01 * made, "tokens": 4096 * made,
+            "mfu": 0.45, "loss": 2.0, "grad_norm": 1.0, "world_size": 2.0 if name == "job" else 1.0,
+            "last_step_time": began + made, "global_step": made, "start_time": began - 30.0, "resumed_from": 0.0,
+            "last_report_time": heard, "closed_time": closed}))
+
+    for t in np.arange(T0, end + 1e-9, HISTORY_S):
+        for g in (0, 1):
+            rows.append(("gpu", t, device(g) + ("",) * 4, {"up": 1.0, "gpu_util": 90.0 if start <= t < exit_at else 0.0,
+                                                         "sm_clock_mhz": 1980.0, "throttle_reasons": 0.0}))
+            if start <= t < release:
+                rows.append(("alloc", t, device(g) + ("ml", f"job-{g}", "main", "job"), {"share": 1.0}))
+            if start <= t < min(release, exit_at + 300.0):
+                ranks(t, "job", f"job-{g}", g, np.floor(max(0.0, min(t, stop_step, exit_at) - start)), start,
+                      min(t, exit_at), exit_at if closes and t >= exit_at else np.nan)
+    for t in np.arange(T0 + 5.0, end + 1e-9, LIVE_S) if live else ():
+        rows.append(("gpu", t, device(2) + ("",) * 4, {"up": 1.0, "gpu_util": 90.0, "sm_clock_mhz": 1980.0,
+                                                     "throttle_reasons": 0.0}))
+        rows.append(("alloc", t, device(2) + ("ml", "live-0", "main", "live"), {"share": 1.0}))
+        ranks(t, "live", "live-0", 0, t - T0 - 5.0, T0 + 5.0, t, np.nan)
+    for t in np.arange(T0, end + 1e-9, LIVE_S if live else HISTORY_S):
+        rows.append(("node", t, (HOST, "p5.48xlarge", "on-demand", "us-east-1a", MODEL, "3"), {"cpu_utilization": 0.3}))
+    for table, t, labels, values in sorted(rows, key=lambda row: row[1]):
+        tables[table].append(t, labels, values)
+    for table in tables.values():
+        table.close()
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("BURNRATE_EXAMPLES"), database=None)
+@given(start=st.floats(30.0, 150.0), life=st.floats(600.0, 2400.0), hung=st.one_of(st.just(0.0), st.floats(0.1, 0.7)),
+       closes=st.booleans(), keep=st.sampled_from(["none", "seconds", "minutes"]), after=st.floats(0.0, 600.0),
+       cut=st.one_of(st.none(), st.floats(0.3, 0.95)))
+def test_a_job_s_ledger_is_the_same_on_its_own_grid_and_beside_1s_data(tmp_path_factory, start, life, hung, closes,
+                                                                        keep, after, cut):
+    """A job scraped every 15 s, read alone (a 15 s grid) and beside a job sampled every second (a
+    1 s grid, each of its samples held over the 14 bins after it), over windows that close after it
+    or while it steps or hangs: its ledger is the same within a sample at each of its edges, and so
+    are its findings, to less than one sample of one GPU."""
+    closes = closes and not hung
+    start, exit_at = T0 + start, T0 + start + life
+    stop_step = exit_at - hung * life
+    release = exit_at + {"none": 0.0, "seconds": 23.0, "minutes": 800.0}[keep]
+    end = release + after if cut is None else start + cut * life      # `cut`: the window closes first
+    read = []
+    for live in (False, True):
+        root = str(tmp_path_factory.mktemp("grids") / "recording")
+        _job_beside_live(root, start, stop_step, exit_at, closes, release, end, live)
+        frames = RecordingSource(root).frames(Window(T0, end))
+        report = analyze(frames, CATALOG, DetectorConfig())
+        (job,) = [j for j in report.jobs if j.training_job == "job"]
+        read.append((frames.step_s, {k: v or 0.0 for k, v in job.ledger.gpu_hours.items()},
+                     sorted(f.kind for f in report.findings if f.training_job == "job")))
+    (alone, ledger, kinds), (beside, ledger_beside, kinds_beside) = read
+    assert (alone, beside) == (HISTORY_S, LIVE_S)
+    # The same samples either way: what a grid changes is where a sample's time falls, less than
+    # one sample of one GPU (measured: under 5 GPU-seconds).
+    assert ledger == pytest.approx(ledger_beside, abs=HISTORY_S / 3600), (ledger, ledger_beside)
+    assert kinds == kinds_beside

@@ -202,14 +202,13 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         usual = _usual_step(step_s[cells], steps[cells])
         last = max(run["last_time"] or seen[run["last"]], start)
         if k == len(runs) - 1 and closing >= 0 and not ended and \
-                (cells & present)[:, max(closing - 1, 0):closing + 1].any() and \
-                seen[_last_taken(rank, rows, cells & present, closing)] - last < \
-                max(stalled.interval_factor * usual, v.step) + v.step:
-            # Still stepping when the window closes (a sample's slack: a rank's scrape may come
-            # after the window's end; a series scraped less often than the grid's step holds
-            # its last sample over the bins after it): its last step is under way, through the
-            # time its last sample holds for.
-            last = hi[closing]
+                (cells & present)[:, max(closing - 1, 0):closing + 1].any():
+            taken, slack = _last_samples(v, rank, rows, cells & present, closing)
+            if seen[taken] - last < max(stalled.interval_factor * usual, slack) + slack:
+                # Still stepping when the window closes (a sample's slack: a rank's scrape may
+                # come after the window's end): its last step is under way, through the time its
+                # last sample holds for.
+                last = hi[closing]
         # The first steps began as long before they reported as the time they report (or, in a
         # series' first sample, which has no increase to read, as their number of usual steps).
         reported = parts[:, cells[:, run["first"]], run["first"]].sum(axis=0)
@@ -261,8 +260,8 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
             cursor += took
         tail = held * cover(cursor, np.inf)
         reporting = present & (run_of == last)
-        alive = _alive(v, reporting, _last_taken(rank, rows, reporting, v.n - 1), heard, ended, tail, cursor, cover,
-                       lo, seen, _usual_step(step_s[run_of == last], steps[run_of == last]), stalled)
+        alive = _alive(v, reporting, _last_samples(v, rank, rows, reporting, v.n - 1), heard, ended, tail, cursor,
+                       cover, lo, seen, _usual_step(step_s[run_of == last], steps[run_of == last]), stalled)
         waiting = _I["startup"] if runs[last]["first"] is None else _I["stalled"]
         for category, share in ((waiting, alive), (_I["no_process"], 1.0 - alive)):
             seconds[category] += tail * share
@@ -321,20 +320,24 @@ def _closed(heard: np.ndarray, closed: np.ndarray, ranks: np.ndarray) -> bool:
     return bool(known.any() and (closed[known] >= heard[known]).all())
 
 
-def _last_taken(rank: Grid, rows: np.ndarray, cells: np.ndarray, until: int) -> int:
+def _last_samples(v: Views, rank: Grid, rows: np.ndarray, cells: np.ndarray, until: int) -> tuple[int, float]:
     """The last bin up to `until` where one of `cells` (the job's `rows`) has a sample taken
-    there, not one held over from an earlier bin (Grid.sampled); `until` where there is none."""
+    there, not one held over from an earlier bin (Grid.sampled; `until` where there is none), and
+    how late a sample of theirs may come: the grid's step, or where they are scraped less often
+    than that, the time between their last two samples (the median of the series'). So a job reads
+    the same on its own grid and on a finer one (beside data sampled more often)."""
     taken = cells[:, :until + 1] if rank.sampled is None else cells[:, :until + 1] & rank.sampled[rows, :until + 1]
     bins = np.flatnonzero(taken.any(axis=0))
-    return int(bins[-1]) if len(bins) else until
+    apart = [b[-1] - b[-2] for b in map(np.flatnonzero, taken[taken.any(axis=1)]) if len(b) > 1]
+    return (int(bins[-1]) if len(bins) else until), v.step * max(float(np.median(apart)) if apart else 1.0, 1.0)
 
 
-def _alive(v: Views, reporting: np.ndarray, taken: int, heard: np.ndarray, ended: bool, tail: np.ndarray,
-           cursor: float, cover: Callable[[float, float], np.ndarray], lo: np.ndarray, seen: np.ndarray, usual: float,
-           stalled: StalledConfig) -> np.ndarray:
+def _alive(v: Views, reporting: np.ndarray, last_samples: tuple[int, float], heard: np.ndarray, ended: bool,
+           tail: np.ndarray, cursor: float, cover: Callable[[float, float], np.ndarray], lo: np.ndarray,
+           seen: np.ndarray, usual: float, stalled: StalledConfig) -> np.ndarray:
     """(bin,) the share of each bin of the last run's `tail` (its held time after `cursor`, its
     last step) that its process was alive. `reporting`: the last run's ranks' samples, and the
-    last bin where one was taken (`taken`: not held over from an earlier bin); `heard`:
+    last bin where one was taken with how late one may come (_last_samples); `heard`:
     when the agent last heard each of the job's ranks (NaN: not exported); `ended`: each said
     then that its monitor closed; `cover(t0, t1)`: the share of each bin a stretch of time covers;
     `lo`, `seen`: where each bin's time begins, and when its samples were seen."""
@@ -346,12 +349,12 @@ def _alive(v: Views, reporting: np.ndarray, taken: int, heard: np.ndarray, ended
     if np.isfinite(heard).any():
         # The agent's time of each rank's last message, keep-alives included: the process lived
         # until the latest, and on through its GPUs' last held time where its last sample heard
-        # it then (a living process reports at least every KEEPALIVE_S; a sample is a step late
-        # at most; a sample of a series scraped less often than the grid's step holds on over
-        # the bins after it), unless every rank's last message said its monitor closed: it
-        # trained no more from then, whatever its exit took.
+        # it then (a living process reports at least every KEEPALIVE_S; a sample is a step, or
+        # a scrape interval, late at most), unless every rank's last message said its monitor
+        # closed: it trained no more from then, whatever its exit took.
         latest = float(np.nanmax(heard))
-        if kept and not ended and seen[taken] - latest <= v.step + 2 * KEEPALIVE_S:
+        taken, slack = last_samples
+        if kept and not ended and seen[taken] - latest <= slack + 2 * KEEPALIVE_S:
             return np.ones(v.n)
         return cover(-np.inf, latest)
     # Without those times (an older agent), a process is alive while its ranks report: the
