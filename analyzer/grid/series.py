@@ -83,6 +83,14 @@ def series_codes(frame: pd.DataFrame, by: tuple[str, ...], labels: tuple[str, ..
     return codes, keys
 
 
+def last_of(codes: np.ndarray, n: int) -> np.ndarray:
+    """Each of codes 0..n-1's last position in `codes` (rows in time order: its last row), -1 where
+    it has none."""
+    last = np.full(n, -1, np.int64)
+    last[codes] = np.arange(len(codes))     # numpy keeps the last write
+    return last
+
+
 def ramps(length: np.ndarray) -> np.ndarray:
     """0..len-1 for each length, concatenated."""
     total = int(length.sum())

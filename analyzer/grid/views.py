@@ -22,7 +22,7 @@ from .frames import RANK_COUNTERS, RANK_LATEST, Frames, grid_size, values_at
 from .holding import ALSO_NEXT, REPEATED, STALENESS_S, hold
 from .runs import label_runs
 from . import workers
-from .series import category_codes, ramps, series_codes, series_numbers
+from .series import category_codes, last_of, ramps, series_codes, series_numbers
 from .workloads import WorkloadClass, classify
 
 # Time-sliced and MIG GPUs carry no single owner in the gpu table, so ownership
@@ -84,8 +84,7 @@ def last_rows(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     if not len(frame):
         return frame
     raw, size = category_codes(frame[column])
-    last = np.full(size + 1, -1, np.int64)
-    last[raw + 1] = np.arange(len(raw))
+    last = last_of(raw + 1, size + 1)
     return frame.take(last[last >= 0])
 
 
@@ -95,9 +94,8 @@ def last_counts(rank: pd.DataFrame) -> pd.DataFrame:
     if not len(rank):
         return rank
     numbers = series_numbers(rank, RANK_KEY)
-    last = np.empty(int(numbers.max()) + 1, np.int64)
-    last[numbers] = np.arange(len(numbers))
-    return rank.take(last).reset_index(drop=True)
+    last = last_of(numbers, int(numbers.max()) + 1)
+    return rank.take(last[last >= 0]).reset_index(drop=True)
 
 
 def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...],
@@ -169,8 +167,7 @@ def build_grid(frame: pd.DataFrame, by: tuple[str, ...], columns: tuple[str, ...
     # Sums first: their float64 bincount is briefly beside its float32 copy, before the other grids exist.
     for name in sorted(columns, key=lambda c: c not in summed):
         if name in latest:
-            at = np.full(s, -1, np.int64)
-            at[cell // n] = np.arange(len(cell))    # rows are in time order: each series' last wins
+            at = last_of(cell // n, s)
             lasts[name] = np.full(s, np.nan)
             if len(cell):
                 rows = np.maximum(at, 0) if keep.all() else np.flatnonzero(keep)[np.maximum(at, 0)]

@@ -23,7 +23,7 @@ from burnrate.exporter import labels as L
 
 from ..grid.frames import RANK_LATEST, Frames, Window, frame_dtypes, on_rows
 from ..grid.freed import give_back, let_go
-from ..grid.series import distinct_text, labelled, text
+from ..grid.series import distinct_text, labelled, last_of, text
 from .allocation import best_allocation, empty_alloc
 from .common import column_order, is_simulated, missing_signals
 from .recording_tables import empty_table
@@ -259,8 +259,7 @@ class _Points:
                       dtype) -> pd.arrays.SparseArray:
         """Each series' latest point's value on the series' last row (rows are in time order),
         NaN on every other row (a sparse column: frames.on_rows); a series with no row has none."""
-        last_row = np.full(max(len(self.keys), 1), -1, np.int64)
-        last_row[row_keys] = np.arange(len(row_keys))      # a series' later row overwrites its earlier
+        last_row = last_of(row_keys, max(len(self.keys), 1))
         latest: dict[int, tuple[float, float]] = {}
         for k, series in points:
             if not len(series):

@@ -28,6 +28,7 @@ from burnrate.exporter.recording import FORMAT, TABLES
 
 from ..grid.frames import frame_dtypes, on_rows
 from ..grid.resample import reduce_rows
+from ..grid.series import last_of
 from .timeparse import format_time
 
 # Rows read at once: small enough that a chunk's arrays are reused from the heap
@@ -299,8 +300,7 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
         if reducing:
             times, series, values = reduce_rows(times, series, len(order), values, table, span.first, span.step)
         if latest:
-            last = np.full(len(order), -1, np.int64)
-            last[series] = np.arange(len(series))       # rows are in time order: each series' last wins
+            last = last_of(series, len(order))
             now = np.flatnonzero(last >= 0)
             for name in latest:
                 latest[name][now] = values.pop(name)[last[now]]
@@ -310,8 +310,7 @@ def _segment(segment: str, label_names: tuple[str, ...], columns: dict[str, str]
     if not filled:
         return None
     if latest:
-        last = np.full(len(order), -1, np.int64)
-        last[out["series"][:filled]] = np.arange(filled)
+        last = last_of(out["series"][:filled], len(order))
         rows = np.sort(last[last >= 0])
         for name in latest:
             out[name] = on_rows(filled, rows, latest[name][out["series"][rows]])
