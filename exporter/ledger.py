@@ -17,6 +17,10 @@ class Category:
     # Rank counters (catalog fields) whose increase is this category's rank-seconds, each with
     # its sign; empty where the category comes from the runs' boundaries, not a counter.
     counters: tuple[tuple[str, int], ...] = ()
+    # Time apart from the steps that blocks the whole job for as long as its slowest rank reports
+    # it: ranks that take no part (rank 0 saving alone) wait for it, and report that wait as step
+    # time, which is this category's, not the steps' (docs/ledger.md, item 6).
+    blocks: bool = False
 
 
 CATEGORIES: tuple[Category, ...] = (
@@ -26,8 +30,8 @@ CATEGORIES: tuple[Category, ...] = (
     Category("sync_wait", "the steps that count, neither computing nor waiting for data: collectives, "
              "waiting for a slower rank, the optimizer's own bookkeeping",
              (("step_s", 1), ("compute_s", -1), ("data_wait_s", -1))),
-    Category("checkpoint", "the loop saving checkpoints (the blocking part)", (("checkpoint_s", 1),)),
-    Category("evaluation", "the loop evaluating", (("eval_s", 1),)),
+    Category("checkpoint", "the loop saving checkpoints (the blocking part)", (("checkpoint_s", 1),), blocks=True),
+    Category("evaluation", "the loop evaluating", (("eval_s", 1),), blocks=True),
     Category("startup", "held before a run's first step: from the allocation (first run) or the process's "
              "start (later runs): scheduling, image pull, model load, restore"),
     Category("restart", "held between a run's last step and the next run's process start"),
@@ -44,3 +48,5 @@ PRODUCTIVE = "productive"
 BADPUT = tuple(n for n in NAMES if n != PRODUCTIVE)
 # The categories measured from rank counters, which recording rules can sum in the store.
 COUNTED = tuple(c for c in CATEGORIES if c.counters)
+# The counted categories that block the whole job (Category.blocks).
+BLOCKING = tuple(c for c in COUNTED if c.blocks)

@@ -62,14 +62,15 @@ def _by(level: tuple[str, ...]) -> str:
     return ", ".join(level)
 
 
-def _rate(sample: str) -> str:
-    """Per job, a counter's rate5m, the workload's namespace taken from exported_namespace
-    where the exported-labels profile put it."""
-    return (f"sum by ({_by(JOB)}) (label_replace(increase({sample}[{WINDOW}]) / {WINDOW_S}, "
+def _rate(sample: str, over: str = "sum") -> str:
+    """Per job, a counter's rate5m over its ranks (`over`: sum, max or count), the workload's
+    namespace taken from exported_namespace where the exported-labels profile put it."""
+    return (f"{over} by ({_by(JOB)}) (label_replace(increase({sample}[{WINDOW}]) / {WINDOW_S}, "
             f'"{L.NAMESPACE}", "$1", "exported_namespace", "(.+)"))')
 
 
-def job_category(category: ledger.Category) -> str:
+def _counted(category: ledger.Category) -> str:
+    """The category's counters summed over the job's ranks, with their signs."""
     terms = [("- " if sign < 0 else "+ ") + _rate(rank_counter(field)) for field, sign in category.counters]
     if len(terms) == 1 and category.counters[0][1] > 0:
         return terms[0][2:]
@@ -77,6 +78,33 @@ def job_category(category: ledger.Category) -> str:
     # exceed its step by noise, and per job that noise still cancels in the categories' sum.
     inner = "\n  ".join([terms[0].removeprefix("+ ")] + terms[1:])
     return f"clamp_min(\n  {inner},\n  0\n)"
+
+
+def _blocked(category: ledger.Category) -> str:
+    """A blocking category (a save, an evaluation): every rank of the job for as long as its
+    slowest rank reported it in the window."""
+    [(field, _)] = category.counters
+    return f"{_rate(rank_counter(field), 'max')}\n* {_rate(rank_counter(field), 'count')}"
+
+
+STEP_S = _rate(rank_counter("step_s"))
+
+
+def _waited() -> str:
+    """Rank-seconds per second the job's ranks waited for saves and evaluations of others and
+    reported as step time; 0 for a job whose ranks export no such counter."""
+    terms = [f"(\n  {_indent(_blocked(c))}\n  - {_rate(rank_counter(c.counters[0][0]))}\n  or\n  0 * {STEP_S}\n)"
+             for c in ledger.BLOCKING]
+    return "\n+ ".join(terms)
+
+
+def job_category(category: ledger.Category) -> str:
+    if category.blocks:
+        return _blocked(category)
+    # A 5-minute rule has no run to learn the steps' usual mix from, as the analyzer does: the
+    # wait comes out of each of the steps' categories in proportion to it.
+    return (f"{_counted(category)}\n* clamp_min(\n  1 - (\n    {_indent(_indent(_waited()))}\n  )\n"
+            f"  / clamp_min({STEP_S}, 1e-9),\n  0\n)")
 
 
 # A job's GPUs, share-weighted: the ledger's whole. GPUs of pods the agent could not name a job
@@ -107,7 +135,10 @@ def rules() -> list[tuple[str, dict]]:
     out: list[tuple[str, dict]] = []
     for i, c in enumerate(ledger.COUNTED):
         why = ("Per job, each category its ranks' counters measure (ledger.COUNTED), in rank-seconds "
-               "per second: the category's counters summed with their signs." if i == 0 else "")
+               "per second: the category's counters summed with their signs. A save or an evaluation "
+               "blocks every rank as long as its slowest reported it (ledger.BLOCKING): the others "
+               "wait for it and report the wait as step time, which comes out of the steps' "
+               "categories, in proportion to each." if i == 0 else "")
         out.append((why, {"record": category_record(c.name), "expr": job_category(c)}))
     out.append(("The GPUs the job holds, share-weighted: the GPU-seconds per second that all its "
                 "categories add up to.", {"record": gpu_record(), "expr": JOB_GPU}))

@@ -521,7 +521,7 @@ DRAWN = {case.__name__: case for case in (behind, evaluating, saved_after, stall
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "hung_then_died", "forgotten", "single",
-                                     "finished_saving", "recreated", *DRAWN])
+                                     "finished_saving", "recreated", "saved_by_rank_0", *DRAWN])
 # from an agent that exports its ranks' last-report times, and from one that does not
 @pytest.mark.parametrize("heard", [True, False], ids=["last_report", "forget_after"])
 def test_fixed_jobs_ledgers_match_their_truth(vm, variant, heard):
@@ -549,6 +549,11 @@ def test_fixed_jobs_ledgers_match_their_truth(vm, variant, heard):
         # the last run ends as frameworks end training: a 40 s save and a 120 s evaluation after its
         # last step, then the pods free the GPUs 20 minutes later
         spec = replace(spec, runs=(*spec.runs[:2], replace(spec.runs[2], final_save=True)))
+    elif variant == "saved_by_rank_0":
+        # rank 0 alone saves, 90 s every 200 steps and once more after the last step, while the other
+        # rank waits for it (nanoGPT's `if master_process:` save): the job was blocked for each save
+        spec = replace(spec, saves_on_rank0=True, checkpoint_s=90.0, checkpoint_every=200,
+                       runs=(*spec.runs[:2], replace(spec.runs[2], final_save=True)))
     case = in_slot(replace(spec, report_last_heard=heard))
     import_victoria(case, vm.url)
     doc, step = analyse(vm.url, case)

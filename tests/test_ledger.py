@@ -14,6 +14,7 @@ from burnrate.agent.telemetry.state import RankTable
 from burnrate.analyzer.costing import ledger_findings
 from burnrate.analyzer.costing.ledger import Ledger, RunLedger
 from burnrate.analyzer.costing.pricing import load_catalog
+from burnrate.analyzer.grid.apart import stretches
 from burnrate.analyzer.output.report import analyze, render_table, to_document
 from burnrate.exporter.ledger import NAMES
 from burnrate.exporter.telemetry import encode
@@ -156,26 +157,73 @@ def test_evaluation_and_a_stall_inside_a_run():
     assert hours["startup"] == 0 and hours["restart"] == 0
 
 
+def _rank_of_llm(f: Fleet, rank: int, steps: np.ndarray, step_s: np.ndarray, **apart) -> None:
+    """Job llm's rank on GPU `rank` of node-a, its own: 12 s of compute in each bin that steps,
+    started an hour before the window, from step 0."""
+    f.gpu("node-a", rank)
+    f.alloc("node-a", rank, f"llm-{rank}", "llm")
+    f.rank("llm", rank, "node-a", steps=steps, step_s=step_s, wait_s=0.0, compute_s=np.where(steps > 0, 12.0, 0.0),
+           **apart)
+    frame = f.rows["rank"][-1]
+    frame["global_step"] = np.cumsum(steps)
+    frame["start_time"] = T0 - 3600.0
+    frame["resumed_from"] = 0.0
+
+
 @pytest.mark.parametrize("live", [True, False], ids=["heard as it goes", "reported as it ends"])
 def test_a_twenty_minute_evaluation_is_evaluation_in_the_ledger_and_no_stall_in_the_findings(live):
     """The `stalled` finding and the ledger read a long evaluation alike: neither calls it a stall."""
     f = Fleet()
     f.node("node-a")
-    f.gpu("node-a", 0)
-    f.alloc("node-a", 0, "llm-0", "llm")
     per = paused(200, 280, "eval_s", live)
     steps = per["steps"]
-    f.rank("llm", 0, "node-a", steps=steps, step_s=np.where(steps > 0, 15.0, 0.0), wait_s=0.0,
-           compute_s=np.where(steps > 0, 12.0, 0.0), eval_s=per["eval_s"], checkpoint_s=0.0)
-    frame = f.rows["rank"][-1]
-    frame["global_step"] = np.cumsum(steps)
-    frame["start_time"] = T0 - 3600.0
-    frame["resumed_from"] = 0.0
+    _rank_of_llm(f, 0, steps, np.where(steps > 0, 15.0, 0.0), eval_s=per["eval_s"], checkpoint_s=0.0)
     job, doc, _ = ledger_of(f)
     hours = {k: v["gpu_hours"] for k, v in job["ledger"].items()}
     assert hours["stalled"] == 0
     assert hours["evaluation"] == pytest.approx(80 * STEP / 3600, abs=STEP / 3600)
     assert [x["kind"] for x in doc["findings"] if x["training_job"] == "llm"] == []
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["heard as it goes", "reported as it ends"])
+def test_a_save_from_rank_0_alone_blocks_every_rank_in_the_ledger_and_the_findings(live):
+    """Rank 0 alone saves for 20 minutes (nanoGPT's `if master_process:` save) while rank 1 waits
+    for it, and reports that wait as its next step's time: the ledger books the save on both GPUs
+    and takes the wait back out of rank 1's step, and neither it nor the `stalled` finding calls
+    any of it a stall."""
+    f = Fleet()
+    f.node("node-a")
+    per = paused(200, 280, "checkpoint_s", live)
+    steps = per["steps"]
+    step_s = np.where(steps > 0, 15.0, 0.0)
+    waited = step_s.copy()
+    waited[280] += 80 * STEP
+    for rank, (took, step_time) in enumerate(((per["checkpoint_s"], step_s), (0.0, waited))):
+        _rank_of_llm(f, rank, steps, step_time, checkpoint_s=took, eval_s=0.0)
+    job, doc, _ = ledger_of(f)
+    hours = {k: v["gpu_hours"] for k, v in job["ledger"].items()}
+    assert hours["stalled"] == 0
+    assert hours["checkpoint"] == pytest.approx(2 * 80 * STEP / 3600, abs=2 * STEP / 3600)
+    assert hours["sync_wait"] / hours["productive"] == pytest.approx(3 / 12, rel=0.01)
+    assert [x["kind"] for x in doc["findings"] if x["training_job"] == "llm"] == []
+
+
+def test_one_save_reported_on_two_nodes_a_bin_apart_is_one_stretch():
+    """Each node's scrape falls at its own moment: the ranks' reports of one save lie in
+    neighbouring bins, and the job was blocked once, for as long as the slowest rank said."""
+    reported = np.zeros((4, 30))
+    reported[:2, 10] = 60.0             # node a's ranks
+    reported[2:, 11] = 61.0             # node b's, a bin later
+    reported[0, 14] = 5.0               # rank 0 alone, 3 bins after: the same save still
+    reported[:, 25] = 30.0              # every rank, later: another save
+    present = np.ones_like(reported, dtype=bool)
+    first, second = stretches(reported, present)
+    assert (first.first, first.last, first.seconds) == (10, 14, 65.0)
+    assert first.waited == pytest.approx(0 + 5 + 4 + 4)
+    assert (second.first, second.last, second.seconds, second.waited) == (25, 25, 30.0, 0.0)
+    reported[0, 14] = 0.0
+    reported[0, 15] = 5.0               # 4 bins after: a save of its own
+    assert [s.seconds for s in stretches(reported, present)] == [61.0, 5.0, 30.0]
 
 
 def _ledger(runs: int, lost: float, restart: float, startup: list[float], checkpoint: float = 0.0,

@@ -38,10 +38,10 @@ from burnrate.exporter.telemetry import FORGET_AFTER_S, KEEPALIVE_S
 
 from .accounting import Accounting, holder_seconds
 from ..detectors.stalled import Config as StalledConfig
+from ..grid.apart import CATEGORIES as APART, JOIN_BINS, Stretch, stretches
 from ..grid.views import Grid, Views
 
 _I = {name: i for i, name in enumerate(NAMES)}
-APART = ("checkpoint", "evaluation")     # a loop's time apart from its steps
 # The categories a step's own time is split into; a stall is taken out of them.
 _STEP_PARTS = [_I[n] for n in ("productive", "data_wait", "sync_wait", "lost_progress")]
 
@@ -236,17 +236,22 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         if k + 1 < len(runs) and nxt is None:
             lost_known = False
         span = slice(run["first"], min(run["last"] + 2, v.n))    # a sample late at most: the last report
-        split = _step_split(parts[:, :, span] * cells[None, :, span], steps[:, span] * cells[:, span],
-                            gauge["global_step"][:, span], cells[:, span], nxt)
+        mine = parts[:, :, span] * cells[None, :, span]
         if k == len(runs) - 1:
             # A save or an evaluation reported after the last run's last step (a framework's final
-            # ones) came after it: the held time that follows the step is theirs, not the steps'.
-            ranks = max(_ranks(v, rows[cells.any(axis=1)]), 1)
+            # ones) came after it: the held time that follows the step is theirs, not the steps',
+            # for as long as each blocked the job.
+            after = slice(run["last"] + 1, v.n)
             for category in APART:
-                split[_I[category], run["last"] + 1 - span.start:] = 0.0
-                after_last[category] = float((parts[_I[category]] * cells)[:, run["last"] + 1:].sum()) / ranks
+                mine[_I[category], :, after.start - span.start:] = 0.0
+                after_last[category] = sum(s.seconds for s in stretches(
+                    parts[_I[category], :, after] * cells[:, after], (cells & present)[:, after]))
+        split = _step_split(mine, steps[:, span] * cells[:, span], gauge["global_step"][:, span], cells[:, span], nxt)
+        blocked = [(_I[category], s) for category in APART
+                   for s in stretches(mine[_I[category]], (cells & present)[:, span])]
         done = _spread(held * cover(begin, last), span, split, cells[:, span].sum(axis=0),
-                       (cells & present)[:, span].any(axis=0), usual, stalled.interval_factor, v.step, opened_stepping)
+                       (cells & present)[:, span].any(axis=0), blocked, usual, stalled.interval_factor, v.step,
+                       opened_stepping)
         seconds += done
         per_run[k] += done.sum(axis=1)
         cursor = last
@@ -380,21 +385,15 @@ def _alive(v: Views, reporting: np.ndarray, last_samples: tuple[int, float], hea
 
 def _saves(v: Views, rows: np.ndarray, checkpoint_s: np.ndarray, held_bins: np.ndarray) -> tuple[int, float | None]:
     """Checkpoints saved while the job held GPUs (each new `last_checkpoint_time`), and the
-    loop's mean blocking seconds per save (every rank blocks for each save)."""
+    loop's mean blocking seconds per save (the job blocks for each as long as its slowest rank)."""
     times = v.rank.values.get("last_checkpoint_time")
     if times is None:
         return 0, None
     times = times[rows][:, held_bins[0]:held_bins[-1] + 1]
     saves = len(np.unique(times[np.isfinite(times) & (times >= v.time(held_bins[0]) - v.lag)]))
-    ranks = _ranks(v, rows)
     if not saves or checkpoint_s.sum() <= 0:
         return saves, None
-    return saves, float(checkpoint_s.sum() / ranks / saves)
-
-
-def _ranks(v: Views, rows: np.ndarray) -> int:
-    """How many ranks the rank-grid `rows` are (a rank restarted in a new pod is two rows)."""
-    return len(np.unique(v.rank.keys["rank"].to_numpy()[rows]))
+    return saves, sum(s.seconds for s in stretches(checkpoint_s, v.rank.present[rows])) / saves
 
 
 def _runs(v: Views, rows: np.ndarray, stepped: np.ndarray) -> tuple[np.ndarray, list[float | None]]:
@@ -488,21 +487,39 @@ def _step_split(parts: np.ndarray, steps: np.ndarray, global_step: np.ndarray, c
 
 
 def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray, sampled: np.ndarray,
-            usual: float, stall_factor: float, step: float, opened_stepping: bool = False) -> np.ndarray:
+            blocked: list[tuple[int, Stretch]], usual: float, stall_factor: float, step: float,
+            opened_stepping: bool = False) -> np.ndarray:
     """(category, bin) seconds of a run's stepping stretch: `held` (its held seconds per bin),
-    split by the run's counters over `span` (the bins they grew in). `opened_stepping`: the run
-    was past its first step when the window opened, so samples before its first step in the
-    window are a gap between steps too."""
+    split by the run's counters over `span` (the bins they grew in). `blocked`: the run's saves
+    and evaluations (grid.apart), each with its category. `opened_stepping`: the run was past its
+    first step when the window opened, so samples before its first step in the window are a gap
+    between steps too."""
     out = np.zeros((len(NAMES), len(held)))
+    n = split.shape[1]
+    # A save or an evaluation blocked every rank for as long as the slowest reported it: the
+    # others' wait is its time too, which they reported in the time to their next step (after any
+    # save or evaluation that follows it), on their own nodes' scrapes, a few bins before or after.
+    stepped = np.flatnonzero(split[_STEP_PARTS].sum(axis=0) > 0)
+    reaches = [slice(max(s.first - JOIN_BINS, 0) if s.waited > 0 else s.first,
+                     min(_next(stepped, s.last) + JOIN_BINS + 1, n)) for _, s in blocked]
+    # The steps' usual mix of parts, from the bins where no rank reported such a wait as a step's.
+    plain = np.ones(n, dtype=bool)
+    for (_, s), reach in zip(blocked, reaches):
+        plain[reach] &= s.waited <= 0
+    usual_mix = split[_STEP_PARTS][:, plain if plain.any() else slice(None)].sum(axis=1)
+    usual_mix = usual_mix / usual_mix.sum() if usual_mix.sum() > 0 else usual_mix
+    apart_s = np.zeros(n)               # each bin: how long the save or evaluation it reports blocked the job
+    for (category, s), reach in zip(blocked, reaches):
+        apart_s[reach.start:s.last + 1] += s.seconds
+        if s.waited > 0:
+            _take_back(split, reach, s.waited, usual_mix)
+            split[category, s.last] += s.waited
     steps_time = split[_STEP_PARTS].sum(axis=0)
-    apart = split[_I["checkpoint"]] + split[_I["evaluation"]]
+    apart = split[[_I[category] for category in APART]].sum(axis=0)
     moved = steps_time + apart > 0
     with np.errstate(invalid="ignore", divide="ignore"):
         unreported = np.where(ranks > 0, np.clip(1.0 - (steps_time + apart) / (ranks * step), 0.0, 1.0), 0.0)
-    n = len(moved)
     stall = np.zeros(n)                 # the share of each bin that is a stall
-    usual_mix = split[_STEP_PARTS].sum(axis=1)
-    usual_mix = usual_mix / usual_mix.sum() if usual_mix.sum() > 0 else usual_mix
     idx = np.flatnonzero(moved)
     jumps = np.diff(idx) > 1
     gaps = list(zip(idx[:-1][jumps] + 1, idx[1:][jumps]))
@@ -512,12 +529,10 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
         if not usual or not (sampled[a:b] & ~moved[a:b]).any():
             continue        # samples missing, not samples saying nothing happened
         gap = (b - a) * step
-        # A save or an evaluation that ended the gap reports with the gap's end (ranks on other
-        # nodes may report it a sample later, and a sample's increase may be spread over two
-        # bins of the grid); steps reported there without one ended the gap themselves, and a
-        # save reported after them came after them.
-        ended = apart[b:b + 3].sum() if apart[b] > 0 else 0.0
-        stalled_s = gap - ended / max(ranks[b:b + 3].max(), 1) - usual
+        # A save or an evaluation that ended the gap reports with the gap's end (or the ranks that
+        # waited for it report their next step); steps reported there without one ended the gap
+        # themselves, and a save reported after them came after them.
+        stalled_s = gap - apart_s[b] - usual
         if gap <= stall_factor * usual or stalled_s <= step:
             continue        # a save or an evaluation, or steps this slow
         stall[a:b] = min(stalled_s / gap, 1.0)
@@ -529,11 +544,7 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
                 stall[edge] = max(stall[edge], unreported[edge])
         # The step that ended the stall reported the stall as its own time: take it back out of
         # the phases it swelled (a hang in a collective is sync wait, one in the loader data wait).
-        body = split[_STEP_PARTS, b]
-        taken = min(stalled_s * ranks[b], body.sum())
-        excess = np.clip(body - usual_mix * (body.sum() - taken), 0.0, None)
-        if excess.sum() > 0:
-            split[_STEP_PARTS, b] = body - excess * (taken / excess.sum())
+        _take_back(split, slice(b, b + 1), stalled_s * ranks[b], usual_mix)
     stalls = np.zeros(len(held))
     stalls[span] = stall
     out[_I["stalled"]] = held * stalls
@@ -548,7 +559,7 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
             out += np.outer(total / total.sum(), rest)
         return out
     tail = split[:, lost[0]:].sum(axis=1)
-    for category in ("checkpoint", "evaluation"):
+    for category in APART:
         tail[_I[category]] -= split[_I[category], lost[0]]
     head = total - tail
     target = rest.sum() * tail.sum() / total.sum()
@@ -559,6 +570,27 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
         if totals.sum() > 0:
             out += np.outer(totals / totals.sum(), rest * weight)
     return out
+
+
+def _next(bins: np.ndarray, after: int) -> int:
+    """The first of the sorted `bins` after bin `after` (`after` where there is none)."""
+    i = np.searchsorted(bins, after, side="right")
+    return int(bins[i]) if i < len(bins) else after
+
+
+def _take_back(split: np.ndarray, cols: slice, seconds: float, usual_mix: np.ndarray) -> None:
+    """Take `seconds` (rank-seconds) of a wait that steps reported as their own back out of the
+    step parts of `split`'s bins `cols`, from the parts it swelled beyond the run's usual mix of
+    them (as much as they hold)."""
+    body = split[_STEP_PARTS, cols]
+    total = body.sum(axis=1)
+    taken = min(seconds, float(total.sum()))
+    excess = np.clip(total - usual_mix * (total.sum() - taken), 0.0, None)
+    if excess.sum() <= 0:
+        return
+    with np.errstate(invalid="ignore", divide="ignore"):
+        kept = np.where(total > 0, 1.0 - excess * (taken / excess.sum()) / total, 1.0)
+    split[_STEP_PARTS, cols] = body * kept[:, None]
 
 
 def _steps_in(gauge: dict[str, np.ndarray], cells: np.ndarray, col: int, resumed_from: int | None) -> float:

@@ -16,6 +16,7 @@ from typing import Mapping
 import numpy as np
 
 from .findings import Finding, iso
+from ..grid.apart import FIELDS, stretches
 from ..grid.frames import Frames
 from ..grid.views import Grid, Views, fmean, runs
 
@@ -72,19 +73,16 @@ def _usual_step_s(rank: Grid, rows: np.ndarray, steps: np.ndarray, progress: np.
 
 def _saving_or_evaluating(v: Views, rank: Grid, rows: np.ndarray) -> np.ndarray:
     """The bins a save or an evaluation took: no step completes in them, and they are not a
-    stall. Their seconds are reported as they end (or, from a monitor that tells of one under
-    way, as it goes): each stretch of bins reporting them covers that many seconds back from
-    its last, as the slowest rank reported them."""
-    took = [np.nan_to_num(rank.values[name][rows].astype(np.float64)) for name in ("checkpoint_s", "eval_s")
-            if name in rank.values]
+    stall. Each is reported as it ends (or, from a monitor that tells of one under way, as it
+    goes), and blocks the job for as long as its slowest rank reported (grid.apart): that many
+    seconds back from its last report."""
     out = np.zeros(v.n, dtype=bool)
-    if not took:
-        return out
-    per_bin = sum(took).max(axis=0)
     times = v.time(np.arange(v.n))
-    for r in runs((per_bin > 0)[None, :]):
-        end = times[r.end - 1]
-        out[(times >= end - per_bin[r.start:r.end].sum()) & (times <= end)] = True
+    for name in FIELDS.values():
+        if name in rank.values:
+            for s in stretches(rank.values[name][rows], rank.present[rows]):
+                end = times[s.last]
+                out[(times >= end - s.seconds) & (times <= end)] = True
     return out
 
 
