@@ -42,10 +42,13 @@ def stretches(reported: np.ndarray, present: np.ndarray) -> list[Stretch]:
     """The stretches of one kind (saves, or evaluations) in `reported`: (rows, bins) the seconds
     each of a job's rank rows reported of it in each bin (NaN or 0: none). `present`: (rows,
     bins) where each row reports at all: the ranks the job had then, which all waited."""
-    took = np.nan_to_num(np.asarray(reported, np.float64))
-    out = []
-    for r in runs((took > 0).any(axis=0)[None, :], max_gap=JOIN_BINS - 1):
-        per_row = took[:, r.start:r.end].sum(axis=1)
+    with np.errstate(invalid="ignore"):
+        reporting = (reported > 0).any(axis=0)
+    out: list[Stretch] = []
+    if not reporting.any():
+        return out
+    for r in runs(reporting[None, :], max_gap=JOIN_BINS - 1):
+        per_row = np.nansum(reported[:, r.start:r.end], axis=1, dtype=np.float64)
         seconds = float(per_row.max())
         waiting = present[:, r.start:r.end].any(axis=1) | (per_row > 0)
         out.append(Stretch(r.start, r.end - 1, seconds, float((seconds - per_row[waiting]).sum())))
