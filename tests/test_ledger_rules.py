@@ -12,13 +12,19 @@ import json
 import os
 import re
 import subprocess
+import time
+import urllib.request
 
+import numpy as np
+import pytest
 import yaml
 
 from burnrate.exporter import catalog, ledger
 from burnrate.exporter import ledger_rules as R
 from burnrate.exporter import rules_yaml as Y
 from tests.conftest import PYTHON, ROOT
+from tests.contract_fleet import BASE_TIME, Series, import_lines
+from tests.processes import victoria_metrics
 from tests.test_alert_rules import LEDGER_TESTS, RULES, load_rules, metric_names
 
 def shipped_group() -> dict:
@@ -100,3 +106,50 @@ def test_the_training_job_dashboard_stacks_every_counted_category():
     assert [t["expr"] for t in panels["Goodput"]["targets"]] == [R.goodput_record() + selector]
     stacked = [t["expr"] for t in panels["Where the job's GPU-time goes"]["targets"]]
     assert stacked == [R.category_record(c.name) + selector for c in ledger.COUNTED] + [R.gpu_record() + selector]
+
+
+def _promtool_values(notation: str) -> list[float]:
+    """promtool's expanding notation, as the rules tests write it: `a+bxN` and `axN`, N+1 values."""
+    start, _, count = notation.partition("x")
+    first, _, increment = start.partition("+")
+    return [float(first) + float(increment or 0) * i for i in range(int(count) + 1)]
+
+
+@pytest.mark.slow
+def test_victoria_metrics_reads_a_save_from_rank_0_alone_as_promtool_does(tmp_path):
+    """The rules test's `solo` job (rank 0 alone saves, rank 1 waits in its steps) imported into a
+    real VictoriaMetrics, each ledger record's expression asked there at minute 10: MetricsQL's
+    max, count and `or` give the figures promtool gives in Prometheus, to the last digit."""
+    with open(LEDGER_TESTS) as fh:       # every scalar a string: YAML 1.1 reads `0x60` as hexadecimal
+        [test] = [t for t in yaml.load(fh, Loader=yaml.BaseLoader)["tests"] if t["interval"] == "1m"]
+    series = []
+    for item in test["input_series"]:
+        name, labels = re.fullmatch(r"([\w:]+)\{(.*)\}", item["series"]).groups()
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if labels.get("namespace") == "vision":
+            values = np.array(_promtool_values(item["values"]))
+            series.append(Series(name, labels, BASE_TIME + 60.0 * np.arange(len(values)), values))
+    expected = {sample["labels"].split("{")[0]: float(sample["value"]) for case in test["promql_expr_test"]
+                if case["eval_time"] == "10m" for sample in case["exp_samples"]
+                if 'namespace="vision"' in sample["labels"] and not sample["labels"].startswith("{")}
+    records = {rule["record"]: rule["expr"] for rule in shipped_group()["rules"] if "record" in rule}
+    assert set(expected) == set(records) and len(series) == 12
+    with victoria_metrics(tmp_path) as vm:
+        request = urllib.request.Request(f"{vm.url}/api/v1/import", data=import_lines(series), method="POST")
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            resp.read()
+        with urllib.request.urlopen(f"{vm.url}/internal/force_flush", timeout=60) as resp:
+            resp.read()
+        at = f"{BASE_TIME + 600:.3f}"
+
+        def ask(promql: str) -> list[dict]:
+            return vm.get("/api/v1/query", query=promql, time=at)["result"]
+
+        # A flush makes the samples searchable; a new series' index entry may follow a moment later.
+        deadline = time.monotonic() + 30
+        while not ask(f'count(last_over_time({{namespace="vision"}}[15m])) == {len(series)}'):
+            assert time.monotonic() < deadline, "VictoriaMetrics never found every series imported"
+            time.sleep(0.2)
+        for record, value in expected.items():
+            [answer] = ask(records[record])
+            assert float(answer["value"][1]) == pytest.approx(value, rel=1e-12), record
