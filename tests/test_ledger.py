@@ -157,13 +157,14 @@ def test_evaluation_and_a_stall_inside_a_run():
     assert hours["startup"] == 0 and hours["restart"] == 0
 
 
-def _rank_of_llm(f: Fleet, rank: int, steps: np.ndarray, step_s: np.ndarray, **apart) -> None:
-    """Job llm's rank on GPU `rank` of node-a, its own: 12 s of compute in each bin that steps,
-    started an hour before the window, from step 0."""
+def _rank_of_llm(f: Fleet, rank: int, steps: np.ndarray, step_s: np.ndarray, compute_s: np.ndarray | None = None,
+                 **apart) -> None:
+    """Job llm's rank on GPU `rank` of node-a, its own (12 s of compute in each bin that steps,
+    unless given), started an hour before the window, from step 0."""
     f.gpu("node-a", rank)
     f.alloc("node-a", rank, f"llm-{rank}", "llm")
-    f.rank("llm", rank, "node-a", steps=steps, step_s=step_s, wait_s=0.0, compute_s=np.where(steps > 0, 12.0, 0.0),
-           **apart)
+    f.rank("llm", rank, "node-a", steps=steps, step_s=step_s, wait_s=0.0,
+           compute_s=np.where(steps > 0, 12.0, 0.0) if compute_s is None else compute_s, **apart)
     frame = f.rows["rank"][-1]
     frame["global_step"] = np.cumsum(steps)
     frame["start_time"] = T0 - 3600.0
@@ -213,6 +214,31 @@ def test_a_save_from_rank_0_alone_blocks_every_rank_in_the_ledger_and_the_findin
     assert (ledger.saves, ledger.save_seconds) == (1, pytest.approx(80 * STEP))
     (found,) = [x for x in doc["findings"] if x["training_job"] == "llm"]
     assert found["kind"] == "checkpoint_overhead" and found["evidence"]["save_seconds"] == pytest.approx(80 * STEP)
+
+
+@pytest.mark.parametrize("slowdown", [1.0, 1.6], ids=["even", "rank 1 slower"])
+def test_saves_from_rank_0_alone_make_no_straggler_of_the_rank_that_waits(slowdown):
+    """Rank 0 alone saves for 90 s every 10 minutes; rank 1 waits for each in its next step's
+    compute (DDP's collectives in its backward pass), more than a 5-minute block's own compute.
+    That wait is the save's (grid.apart), not a slower rank: no straggler unless rank 1 computes
+    slower between the saves too, and the ledger's compute is what each rank computed."""
+    f = Fleet()
+    f.node("node-a")
+    b = np.arange(f.n)
+    saving = (b % 40 >= 30) & (b % 40 < 36)             # bins 30-35 of every 40: the save
+    steps = np.where(saving, 0.0, 10.0)
+    waited = np.where(b % 40 == 36, 6 * STEP, 0.0)      # rank 1's next step: the save's 90 s more
+    saves = np.where(b % 40 == 35, 6 * STEP, 0.0)
+    for rank, (took, extra, computes) in enumerate(((saves, 0.0, 8.0), (0.0, waited, 8.0 * slowdown))):
+        _rank_of_llm(f, rank, steps, np.where(saving, 0.0, 15.0) + extra,
+                     compute_s=np.where(saving, 0.0, computes) + extra, checkpoint_s=took, eval_s=0.0)
+    job, doc, _ = ledger_of(f)
+    found = [(x["kind"], x.get("rank")) for x in doc["findings"] if x["training_job"] == "llm"]
+    assert found == ([] if slowdown == 1.0 else [("straggler", 1)])
+    hours = {k: v["gpu_hours"] for k, v in job["ledger"].items()}
+    assert hours["checkpoint"] == pytest.approx(2 * 12 * 6 * STEP / 3600, abs=2 * STEP / 3600)
+    steps_h = hours["productive"] + hours["data_wait"] + hours["sync_wait"]
+    assert hours["productive"] / steps_h == pytest.approx(8.0 * (1 + slowdown) / 30, rel=0.01)
 
 
 def test_one_save_reported_on_two_nodes_a_bin_apart_is_one_stretch():

@@ -38,7 +38,7 @@ from burnrate.exporter.telemetry import FORGET_AFTER_S, KEEPALIVE_S
 
 from .accounting import Accounting, holder_seconds
 from ..detectors.stalled import Config as StalledConfig
-from ..grid.apart import CATEGORIES as APART, JOIN_BINS, Stretch, stretches
+from ..grid.apart import CATEGORIES as APART, Stretch, reach, stretches
 from ..grid.views import Grid, Views
 
 _I = {name: i for i, name in enumerate(NAMES)}
@@ -500,19 +500,18 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
     # others' wait is its time too, which they reported in the time to their next step (after any
     # save or evaluation that follows it), on their own nodes' scrapes, a few bins before or after.
     stepped = np.flatnonzero(split[_STEP_PARTS].sum(axis=0) > 0)
-    reaches = [slice(max(s.first - JOIN_BINS, 0) if s.waited > 0 else s.first,
-                     min(_next(stepped, s.last) + JOIN_BINS + 1, n)) for _, s in blocked]
+    reaches = [reach(s, stepped, n) if s.waited > 0 else slice(s.first, s.last + 1) for _, s in blocked]
     # The steps' usual mix of parts, from the bins where no rank reported such a wait as a step's.
     plain = np.ones(n, dtype=bool)
-    for (_, s), reach in zip(blocked, reaches):
-        plain[reach] &= s.waited <= 0
+    for (_, s), bins in zip(blocked, reaches):
+        plain[bins] &= s.waited <= 0
     usual_mix = split[_STEP_PARTS][:, plain if plain.any() else slice(None)].sum(axis=1)
     usual_mix = usual_mix / usual_mix.sum() if usual_mix.sum() > 0 else usual_mix
     apart_s = np.zeros(n)               # each bin: how long the save or evaluation it reports blocked the job
-    for (category, s), reach in zip(blocked, reaches):
-        apart_s[reach.start:s.last + 1] += s.seconds
+    for (category, s), bins in zip(blocked, reaches):
+        apart_s[bins.start:s.last + 1] += s.seconds
         if s.waited > 0:
-            _take_back(split, reach, s.waited, usual_mix)
+            _take_back(split, bins, s.waited, usual_mix)
             split[category, s.last] += s.waited
     steps_time = split[_STEP_PARTS].sum(axis=0)
     apart = split[[_I[category] for category in APART]].sum(axis=0)
@@ -570,12 +569,6 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
         if totals.sum() > 0:
             out += np.outer(totals / totals.sum(), rest * weight)
     return out
-
-
-def _next(bins: np.ndarray, after: int) -> int:
-    """The first of the sorted `bins` after bin `after` (`after` where there is none)."""
-    i = np.searchsorted(bins, after, side="right")
-    return int(bins[i]) if i < len(bins) else after
 
 
 def _take_back(split: np.ndarray, cols: slice, seconds: float, usual_mix: np.ndarray) -> None:

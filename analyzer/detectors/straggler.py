@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .findings import Finding
+from ..grid.apart import FIELDS, reach, stretches
 from ..grid.frames import Frames
 from ..grid.views import Views, block_sum, fmean, median_over_rows, runs
 
@@ -77,6 +78,7 @@ def _from_telemetry(v: Views, config: Config) -> list[Finding]:
         steps = block_sum(rank.values["steps"][rows], starts)
         with np.errstate(invalid="ignore", divide="ignore"):
             per_step = np.where(steps > 0, comp / steps, np.nan)
+        per_step[:, _waiting_blocks(v, rows, starts)] = np.nan
         reporting = np.isfinite(per_step).sum(axis=0)
         usable = reporting >= 2
         if not usable.any():
@@ -108,6 +110,22 @@ def _from_telemetry(v: Views, config: Config) -> list[Finding]:
                 recommendation=ADVICE,
             ))
     return out
+
+
+def _waiting_blocks(v: Views, rows: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The blocks where some of the job's ranks waited for a save or an evaluation that others
+    made (rank 0 saving alone): they report the wait as their next step's time (grid.apart), and
+    such a block says nothing of which rank is slower."""
+    rank = v.rank
+    waited = [s for name in FIELDS.values() if name in rank.values
+              for s in stretches(rank.values[name][rows], rank.present[rows]) if s.waited > 0]
+    if not waited:
+        return np.zeros(0, np.int64)
+    stepped = np.flatnonzero((np.nan_to_num(rank.values["steps"][rows]) > 0).any(axis=0))
+    touched = np.zeros(v.n, bool)
+    for s in waited:
+        touched[reach(s, stepped, v.n)] = True
+    return np.unique(np.searchsorted(starts, np.flatnonzero(touched), side="right") - 1)
 
 
 def _from_gpus(v: Views, config: Config) -> list[Finding]:

@@ -53,3 +53,13 @@ def stretches(reported: np.ndarray, present: np.ndarray) -> list[Stretch]:
         waiting = present[:, r.start:r.end].any(axis=1) | (per_row > 0)
         out.append(Stretch(r.start, r.end - 1, seconds, float((seconds - per_row[waiting]).sum())))
     return out
+
+
+def reach(stretch: Stretch, stepped: np.ndarray, n: int) -> slice:
+    """The bins where the ranks that waited for `stretch` report that wait, as their next step's
+    time: from JOIN_BINS before its first report (their nodes' scrapes may come first) to JOIN_BINS
+    after the job's next step after it (after any save or evaluation that follows it). `stepped`:
+    the bins, sorted, where any of the job's ranks reported steps; `n`: the grid's bins."""
+    i = np.searchsorted(stepped, stretch.last, side="right")
+    after = int(stepped[i]) if i < len(stepped) else stretch.last
+    return slice(max(stretch.first - JOIN_BINS, 0), min(after + JOIN_BINS + 1, n))
