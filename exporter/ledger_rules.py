@@ -102,7 +102,8 @@ def job_category(category: ledger.Category) -> str:
     if category.blocks:
         return _blocked(category)
     # A 5-minute rule has no run to learn the steps' usual mix from, as the analyzer does: the
-    # wait comes out of each of the steps' categories in proportion to it.
+    # wait comes out of each of the steps' categories in proportion to it. (A window without
+    # step time has nothing to take it from: the clamp keeps its categories at 0, not absent.)
     return (f"{_counted(category)}\n* clamp_min(\n  1 - (\n    {_indent(_indent(_waited()))}\n  )\n"
             f"  / clamp_min({STEP_S}, 1e-9),\n  0\n)")
 

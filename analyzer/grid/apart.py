@@ -1,7 +1,8 @@
 """Saves and evaluations: the time a training job spends apart from its steps.
 
-One rule, which the `stalled` detector and the ledger (docs/ledger.md) both read from here: a
-save or an evaluation blocks the whole job for as long as its slowest rank reports it. Ranks
+One rule, which the ledger (docs/ledger.md, item 6), the `stalled` detector and the `straggler`
+detector read from here: a save or an evaluation blocks the whole job for as long as its
+slowest rank reports it. Ranks
 that take no part in it (a loop that saves from rank 0 alone, as nanoGPT's `if master_process:`
 does) or finish theirs first wait for it in their next collective, and report that wait in the
 time to their next step, not as a save of their own.
@@ -21,8 +22,8 @@ from burnrate.exporter.ledger import BLOCKING
 
 from .views import runs
 
+# The ledger's categories of time apart from the steps, and the rank counter each is read from.
 CATEGORIES = tuple(c.name for c in BLOCKING)
-"""The ledger's categories of time apart from the steps, and the rank counters each is read from."""
 FIELDS = {c.name: field for c in BLOCKING for field, _ in c.counters}
 
 JOIN_BINS = 3
