@@ -28,10 +28,11 @@ Choices the interface leaves open, made here and named so that a disagreement ca
   previous process's values where it still holds the rank (last value wins:
   JobSpec.stale_step_gauges, the default) or drops them when the new process first reports;
 - a hung process keeps reporting (unchanged counters) until it ends, as a live process does;
-- a job may save from rank 0 alone (JobSpec.saves_on_rank0, nanoGPT's `if master_process:`
-  save), the others waiting for it in a barrier right after: their wait is in no save of theirs
-  but in the time to their next step, and the truth is the same as where every rank saves (the
-  whole job was blocked for the save); a final save's wait is in no step at all;
+- a job may save, or evaluate, from rank 0 alone (JobSpec.saves_on_rank0, evals_on_rank0:
+  nanoGPT's `if master_process:` block), the others waiting for it in a barrier right after:
+  their wait is in no save or evaluation of theirs but in the time to their next step, and the
+  truth is the same as where every rank takes part (the whole job was blocked for it); a final
+  save's or evaluation's wait is in no step at all;
 - a last run may end, as the Hugging Face Trainer and torchtitan end training, with a save
   and (where the job evaluates) an evaluation after its last step (RunSpec.final_save): that
   time is `checkpoint` and `evaluation`, each reported once it is over; the process ends
@@ -119,6 +120,7 @@ class JobSpec:
     bystander: bool = False               # a serving Deployment on one more GPU of the first node
     step_jitter: float = 0.1              # each step's wall time within +-this share of its run's mean
     saves_on_rank0: bool = False          # rank 0 alone saves (and reports it); the others wait for it
+    evals_on_rank0: bool = False          # rank 0 alone evaluates; the others wait for it
     stale_step_gauges: bool = True        # a restarted trainer's step gauges read the previous process's until its first step
     seed: int = 0
 
@@ -209,7 +211,8 @@ class LedgerCase:
                  f"eval every {s.eval_every} steps ({s.eval_s:.0f} s), keep {s.keep_s:.0f} s, "
                  f"telemetry={s.telemetry}, resumed_from exported={s.report_resumed_from}, "
                  f"last report exported={s.report_last_heard}, close exported={s.report_closed}, "
-                 f"stale step gauges={s.stale_step_gauges}, saves on rank 0 alone={s.saves_on_rank0}, seed={s.seed}"]
+                 f"stale step gauges={s.stale_step_gauges}, saves on rank 0 alone={s.saves_on_rank0}, evaluations on rank 0 alone={s.evals_on_rank0}, "
+                 f"seed={s.seed}"]
         a0 = self.alloc_start
         for h in self.holds:
             lines.append(f"  pod {h.pod} on {h.node} GPUs {h.gpus}: held [{h.start - a0:.0f}, {h.end - a0:.0f}] s after A0")
@@ -415,9 +418,11 @@ def _last_report(p: Process, v: np.ndarray) -> np.ndarray:
     return np.where(v >= first, x, np.nan)
 
 
-def _cumulative(p: Process, rank: int, x: np.ndarray, waits_for_saves: bool = False) -> dict[str, np.ndarray]:
+def _cumulative(p: Process, rank: int, x: np.ndarray, waits_for_saves: bool = False,
+                waits_for_evals: bool = False) -> dict[str, np.ndarray]:
     """This process's own counters (from 0 at its start) as reported at times `x` (no NaN).
-    `waits_for_saves`: the rank saves nothing and waits for each save in the time to its next step."""
+    `waits_for_saves` (`waits_for_evals`): the rank saves (evaluates) nothing and waits for each
+    save (evaluation) in the time to its next step."""
     k = np.searchsorted(p.step_end, x, side="right")
 
     def upto(values: np.ndarray, done: np.ndarray) -> np.ndarray:
@@ -427,7 +432,8 @@ def _cumulative(p: Process, rank: int, x: np.ndarray, waits_for_saves: bool = Fa
     d = p.step_d
     ck_done = np.searchsorted(p.ckpt_end, x, side="right")
     ev_done = np.searchsorted(p.eval_end, x, side="right")
-    waited = np.concatenate([[0.0], p.ckpt[:-1]]) if waits_for_saves else 0.0
+    waits = (p.ckpt if waits_for_saves else 0.0) + (p.evals if waits_for_evals else 0.0)
+    waited = np.concatenate([[0.0], np.broadcast_to(waits, p.ckpt.shape)[:-1]])
     # a save or evaluation counts once it is over; ckpt_end/eval_end are step-ordered and increasing
     return {
         "burnrate_train_steps_total": k.astype(float),
@@ -435,7 +441,7 @@ def _cumulative(p: Process, rank: int, x: np.ndarray, waits_for_saves: bool = Fa
         "burnrate_train_data_wait_seconds_total": upto(d * p.data_wait[rank], k),
         "burnrate_train_compute_seconds_total": upto(d * p.compute[rank], k),
         "burnrate_train_checkpoint_seconds_total": upto(np.zeros_like(p.ckpt) if waits_for_saves else p.ckpt, ck_done),
-        "burnrate_train_eval_seconds_total": upto(p.evals, ev_done),
+        "burnrate_train_eval_seconds_total": upto(np.zeros_like(p.evals) if waits_for_evals else p.evals, ev_done),
         "burnrate_train_samples_total": k * float(SAMPLES_PER_RANK_STEP),
         "burnrate_train_tokens_total": k * float(SAMPLES_PER_RANK_STEP * TOKENS_PER_SAMPLE),
         "burnrate_train_flops_total": k * float(SAMPLES_PER_RANK_STEP) * FLOPS_PER_SAMPLE,
@@ -460,12 +466,13 @@ def _gauges(p: Process, rank: int, x: np.ndarray, world: int) -> dict[str, np.nd
 
 def agent_view(processes: list[Process], rank: int, world: int, tau: np.ndarray,
                stale_step_gauges: bool = True, closes: bool = False,
-               waits_for_saves: bool = False) -> dict[str, np.ndarray]:
+               waits_for_saves: bool = False, waits_for_evals: bool = False) -> dict[str, np.ndarray]:
     """One rank key's exported values at scrape times `tau` (NaN where not exported), as the
     agent keeps them: counters summed over the processes reporting to it while it holds the
     rank, gauges last value wins, everything gone FORGET_AFTER_S after the last report.
-    `closes`: the last of `processes` closed its monitor as it ended; `waits_for_saves`: the rank
-    saves nothing, rank 0 does while it waits (JobSpec.saves_on_rank0)."""
+    `closes`: the last of `processes` closed its monitor as it ended; `waits_for_saves`
+    (`waits_for_evals`): the rank saves (evaluates) nothing, rank 0 does while it waits
+    (JobSpec.saves_on_rank0, evals_on_rank0)."""
     v = tau - REPORT_LAG_S
     x = [_last_report(p, v) for p in processes]
     # epochs: the agent forgets the rank when a gap between reports reaches FORGET_AFTER_S
@@ -487,7 +494,7 @@ def agent_view(processes: list[Process], rank: int, world: int, tau: np.ndarray,
         if not mine.any():
             continue
         xs = np.where(mine, xi, p.start)
-        cum = _cumulative(p, rank, xs, waits_for_saves)
+        cum = _cumulative(p, rank, xs, waits_for_saves, waits_for_evals)
         for name in TRAIN_COUNTERS:
             out[name] += np.where(mine, cum[name], 0.0)
         g = _gauges(p, rank, xs, world)
@@ -520,7 +527,7 @@ def _rank_series(spec: JobSpec, processes: list[Process], holds: list[PodHold], 
         for rank in ranks:
             closes = spec.report_closed and bool(mine) and mine[-1] is processes[-1] and not spec.runs[-1].hang_s
             values = agent_view(mine, rank, world, tau, spec.stale_step_gauges, closes,
-                                spec.saves_on_rank0 and rank != 0)
+                                spec.saves_on_rank0 and rank != 0, spec.evals_on_rank0 and rank != 0)
             labels = {"namespace": spec.namespace, "pod": pod, "training_job": spec.name, "rank": str(rank),
                       "Hostname": node.name, "instance": f"{node.name}:9400", "job": node.scrape_job}
             for name, v in values.items():
@@ -669,7 +676,8 @@ def ledger_jobs(draw: st.DrawFn, telemetry: bool = True, report_resumed_from: bo
         bystander=draw(st.booleans()),
         stale_step_gauges=draw(st.booleans()),
         seed=draw(st.integers(0, 2 ** 32 - 1)),
-        saves_on_rank0=draw(st.booleans()))
+        # rank 0 alone saving and evaluating, as nanoGPT's master-process block does
+        saves_on_rank0=(alone := draw(st.booleans())), evals_on_rank0=alone)
 
 
 @st.composite

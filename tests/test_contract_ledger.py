@@ -550,9 +550,10 @@ def test_fixed_jobs_ledgers_match_their_truth(vm, variant, heard):
         # last step, then the pods free the GPUs 20 minutes later
         spec = replace(spec, runs=(*spec.runs[:2], replace(spec.runs[2], final_save=True)))
     elif variant == "saved_by_rank_0":
-        # rank 0 alone saves, 90 s every 200 steps and once more after the last step, while the other
-        # rank waits for it (nanoGPT's `if master_process:` save): the job was blocked for each save
-        spec = replace(spec, saves_on_rank0=True, checkpoint_s=90.0, checkpoint_every=200,
+        # rank 0 alone saves, 90 s every 200 steps and once more after the last step, and evaluates,
+        # while the other rank waits for it (nanoGPT's `if master_process:` block): the job was
+        # blocked for each save and each evaluation
+        spec = replace(spec, saves_on_rank0=True, evals_on_rank0=True, checkpoint_s=90.0, checkpoint_every=200,
                        runs=(*spec.runs[:2], replace(spec.runs[2], final_save=True)))
     case = in_slot(replace(spec, report_last_heard=heard))
     import_victoria(case, vm.url)
