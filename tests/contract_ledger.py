@@ -677,7 +677,7 @@ def ledger_jobs(draw: st.DrawFn, telemetry: bool = True, report_resumed_from: bo
         stale_step_gauges=draw(st.booleans()),
         seed=draw(st.integers(0, 2 ** 32 - 1)),
         # rank 0 alone saving and evaluating, as nanoGPT's master-process block does
-        saves_on_rank0=(alone := draw(st.booleans())), evals_on_rank0=alone)
+        saves_on_rank0=draw(st.booleans()), evals_on_rank0=draw(st.booleans()))
 
 
 @st.composite

@@ -678,6 +678,9 @@ def test_two_windows_holding_the_whole_job_give_the_same_ledger(vm, spec):
     assert [j["training_job"] for j in a_all] == [j["training_job"] for j in b_all], case.describe()
     unit = edge_s(case) + max(0.0, max(step, wide_step) - case.spec.interval_s)
     per_edge = case.spec.world_size * unit / H
+    # A save or an evaluation that ends within an edge of the job's window's end may have its
+    # report in the wider window only (docs/ledger.md, Edges), as ledger_errors allows it.
+    hidden = case.spec.world_size * unreported_s(case, unit) / H
     diffs = []
     for a, b in zip(a_all, b_all):
         if (a.get("ledger") is None) != (b.get("ledger") is None):
@@ -686,8 +689,8 @@ def test_two_windows_holding_the_whole_job_give_the_same_ledger(vm, spec):
         for c in CATEGORIES:
             x, y = (a["ledger"] or {}).get(c), (b["ledger"] or {}).get(c)
             # the windows differ only at their ends: one edge allowance at each
-            if (x is None) != (y is None) or (x is not None and abs(x["gpu_hours"] - y["gpu_hours"])
-                                              > 2 * per_edge + 1e-3):
+            allowed = 2 * per_edge + 1e-3 + (hidden if c in UNREPORTED else 0.0)
+            if (x is None) != (y is None) or (x is not None and abs(x["gpu_hours"] - y["gpu_hours"]) > allowed):
                 diffs.append(f"{a['training_job']} {c}: {x} in the job's window, {y} in the wider one")
         if [r.get("resumed_from") for r in a["runs"]] != [r.get("resumed_from") for r in b["runs"]]:
             diffs.append(f"runs {a['runs']} vs {b['runs']}")
