@@ -93,8 +93,7 @@ STEP_S = _rate(rank_counter("step_s"))
 def _waited() -> str:
     """Rank-seconds per second the job's ranks waited for saves and evaluations of others and
     reported as step time; 0 for a job whose ranks export no such counter."""
-    terms = [f"(\n  {_indent(_blocked(c))}\n  - {_rate(rank_counter(c.counters[0][0]))}\n  or\n  0 * {STEP_S}\n)"
-             for c in ledger.BLOCKING]
+    terms = [f"(\n  {_indent(_blocked(c))}\n  - {_counted(c)}\n  or\n  0 * {STEP_S}\n)" for c in ledger.BLOCKING]
     return "\n+ ".join(terms)
 
 

@@ -18,7 +18,9 @@ bin is given to the categories by what the job's ranks were doing:
   grew by: compute, data wait, the rest of the step time (sync wait), checkpoint and
   evaluation. The split is over the run's whole stretch of steps (and, apart, over its
   steps that were computed again), not sample by sample: a save or an evaluation reports
-  its time only when it ends, often a sample or more after it began;
+  its time only when it ends, often a sample or more after it began. A save or an
+  evaluation counts on every rank for as long as its slowest rank reported it (grid.apart):
+  the others' wait, which they report as step time, is taken back out of their steps;
 - a stretch of samples that report nothing new for longer than `stalled.Config.interval_factor`
   usual step times is a stall: its time beyond the usual step and beyond the save or
   evaluation that ended it is `stalled`, and is taken back out of the step time that
