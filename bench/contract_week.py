@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 import time
 import urllib.request

@@ -103,11 +103,10 @@ def test_the_identities_hold_and_time_is_never_lost_or_made_up(states, interval)
     clock = GpuClock(interval_s=interval, keep_s=1e9)
     now, expected_observed = T0, 0.0
     expected = {}
-    rows = ()
     for elapsed, utils, holders in states:
         gpus = [gpu(i, u) for i, u in enumerate(utils)]
         allocs = [Allocation(f"GPU-{g}", f"GPU-{g}::{p}", PODS[p], share) for g, p, share in holders]
-        rows = clock.advance(now, gpus, allocs)
+        clock.advance(now, gpus, allocs)
         # What the contract says this interval is worth, counted from the definitions.
         counted = interval if elapsed > STALENESS_S else elapsed
         expected_observed += counted

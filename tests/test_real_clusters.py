@@ -62,7 +62,6 @@ def assert_matches_truth(report, fleet: Fleet) -> None:
     # Against the truth, which counts time exactly: the samples can miss what lies
     # between an edge (the window's, a job's) and the first or last sample, one
     # interval and every scrape missed there (the `edge` allowance, per GPU and edge).
-    nodes = {n.name: n for n in fleet.nodes}
     edge = {n.name: ((1 + len(n.missed)) * (n.scrape_interval_s + n.jitter_s) + 15.0) / 3600 for n in fleet.nodes}
     observed_margin = sum(2 * n.gpus * edge[n.name] for n in fleet.nodes)
     held_margin = sum(2 * w.share * len(g) * edge[n] for w in fleet.workloads for n, g in w.placements)

@@ -32,7 +32,7 @@ from burnrate.agent.telemetry import CARDINALITY, Rejection, TelemetryInbox, val
 from burnrate.agent.telemetry.inbox import READER_THREAD
 from burnrate.agent.telemetry.senders import IMPERSONATION, UNPLACED, UNVERIFIED, Senders, pod_uid
 from tests.test_attribution import MIG_DEVICES, NODE, apiserver, kube_client, kubelet, socket_dir  # noqa: F401
-from tests.test_telemetry import T0, Clock, encode, message
+from tests.test_telemetry import Clock, encode, message
 
 UID_A = "6f1c2d0a-3b4e-4f5a-9c8d-1e2f3a4b5c6d"
 UID_B = "0d9e8f7a-6b5c-4d3e-8f2a-1b0c9d8e7f6a"

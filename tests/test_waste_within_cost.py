@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import os
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
