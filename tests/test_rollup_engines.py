@@ -5,7 +5,9 @@ through remote write). The fleet is hand-written with tests/contract_fleet.py (f
 and docs/metrics.md's counter definitions, not from the agent): 15, 30 and 60 s scrapes, a missed
 scrape, an agent restart, a time-sliced GPU, GPU Operator's label layout on one node. Per job,
 namespace and node, the roll-ups summed over the window give the truth, on both engines; so do
-the ledger's records (the burnrate-ledger group) per job and namespace, and the job's goodput."""
+the ledger's records (the burnrate-ledger group) per job and namespace, and the job's goodput.
+A job drawn by tests/contract_ledger.py whose rank 0 alone saves and evaluates holds the
+records' blocking rule (docs/ledger.md, item 6) over back-filled history on both engines."""
 from __future__ import annotations
 
 import os
@@ -16,6 +18,8 @@ import pytest
 from burnrate.exporter import ledger_rules as LR
 from tests.conftest import ROOT
 from tests.contract_fleet import BASE_TIME, Node, Workload, backfill_prometheus, generate, import_victoria
+from tests.contract_ledger import JobSpec, LedgerCase, RunSpec, edge_s
+from tests.contract_ledger import generate as generate_job
 from tests.processes import prometheus, victoria_metrics
 from tests.rollup_stores import AFTER_S, EVAL_S, evaluate_in_prometheus, replay_in_victoria, rollup_rules
 
@@ -58,13 +62,14 @@ def fleet():
     return generate(nodes, workloads, START, END, seed=11)
 
 
-def integrals(server, names: dict[str, str], by: str) -> dict[str, dict[tuple, float]]:
+def integrals(server, names: dict[str, str], by: str, start: float = START,
+              to: float = EVALUATED_TO) -> dict[str, dict[tuple, float]]:
     """Each roll-up summed over the window, times the evaluation interval: seconds."""
     out = {}
-    window = f"{int(EVALUATED_TO - START + 3600)}s"
+    window = f"{int(to - start + 3600)}s"
     for key, name in names.items():
         result = server.get("/api/v1/query", query=f"sum by ({by}) (sum_over_time({name}[{window}])) * {EVAL_S}",
-                            time=str(EVALUATED_TO))["result"]
+                            time=str(to))["result"]
         out[key] = {tuple(r["metric"].get(label, "") for label in by.split(", ")): float(r["value"][1])
                     for r in result}
     return out
@@ -205,3 +210,60 @@ def test_the_rollups_give_the_truth_on_prometheus_and_on_victoria_metrics(tmp_pa
     assert_near_truth(from_victoria, f, "victoria-metrics")
     for engine, got in (("prometheus", prometheus_goodput), ("victoria-metrics", victoria_goodput)):
         assert got == pytest.approx({(w.namespace, w.name): 0.85 for w in ledgered(f)}, rel=0.01), engine
+
+
+# The categories the ledger's records count, and the steps' three of them.
+COUNTED = ("productive", "data_wait", "sync_wait", "checkpoint", "evaluation")
+STEPS = ("productive", "data_wait", "sync_wait")
+
+
+def saving_job() -> LedgerCase:
+    """One run on two GPUs of two nodes, 2,400 steps of about 1.5 s, whose rank 0 alone saves
+    (90 s every 400 steps, five times) and evaluates (120 s every 700) while the other rank waits for it in
+    its next step, as nanoGPT's `if master_process:` block does."""
+    run = RunSpec(steps=2400, step_s=1.5, startup_s=120.0, compute=(0.7, 0.62), data_wait=(0.1, 0.12))
+    return generate_job(JobSpec(nodes=(("gpu-node-a", 1), ("gpu-node-b", 1)), interval_s=15.0, runs=(run,),
+                                checkpoint_every=400, checkpoint_s=90.0, eval_every=700, eval_s=120.0,
+                                alloc_start=START + 600.0, before_s=600.0, after_s=600.0, jitter_s=1.0,
+                                phase_s=4.0, saves_on_rank0=True, evals_on_rank0=True, seed=3))
+
+
+def job_records(server, case: LedgerCase) -> dict[str, float]:
+    """The job's ledger records summed over its window, in rank-seconds."""
+    names = {c: LR.category_record(c, LR.JOB) for c in COUNTED}
+    got = integrals(server, names, "namespace, training_job", case.start, case.end + AFTER_S)
+    return {c: got[c].get((case.spec.namespace, case.spec.name), 0.0) for c in COUNTED}
+
+
+def test_a_job_whose_rank_0_alone_saves_reads_its_truth_on_prometheus_and_on_victoria_metrics(tmp_path):
+    case = saving_job()
+    truth = {c: sum(rank[c] for rank in case.truth.per_rank) for c in COUNTED}
+    assert truth["checkpoint"] == pytest.approx(2 * 5 * 90.0) and truth["evaluation"] == pytest.approx(2 * 3 * 120.0)
+    rules = rollup_rules(tmp_path, groups=(LR.GROUP,))
+    data = backfill_prometheus(case, tmp_path)
+    evaluate_in_prometheus(tmp_path, data, rules, case.start, case.end)
+    with prometheus(tmp_path, storage=data) as prom:
+        engines = {"prometheus": job_records(prom, case)}
+    with victoria_metrics(tmp_path) as vm:
+        import_victoria(case, vm.url)
+        replay_in_victoria(tmp_path, vm.url, rules, case.start, case.end)
+        engines["victoria-metrics"] = job_records(vm, case)
+
+    # Each of the run's two edges, on each GPU, is known to a scrape interval and a step.
+    edges = 2 * case.spec.world_size * edge_s(case)
+    # The waiting rank's wait is in no save of its own: the rules book it as the save's, on
+    # both GPUs, and take it back out of the steps.
+    waited = truth["checkpoint"] / 2 + truth["evaluation"] / 2
+    # VictoriaMetrics' increase() starts from the sample before its window; Prometheus's
+    # extrapolates to the window's edges, at most a scrape interval in its 5 minutes.
+    saves = {"prometheus": case.spec.interval_s / 300, "victoria-metrics": 0.0}
+    for engine, got in engines.items():
+        for c in ("checkpoint", "evaluation"):
+            assert got[c] == pytest.approx(truth[c], rel=saves[engine], abs=1.0), (engine, c)
+        assert sum(got[c] for c in STEPS) == pytest.approx(sum(truth[c] for c in STEPS), abs=edges), engine
+        # The wait swelled the waiting rank's sync wait alone; the rules take it out of all
+        # three in proportion (docs/ledger.md, In the store), so each reads within the wait
+        # of its truth, and productive never above it.
+        for c in STEPS:
+            assert abs(got[c] - truth[c]) <= waited + edges, (engine, c, got[c], truth[c])
+        assert truth["productive"] - waited - edges <= got["productive"] <= truth["productive"] + edges, engine
