@@ -7,7 +7,7 @@ from typing import Callable, Iterator
 import pynvml
 import pytest
 
-from burnrate.agent.gpu.nvml import NvmlReader
+from burnrate.agent.gpu.nvml import SLOW_EVERY_S, NvmlReader
 from burnrate.exporter.snapshot import GpuReading
 from burnrate.exporter.catalog import GPU_FIELDS
 from tests.nvml_standin import GiB, FakeGpu, StandInNvml
@@ -168,8 +168,10 @@ def test_utilization_is_the_mean_of_the_samples_since_the_last_read(make: MakeRe
 
 def test_at_one_second_the_rate_stands_for_the_interval_and_costly_counters_are_held(make: MakeReader) -> None:
     # Measured on an H200 (bench/RESULTS.md): the samples cost 2.5 ms of CPU each, total
-    # energy 4 ms, a violation counter 0.8 ms, a maximum clock 1.6 ms; a plain field 2 us.
-    gpu = FakeGpu(util_samples=[(1_000, 10)], mem_util_samples=[(1_000, 3)], util_rates=(42, 7), energy_mj=1_000)
+    # energy 3.7 ms, GPM's metrics 2 ms, a violation counter 1.1 ms, the PCIe replay counter
+    # 0.5 ms, the MIG mode 0.3 ms, a maximum clock 1.6 ms; a plain field 4 to 10 us.
+    gpu = FakeGpu(util_samples=[(1_000, 10)], mem_util_samples=[(1_000, 3)], util_rates=(42, 7), energy_mj=1_000,
+                  gpm=dict(HOPPER_GPM), mig=[])
     clock = FakeClock()
     nvml, reader = make(gpu, clock=clock)
     reader.read()
@@ -185,6 +187,10 @@ def test_at_one_second_the_rate_stands_for_the_interval_and_costly_counters_are_
     assert nvml.calls[(0, "nvmlDeviceGetTotalEnergyConsumption")] == 3   # at 0, 10 and 20 s
     assert nvml.calls[(0, "nvmlDeviceGetViolationStatus")] == 2 * 3      # power and thermal
     assert nvml.calls[(0, "nvmlDeviceGetMaxClockInfo")] == 2             # SM and memory, once
+    assert nvml.calls[(0, "nvmlDeviceGetPcieReplayCounter")] == 3
+    assert nvml.calls[(0, "nvmlDeviceGetMigMode")] == 3
+    # GPM: a sample at 0 and 1 s (the first values), then at 11 and 21 s, each pair's values held
+    assert nvml.calls[(0, "nvmlGpmSampleGet")] == 4
     # The counter is held, never made up: each value is one the driver gave, at most 10 s old.
     assert energies[:9] == [1_000] * 9 and energies[9] == 1_000 + 10 * 700_000
     assert energies[19] == 1_000 + 20 * 700_000
@@ -333,7 +339,8 @@ def test_nvlink_counter_and_dcgm_rate(make: MakeReader) -> None:
 def test_gpm_ratios_from_two_samples(make: MakeReader) -> None:
     hopper = FakeGpu(gpm=dict(HOPPER_GPM))
     ampere = FakeGpu(name="NVIDIA A100-SXM4-80GB")
-    nvml, reader = make(hopper, ampere)
+    clock = FakeClock()
+    nvml, reader = make(hopper, ampere, clock=clock)
 
     first, _ = reader.read()
     assert not {"tensor_active", "gr_engine_active", "dram_active"} & set(first.fields)
@@ -345,6 +352,10 @@ def test_gpm_ratios_from_two_samples(make: MakeReader) -> None:
     assert not {"tensor_active", "gr_engine_active", "dram_active"} & set(older.fields)
 
     hopper.gpm[pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL] = 5.0
+    clock.now += 1.0
+    held, _ = reader.read()   # the pair's values, held until a sample is due again
+    assert held.fields["tensor_active"] == pytest.approx(0.40)
+    clock.now += SLOW_EVERY_S
     third, _ = reader.read()
     assert third.fields["tensor_active"] == pytest.approx(0.05)
     assert nvml.calls[(1, "nvmlGpmSampleGet")] == 0

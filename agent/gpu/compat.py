@@ -30,7 +30,7 @@ def read(nvml: Any, handle: Any, calls: Calls, value: Callable[[int, Any], float
     temps = optional("memory_temp", nvml.nvmlDeviceGetFieldValues, handle, [nvml.NVML_FI_DEV_MEMORY_TEMP])
     if temps is not None and temps[0].nvmlReturn == nvml.NVML_SUCCESS:
         fields["memory_temp_c"] = value(temps[0].valueType, temps[0].value)
-    put(fields, "pcie_replay", optional("pcie_replay", nvml.nvmlDeviceGetPcieReplayCounter, handle))
+    put(fields, "pcie_replay", calls.slow("pcie_replay", nvml.nvmlDeviceGetPcieReplayCounter, handle))
     for key, fn in (("enc_util", nvml.nvmlDeviceGetEncoderUtilization),
                     ("dec_util", nvml.nvmlDeviceGetDecoderUtilization)):
         answer = optional(key, fn, handle)

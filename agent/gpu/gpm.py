@@ -2,7 +2,8 @@
 and newer): the same signals as DCGM's profiling fields, without a DCGM host engine.
 
 GPM metrics are computed from two samples of the GPU's counters, so each read takes a
-new sample and pairs it with the previous read's one: the values cover the interval.
+new sample and pairs it with the previous read's one: the values cover the interval. The
+reader decides how often (agent/gpu/nvml.py SLOW_EVERY_S): a pair costs about 2 ms of CPU.
 """
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ class GpmSampler:
         self._next = 0
         self._have_previous = False
 
-    def read(self) -> dict[str, float]:
-        """Values over the time since the previous call; empty on the first call."""
+    def read(self) -> dict[str, float] | None:
+        """Values over the time since the previous call; None on the first call."""
         nvml = self._nvml
         current = self._samples[self._next]
         previous = self._samples[1 - self._next]
@@ -54,7 +55,7 @@ class GpmSampler:
         self._next = 1 - self._next
         if not self._have_previous:
             self._have_previous = True
-            return {}
+            return None
         request = nvml.c_nvmlGpmMetricsGet_t()
         request.version = nvml.NVML_GPM_METRICS_GET_VERSION
         request.numMetrics = len(self._metrics)
