@@ -78,3 +78,23 @@ def test_a_stall_s_headline_is_in_seconds_under_a_minute(minutes, text):
 
     stall = Finding("stalled", "critical", END, END + minutes * 60, evidence={"stalled_minutes": minutes})
     assert headline(stall) == text
+
+
+@pytest.mark.parametrize("evidence, wasted, text", [
+    ({"mfu": 0.18, "waste_counted_under": ["dataloader_starvation"]}, 0.0,
+     "MFU 18.0%; its waste counted under dataloader_starvation"),
+    ({"stalled_minutes": 147.0, "waste_counted_under": ["gpu_error"]}, 7.3,
+     "stalled for 147 min; some of its waste counted under gpu_error"),
+    ({"signals": ["loss_spike"], "waste_counted_under": []}, 5.7, "loss_spike"),
+    ({"held_minutes": 222.25, "gpus_held": 2.0}, 7.4, "2 GPUs held 222 min after its last process ended"),
+    ({"held_minutes": 30.0, "gpus_held": 1.0}, 0.5, "1 GPU held 30 min after its last process ended"),
+])
+def test_a_finding_s_headline_says_where_its_waste_went(evidence, wasted, text):
+    """A finding whose waste another finding's time already holds reads 0 (or less) in the
+    table: its evidence line says under which, as the JSON's waste_counted_under does."""
+    from burnrate.analyzer.detectors.findings import Finding
+    from burnrate.analyzer.output.report import headline
+
+    finding = Finding("low_mfu", "warning", END, END + 3600, namespace="nlp", training_job="ft",
+                      wasted_gpu_hours=wasted, evidence=evidence)
+    assert headline(finding) == text

@@ -284,16 +284,31 @@ def _stalled_for(minutes: float) -> str:
 
 
 def headline(f: Finding) -> str:
-    """A finding's key figure in a few words ("data wait 40%")."""
-    e = f.evidence
+    """A finding's key figure in a few words ("data wait 40%"), and where its waste is counted
+    where another finding's waste holds some or all of it (its own is then what is left)."""
+    said, elsewhere = _key_figure(f.evidence), f.evidence.get("waste_counted_under")
+    if elsewhere:
+        said += (("; " if said else "") + ("some of its waste" if f.wasted_gpu_hours else "its waste")
+                 + " counted under " + ", ".join(elsewhere))
+    return said
+
+
+def _held_after(minutes: float, e: dict) -> str:
+    gpus = e.get("gpus_held")
+    held = f"{gpus:g} GPU{'' if gpus == 1 else 's'} held" if isinstance(gpus, (int, float)) else "held"
+    return f"{held} {minutes:.0f} min after its last process ended"
+
+
+def _key_figure(e: dict) -> str:
     for key, fmt in (("data_wait_share", "data wait {:.0%}"), ("low_util_share", "GPU idle {:.0%} of samples"),
-                     ("slowdown", "{:.2f}x slower compute"), ("stalled_minutes", _stalled_for),
+                     ("slowdown", "{:.2f}x slower compute"), ("stalled_minutes", lambda minutes, _: _stalled_for(minutes)),
                      ("clock_ratio", "clock at {:.0%}"), ("mfu", "MFU {:.1%}"),
                      ("peak_replicas", "peak needs {:d} of {fleet_replicas} replicas"),
                      ("held_gpu_hours", "GPU at {mean_util_pct:.0f}% over {held_gpu_hours:.1f} GPU-h"), ("idle_hours", "idle {:.1f} GPU-h"),
+                     ("held_minutes", _held_after),
                      ("unallocated_hours", "free {:.1f} GPU-h")):
         if isinstance(e.get(key), (int, float)):
-            return fmt(e[key]) if callable(fmt) else fmt.format(e[key], **e)
+            return fmt(e[key], e) if callable(fmt) else fmt.format(e[key], **e)
     if "signals" in e:
         return ", ".join(e["signals"])
     if "xid_events" in e:
