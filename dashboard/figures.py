@@ -26,9 +26,9 @@ KIND_COLORS = dict(zip(KINDS, ("#e17055", "#fdcb6e", "#b2bec3", "#6c5ce7", "#d63
                                "#ffeaa7", "#4b4b4b", "#e67e22")))
 # The ledger's categories, one colour each wherever they are drawn.
 LEDGER_COLORS = dict(zip(("productive", "data_wait", "sync_wait", "checkpoint", "evaluation", "startup", "restart",
-                          "lost_progress", "stalled", "no_process"),
+                          "lost_progress", "diverged", "stalled", "no_process"),
                          ("#00b894", "#e17055", "#fdcb6e", "#74b9ff", "#a29bfe", "#81ecec", "#d63031",
-                          "#e84393", "#6c5ce7", "#636e72")))
+                          "#e84393", "#2d3436", "#6c5ce7", "#636e72")))
 MEANINGS = {c.name: c.meaning for c in CATEGORIES}
 RESTART_COLOR = "#d63031"
 NO_FINDINGS = "No findings for this job"

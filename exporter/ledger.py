@@ -37,6 +37,8 @@ CATEGORIES: tuple[Category, ...] = (
     Category("restart", "held between a run's last step and the next run's process start"),
     Category("lost_progress", "the whole step time of steps a run completed after the step the next run "
              "resumed from: they were computed again"),
+    Category("diverged", "the whole step time of the other steps whose reports gave a loss or gradient norm that "
+             "was not finite: the model had blown up (or the optimizer skipped them), so they trained nothing"),
     Category("stalled", "held while the process is alive and no step completes, beyond the usual gap "
              "between steps"),
     Category("no_process", "held with no training process reporting and no later run"),

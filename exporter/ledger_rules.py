@@ -182,8 +182,9 @@ def render() -> str:
                     "The ledger's counted part (exporter/ledger.py): where each job's GPU-time went, from "
                     "its ranks' counters, per job and per namespace, as rank-seconds (or GPU-seconds) per "
                     "second over 5 minutes, written increase(...[5m]) / 300 as the roll-ups are. The "
-                    "categories measured otherwise (start-up, restarts, lost progress, stalls, no process) "
-                    "are the analyzer's: here they are the gap between the categories' sum and the GPUs held. "
+                    "categories measured otherwise are the analyzer's: start-up, restarts, stalls and no "
+                    "process are here the gap between the categories' sum and the GPUs held; lost progress "
+                    "and a blown-up model's steps (diverged) are in the steps' categories. "
                     "Regenerate with BURNRATE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_ledger_rules.py "
                     "tests/test_alert_rules.py.", rules())
 

@@ -629,8 +629,11 @@ def backfill_prometheus(fleet: Fleet, tmp_path: Path) -> str:
 
 
 def import_lines(series: list[Series]) -> bytes:
-    return "".join(json.dumps({"metric": {"__name__": s.name, **s.labels}, "values": s.v.tolist(),
-                               "timestamps": np.round(s.t * 1000).astype(np.int64).tolist()}) + "\n"
+    """VictoriaMetrics' JSON lines, each value spelt as its parser reads it: it drops a line with
+    JSON's own `Infinity` without a word, and reads `+Inf` (as its export writes it)."""
+    return "".join(json.dumps({"metric": {"__name__": s.name, **s.labels}})[:-1]
+                   + ', "values": [' + ", ".join(map(_om_value, s.v.tolist())) + "]"
+                   + ', "timestamps": ' + json.dumps(np.round(s.t * 1000).astype(np.int64).tolist()) + "}\n"
                    for s in series).encode()
 
 
@@ -654,12 +657,15 @@ def _await_series(fleet: Fleet, url: str, timeout_s: float = 30.0) -> None:
     query = urllib.parse.urlencode({"query": f'count(last_over_time({{__name__=~".+"}}[{int(fleet.end - fleet.start) + 60}s]))',
                                     "time": f"{fleet.end + 30:.3f}"})
     deadline = time.monotonic() + timeout_s
+    found = 0
     while time.monotonic() < deadline:
         with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=60) as resp:
             result = json.loads(resp.read())["data"]["result"]
-        if result and int(float(result[0]["value"][1])) >= expected:
+        found = int(float(result[0]["value"][1])) if result else 0
+        if found >= expected:
             return
         time.sleep(0.2)
+    raise AssertionError(f"VictoriaMetrics holds {found} of the {expected} series imported after {timeout_s:.0f} s")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,6 +33,10 @@ Choices the interface leaves open, made here and named so that a disagreement ca
   their wait is in no save or evaluation of theirs but in the time to their next step, and the
   truth is the same as where every rank takes part (the whole job was blocked for it); a final
   save's or evaluation's wait is in no step at all;
+- a run's model may blow up (RunSpec.diverge_after): from that step on its loss is not finite
+  (reported as +inf) and its steps trained nothing: `diverged`, unless a later run resumed from
+  before them (then `lost_progress`); a later run resumes from the last checkpoint saved before
+  the blow-up;
 - a last run may end, as the Hugging Face Trainer and torchtitan end training, with a save
   and (where the job evaluates) an evaluation after its last step (RunSpec.final_save): that
   time is `checkpoint` and `evaluation`, each reported once it is over; the process ends
@@ -62,7 +66,7 @@ FORGET_AFTER_S = 300.0   # the agent's --forget-after default
 REPORT_LAG_S = 1.0       # the agent's counters at a scrape hold what was reported up to this long before it
 REPORT_PERIOD_S = 1.0    # the trainer reports about once a second
 CATEGORIES = ("productive", "data_wait", "sync_wait", "checkpoint", "evaluation", "startup", "restart",
-              "lost_progress", "stalled", "no_process")
+              "lost_progress", "diverged", "stalled", "no_process")
 SAMPLES_PER_RANK_STEP = 8
 TOKENS_PER_SAMPLE = 2048
 H = 3600.0
@@ -83,6 +87,7 @@ class RunSpec:
     stall_s: float = 0.0
     hang_s: float = 0.0               # alive after its last step with no step (a last run: until its pods go, or keep_s before)
     final_save: bool = False          # a last run: a save, then an evaluation (if the job evaluates), after its last step
+    diverge_after: int | None = None  # the model blows up at this step of the run (0-based): its loss and every later one is NaN
     # how this run follows the one before (ignored for the first run)
     new_pods: bool = False            # False: the same pods, the trainer restarts in them
     gap_s: float = 60.0               # same pods: previous process's end -> this process's start
@@ -153,6 +158,7 @@ class Process:
     data_wait: tuple[float, ...]
     pods: tuple[str, ...]             # per node
     report_phase: float = 0.0
+    blown_from: float = math.inf      # the first global step whose loss is NaN (the model blew up there)
 
     @property
     def last_step(self) -> int:
@@ -223,7 +229,8 @@ class LedgerCase:
                 f"  run {p.index + 1} ({'new pods' if r.new_pods else 'same pods'}): start {p.start - a0:.0f} s, "
                 f"first step begins {p.first_begin - a0:.0f} s, steps {p.resumed_from + 1}..{p.last_step} "
                 f"(~{r.step_s:.2f} s), last step at {p.last_step_at - a0:.0f} s, end {p.end - a0:.0f} s, "
-                f"resumed from {p.resumed_from}{stall}, hang {r.hang_s:.0f} s")
+                f"resumed from {p.resumed_from}{stall}, hang {r.hang_s:.0f} s"
+                + (f", loss not finite from step {int(p.blown_from)}" if math.isfinite(p.blown_from) else ""))
         lines.append("  truth (GPU-h): " + ", ".join(f"{c}={v:.4f}" for c, v in self.truth.ledger.items())
                      + f"; gpu_hours={self.truth.gpu_hours:.4f}, goodput={self.truth.goodput:.4f}")
         return "\n".join(lines)
@@ -263,7 +270,8 @@ def _lay_out(spec: JobSpec, run: RunSpec, index: int, start: float, resumed_from
     return Process(index=index, start=start, end=last + run.hang_s, resumed_from=resumed_from, first_begin=begin0,
                    step_begin=begin, step_end=end, step_d=d, global_step=g, ckpt=ck, ckpt_end=ckpt_end, evals=ev,
                    eval_end=eval_end, stall=stall, compute=run.compute, data_wait=run.data_wait, pods=pods,
-                   report_phase=float(rng.uniform(0.0, REPORT_PERIOD_S)))
+                   report_phase=float(rng.uniform(0.0, REPORT_PERIOD_S)),
+                   blown_from=math.inf if run.diverge_after is None else float(g[run.diverge_after]))
 
 
 def timeline(spec: JobSpec) -> tuple[list[Process], list[PodHold]]:
@@ -288,10 +296,13 @@ def timeline(spec: JobSpec) -> tuple[list[Process], list[PodHold]]:
             raise ValueError(f"run {k}: needs >= 1 step and a compute and data-wait share per rank")
         if run.stall_after is not None and not 0 <= run.stall_after < run.steps - 1:
             raise ValueError(f"run {k}: a stall comes after a step that is not the last")
+        if run.diverge_after is not None and not 0 <= run.diverge_after < run.steps:
+            raise ValueError(f"run {k}: the model blows up at a step the run makes")
         if k > 0:
             prev = processes[-1]
-            # the previous run resumes from here: its last checkpoint, else where it resumed from
-            saved = prev.global_step[prev.ckpt > 0]
+            # the previous run resumes from here: its last checkpoint saved before its model blew
+            # up, else where it resumed from
+            saved = prev.global_step[(prev.ckpt > 0) & (prev.global_step < prev.blown_from)]
             resumed_from = int(saved[-1]) if saved.size else prev.resumed_from
             if run.new_pods:
                 released = prev.end + run.release_s
@@ -359,14 +370,17 @@ def compute_truth(spec: JobSpec, processes: list[Process], holds: list[PodHold])
                 cat["no_process"] += _clip(a, b, processes[-1].end, math.inf)
     for p, upto in zip(processes, counted_to):
         counts = p.global_step <= upto
+        # a step that trained a blown-up model is diverged, unless it was computed again anyway
+        good, blown = counts & (p.global_step < p.blown_from), counts & (p.global_step >= p.blown_from)
         for r in range(W):
             cat = per_rank[r]
             fc, fd = p.compute[r], p.data_wait[r]
             d = p.step_d
             cat["startup"] += p.first_begin - p.start
-            cat["productive"] += float(np.sum(d[counts] * fc))
-            cat["data_wait"] += float(np.sum(d[counts] * fd))
-            cat["sync_wait"] += float(np.sum(d[counts] * (1.0 - fc - fd)))
+            cat["productive"] += float(np.sum(d[good] * fc))
+            cat["data_wait"] += float(np.sum(d[good] * fd))
+            cat["sync_wait"] += float(np.sum(d[good] * (1.0 - fc - fd)))
+            cat["diverged"] += float(np.sum(d[blown]))
             cat["lost_progress"] += float(np.sum(d[~counts]))
             cat["checkpoint"] += float(np.sum(p.ckpt))
             cat["evaluation"] += float(np.sum(p.evals))
@@ -380,9 +394,11 @@ def compute_truth(spec: JobSpec, processes: list[Process], holds: list[PodHold])
     n = len(processes)
     new_pod_restarts = sum(1 for r in spec.runs[1:] if r.new_pods)
     stalls = sum(1 for r in spec.runs if r.stall_after is not None) + sum(1 for r in spec.runs if r.hang_s)
-    edges = {"startup": 2 * n, "restart": 2 * (n - 1) + 2 * new_pod_restarts, "productive": 2 * n,
-             "data_wait": 2 * n, "sync_wait": 2 * n, "checkpoint": 2 * n, "evaluation": 2 * n,
-                         "lost_progress": 2 * (n - 1), "stalled": 2 * stalls, "no_process": 2}
+    blowups = sum(1 for r in spec.runs if r.diverge_after is not None)
+    steps_edges = 2 * n + 2 * blowups
+    edges = {"startup": 2 * n, "restart": 2 * (n - 1) + 2 * new_pod_restarts, "productive": steps_edges,
+             "data_wait": steps_edges, "sync_wait": steps_edges, "checkpoint": 2 * n, "evaluation": 2 * n,
+             "lost_progress": 2 * (n - 1), "diverged": 2 * blowups, "stalled": 2 * stalls, "no_process": 2}
     edges["sum"] = 2 * len(holds) + 2 * n
     runs = [{"process_start": p.start, "first_step_begin": p.first_begin, "first_step": float(p.step_end[0]),
              "last_step": p.last_step_at, "resumed_from": p.resumed_from, "last_step_number": p.last_step}
@@ -459,7 +475,10 @@ def _gauges(p: Process, rank: int, x: np.ndarray, world: int) -> dict[str, np.nd
         "burnrate_train_world_size": np.full(x.size, float(world)),
         "burnrate_train_last_step_timestamp_seconds": last,
         "burnrate_train_global_step": step,
-        "burnrate_train_loss": np.where(stepped, 1.6 + 2.4 * np.exp(-np.nan_to_num(step) / 4000.0), np.nan),
+        # not finite once the model has blown up: +inf here, as an overflow gives it (NaN here
+        # means not exported; the definition reads either as not finite)
+        "burnrate_train_loss": np.where(stepped, np.where(step >= p.blown_from, np.inf,
+                                                          1.6 + 2.4 * np.exp(-np.nan_to_num(step) / 4000.0)), np.nan),
         "burnrate_train_mfu_ratio": np.where(stepped, 0.55 * p.compute[rank], np.nan),
     }
 
@@ -646,9 +665,11 @@ def ledger_jobs(draw: st.DrawFn, telemetry: bool = True, report_resumed_from: bo
             hang = draw(st.floats(600.0, 1800.0))
         # a last run may end with a save and an evaluation, as frameworks end training
         final_save = last and draw(st.booleans())
+        # the model may blow up: its loss is not finite from that step on
+        diverge_after = int(draw(st.floats(0.1, 0.95)) * (steps - 1)) if draw(st.integers(0, 4)) == 0 else None
         runs.append(RunSpec(steps=steps, step_s=step_s, startup_s=draw(st.floats(30.0, 600.0)), compute=compute,
                             data_wait=data, stall_after=stall_after, stall_s=stall_s, hang_s=hang,
-                            final_save=final_save,
+                            final_save=final_save, diverge_after=diverge_after,
                             new_pods=new_pods, same_names=new_pods and draw(st.booleans()),
                             gap_s=draw(st.floats(10.0, 900.0)),
                             release_s=draw(st.floats(0.0, 60.0)), pending_s=draw(st.floats(0.0, 600.0)),

@@ -40,7 +40,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings, strategies as st
 
 from tests.conftest import PYTHON, ROOT
-from tests.contract_fleet import backfill_prometheus, import_victoria
+from tests.contract_fleet import Series, backfill_prometheus, import_victoria
 from tests.contract_ledger import (BASE_TIME, CATEGORIES, FORGET_AFTER_S, H, REPORT_LAG_S, REPORT_PERIOD_S,
                                    TRAIN_COUNTERS, JobSpec, LedgerCase, RunSpec, agent_view, edge_s, generate,
                                    ledger_jobs, tolerance)
@@ -85,8 +85,8 @@ def test_a_small_case_matches_hand_arithmetic():
                                                                             BASE_TIME + 790)
     seconds = {c: v * H for c, v in case.truth.ledger.items()}
     want = {"startup": 300 + 200, "restart": 50, "productive": 0.8 * (80 + 100), "data_wait": 0.1 * 180,
-            "sync_wait": 0.1 * 180, "lost_progress": 20, "checkpoint": 40, "evaluation": 0, "stalled": 0,
-            "no_process": 0}
+            "sync_wait": 0.1 * 180, "lost_progress": 20, "checkpoint": 40, "evaluation": 0, "diverged": 0,
+            "stalled": 0, "no_process": 0}
     assert seconds == pytest.approx(want, abs=1e-6)
     assert case.truth.gpu_hours * H == pytest.approx(790)
     assert [(r["resumed_from"], r["last_step_number"]) for r in case.truth.runs] == [(0, 100), (80, 180)]
@@ -98,6 +98,23 @@ def test_a_small_case_matches_hand_arithmetic():
     assert _one(case, "burnrate_train_checkpoint_seconds_total").v[-1] == 40
     # exported until forget-after past the last report, which is the last step
     assert steps.t[-1] >= BASE_TIME + 790 + REPORT_LAG_S and steps.t[-1] < BASE_TIME + 790 + FORGET_AFTER_S + 1
+
+
+def test_a_blown_up_model_s_steps_are_diverged_unless_computed_again():
+    """Run 1 blows up at step 61 (after its step-40 save); run 2 resumes from 40, the last save
+    before it, and blows up at its 91st step, 131: steps 41 to 100 of run 1 are computed again
+    (lost progress, blown up or not), steps 131 to 140 of run 2 trained nothing."""
+    run = RunSpec(steps=100, step_s=1.0, startup_s=200.0, compute=(0.8,), data_wait=(0.1,), gap_s=50.0)
+    case = generate(JobSpec(nodes=(("gpu-node-a", 1),), interval_s=60.0, runs=(replace(run, diverge_after=60),
+                                                                               replace(run, diverge_after=90)),
+                            checkpoint_every=40, checkpoint_s=10.0, eval_every=None, eval_s=0.0, alloc_start=BASE_TIME,
+                            schedule_s=100.0, step_jitter=0.0))
+    assert case.processes[1].resumed_from == 40
+    seconds = {c: v * H for c, v in case.truth.ledger.items()}
+    assert (seconds["lost_progress"], seconds["diverged"]) == pytest.approx((60, 10))
+    assert seconds["productive"] == pytest.approx(0.8 * (40 + 90))
+    loss = _one(case, "burnrate_train_loss")
+    assert np.isinf(loss.v).any() and np.isfinite(loss.v).any()
 
 
 def test_step_gauges_of_a_restarted_trainer_are_stale_or_absent_until_its_first_step():
@@ -521,7 +538,7 @@ DRAWN = {case.__name__: case for case in (behind, evaluating, saved_after, stall
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["restarted", "fresh_gauges", "hung", "hung_then_died", "forgotten", "single",
-                                     "finished_saving", "recreated", "saved_by_rank_0", *DRAWN])
+                                     "finished_saving", "recreated", "saved_by_rank_0", "blew_up", *DRAWN])
 # from an agent that exports its ranks' last-report times, and from one that does not
 @pytest.mark.parametrize("heard", [True, False], ids=["last_report", "forget_after"])
 def test_fixed_jobs_ledgers_match_their_truth(vm, variant, heard):
@@ -555,10 +572,18 @@ def test_fixed_jobs_ledgers_match_their_truth(vm, variant, heard):
         # blocked for each save and each evaluation
         spec = replace(spec, saves_on_rank0=True, evals_on_rank0=True, checkpoint_s=90.0, checkpoint_every=200,
                        runs=(*spec.runs[:2], replace(spec.runs[2], final_save=True)))
+    elif variant == "blew_up":
+        # run 2's model blows up at step 1600 (run 3 resumes from the step-1500 save before it:
+        # run 2's steps after 1500 are lost progress, blown up or not) and run 3's at step 2101:
+        # its last 600 steps trained nothing
+        spec = replace(spec, runs=(spec.runs[0], replace(spec.runs[1], diverge_after=599),
+                                   replace(spec.runs[2], diverge_after=600)))
     case = in_slot(replace(spec, report_last_heard=heard))
     import_victoria(case, vm.url)
     doc, step = analyse(vm.url, case)
     check(doc, case, step)
+    if variant == "blew_up":
+        assert case.truth.ledger["diverged"] > 0.4 and case.truth.ledger["lost_progress"] > 1.4
     if variant == "recreated":
         # The GPUs were sampled free while the pods were away: none of that is the job's. Each pod
         # hold's two edges are known to a scrape interval; the pause is 0.14 GPU-hours.
@@ -618,6 +643,21 @@ def test_gpus_let_go_seconds_after_a_closed_monitor_are_no_process(vm, closed):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_a_blown_up_loss_the_store_dropped_still_reads_as_diverged(vm):
+    """A trainer's NaN loss is a sample Prometheus keeps and VictoriaMetrics drops: the rank's
+    other series go on without it, which reads as not finite too."""
+    spec = restarted()
+    spec = replace(spec, runs=(*spec.runs[:2], replace(spec.runs[2], diverge_after=600)))
+    case = in_slot(spec)
+    case.series = [Series(s.name, s.labels, s.t[np.isfinite(s.v)], s.v[np.isfinite(s.v)])
+                   if s.name == "burnrate_train_loss" else s for s in case.series]
+    import_victoria(case, vm.url)
+    doc, step = analyse(vm.url, case)
+    check(doc, case, step)
+    assert the_job(doc, case)["ledger"]["diverged"]["gpu_hours"] > 0.4
+
+
 def test_without_resumed_from_lost_progress_is_null_not_zero(vm):
     case = in_slot(restarted(report_resumed_from=False))
     assert case.truth.ledger["lost_progress"] > 0

@@ -40,11 +40,7 @@ def two_runs(resumed: bool = True, fresh_pod: bool = False) -> Fleet:
     start = np.where(b < 210, T0, T0 + 210 * STEP)
     alive = (b <= 199) | (b >= 210)
     for r in range(GPUS):
-        f.gpu("node-a", r)
-        f.alloc("node-a", r, f"llm-{r}", "llm")
-        per = {"steps": np.where(stepping, 10.0, 0.0), "step_s": np.where(stepping, 15.0, 0.0),
-               "wait_s": np.where(stepping, 1.0, 0.0), "compute_s": np.where(stepping, 12.0, 0.0),
-               "tokens": np.where(stepping, 1000.0, 0.0)}
+        per = _held_and_stepping(f, r, stepping)
         pods = {"mask": alive}
         if fresh_pod:
             for mask, pod in ((b <= 199, f"llm-{r}"), (b >= 210, f"llm-{r}-b")):
@@ -53,6 +49,16 @@ def two_runs(resumed: bool = True, fresh_pod: bool = False) -> Fleet:
             continue
         _rank(f, r, f"llm-{r}", per, number, start, np.where(b < 210, 0.0, 1500.0) if resumed else None, **pods)
     return f
+
+
+def _held_and_stepping(f: Fleet, r: int, stepping: np.ndarray) -> dict:
+    """GPU r of node-a held by llm's pod throughout; its rank's figures a bin where it steps:
+    10 steps of 12 s compute, 1 s data wait and 2 s the rest."""
+    f.gpu("node-a", r)
+    f.alloc("node-a", r, f"llm-{r}", "llm")
+    return {"steps": np.where(stepping, 10.0, 0.0), "step_s": np.where(stepping, 15.0, 0.0),
+            "wait_s": np.where(stepping, 1.0, 0.0), "compute_s": np.where(stepping, 12.0, 0.0),
+            "tokens": np.where(stepping, 1000.0, 0.0)}
 
 
 def _rank(f: Fleet, r: int, pod: str, per: dict, number, start, resumed, mask) -> None:
@@ -83,7 +89,7 @@ def test_two_runs_split_exactly(fresh_pod):
     # bin to the restart, and its first steps (bin 220) began at bin 219's time.
     expected = {"startup": 29, "restart": 11, "lost_progress": 30, "productive": kept * 12 / 15,
                 "data_wait": kept / 15, "sync_wait": kept * 2 / 15, "checkpoint": 0, "evaluation": 0,
-                "stalled": 79, "no_process": 0}
+                "diverged": 0, "stalled": 79, "no_process": 0}
     for name in NAMES:
         assert hours[name] == pytest.approx(expected[name] * BIN_GPU_HOURS, abs=1e-3), name
     assert sum(hours.values()) == pytest.approx(job["gpu_hours"], abs=1e-3)
@@ -101,6 +107,52 @@ def test_two_runs_split_exactly(fresh_pod):
     assert doc["accounting"]["ledger"]["lost_progress"]["gpu_hours"] == pytest.approx(hours["lost_progress"])
     # The advice's times are the job's own: its restart (gap and start-up) and its failure rate.
     assert job["advice"]["basis"]["restart_seconds"] == job["advice"]["basis"]["mtbf_seconds"] == "measured: 1 restarts"
+
+
+def blown_up(loss: bool = True) -> Fleet:
+    """One run on 2 GPUs held throughout 480 bins: steps from bin 20 to 399 (10 a bin: 12 s
+    compute, 1 s data wait, 2 s the rest), the model blown up at bin 300 (its loss NaN from
+    there on, as the agent exports a NaN the trainer reports), then GPUs held idle to the end."""
+    f = Fleet()
+    f.node("node-a")
+    b = np.arange(f.n)
+    stepping = (b >= 20) & (b <= 399)
+    for r in range(GPUS):
+        per = _held_and_stepping(f, r, stepping)
+        _rank(f, r, f"llm-{r}", per, np.clip(10 * (np.minimum(b, 399) - 19), 0, None), np.full(f.n, T0),
+              np.zeros(f.n), b < 420)
+        frame = f.rows["rank"][-1]
+        frame["loss"] = np.where(b[b < 420] >= 300, np.nan, 2.0) if loss else np.nan
+        frame["grad_norm"] = np.where(b[b < 420] >= 300, np.nan, 1.0) if loss else np.nan
+    return f
+
+
+def test_steps_after_the_model_blew_up_are_diverged_in_their_place():
+    job, doc, report = ledger_of(blown_up())
+    hours = {k: v["gpu_hours"] for k, v in job["ledger"].items()}
+    # Bins 300 to 399 held steps of a model already blown up: their whole step time, 100 bins;
+    # the 280 bins before it split 12:1:2.
+    good = 280
+    assert hours["diverged"] == pytest.approx(100 * BIN_GPU_HOURS, abs=1e-3)
+    assert hours["productive"] == pytest.approx(good * 12 / 15 * BIN_GPU_HOURS, abs=1e-3)
+    assert hours["data_wait"] == pytest.approx(good / 15 * BIN_GPU_HOURS, abs=1e-3)
+    assert hours["sync_wait"] == pytest.approx(good * 2 / 15 * BIN_GPU_HOURS, abs=1e-3)
+    assert sum(hours.values()) == pytest.approx(job["gpu_hours"], abs=1e-3)
+    assert job["goodput"] == pytest.approx(hours["productive"] / job["gpu_hours"], abs=1e-4)
+    # The diverged time is where it happened, after the steps that counted.
+    ledger = next(j.ledger for j in report.jobs if j.training_job == "llm")
+    diverged, productive = ledger.timeline["diverged"], ledger.timeline["productive"]   # from bin 0, held
+    assert productive[20:300].sum() == pytest.approx(productive.sum(), rel=0.01)
+    assert diverged[300:400].sum() == pytest.approx(diverged.sum(), rel=0.01)
+    kinds = {f["kind"] for f in doc["findings"] if f["training_job"] == "llm"}
+    assert "diverging" in kinds
+
+
+def test_without_a_loss_diverged_is_null_and_says_why():
+    job, _, _ = ledger_of(blown_up(loss=False))
+    assert job["ledger"]["diverged"] is None
+    assert "no loss or gradient norm" in job["ledger_basis"]["diverged"]
+    assert sum(v["gpu_hours"] for v in job["ledger"].values() if v) == pytest.approx(job["gpu_hours"], abs=1e-3)
 
 
 def test_a_restart_without_its_resume_point_leaves_lost_progress_unknown():

@@ -16,8 +16,8 @@ bin is given to the categories by what the job's ranks were doing:
   went);
 - in between, the held time is split in proportion to the rank-seconds the run's counters
   grew by: compute, data wait, the rest of the step time (sync wait), checkpoint and
-  evaluation. The split is over the run's whole stretch of steps (and, apart, over its
-  steps that were computed again), not sample by sample: a save or an evaluation reports
+  evaluation. The split is over the run's whole stretch of steps (and, apart and in their
+  place, over its steps on a blown-up model and those computed again), not sample by sample: a save or an evaluation reports
   its time only when it ends, often a sample or more after it began. A save or an
   evaluation counts on every rank for as long as its slowest rank reported it (grid.apart):
   the others' wait, which they report as step time, is taken back out of their steps;
@@ -26,7 +26,9 @@ bin is given to the categories by what the job's ranks were doing:
   evaluation that ended it is `stalled`, and is taken back out of the step time that
   reported it. Samples missing altogether (a late scrape) are not a stall;
 - steps a run completed after the step the next run resumed from (`global_step` against
-  the next run's `resumed_from`) are `lost_progress`, their whole step time.
+  the next run's `resumed_from`) are `lost_progress`, their whole step time; of the others,
+  those a rank reported a loss or gradient norm that was not finite with (the model had blown
+  up: detectors.diverging.non_finite) are `diverged`, their whole step time.
 """
 from __future__ import annotations
 
@@ -39,13 +41,14 @@ from burnrate.exporter.ledger import COUNTED, NAMES, PRODUCTIVE
 from burnrate.exporter.telemetry import FORGET_AFTER_S, KEEPALIVE_S
 
 from .accounting import Accounting, holder_seconds
+from ..detectors.diverging import non_finite
 from ..detectors.stalled import Config as StalledConfig
 from ..grid.apart import CATEGORIES as APART, Stretch, reach, stretches
 from ..grid.views import Grid, Views
 
 _I = {name: i for i, name in enumerate(NAMES)}
 # The categories a step's own time is split into; a stall is taken out of them.
-_STEP_PARTS = [_I[n] for n in ("productive", "data_wait", "sync_wait", "lost_progress")]
+_STEP_PARTS = [_I[n] for n in ("productive", "data_wait", "sync_wait", "lost_progress", "diverged")]
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,10 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
                                     "in the other categories of the steps around it")
         np.clip(sum(sign * counter(name) for name, sign in category.counters), 0.0, None, out=parts[_I[category.name]])
     present = rank.present[rows]
+    blown = non_finite(v, rows)
+    if not any(name in rank.values and (~np.isnan(rank.values[name][rows])).any() for name in ("loss", "grad_norm")):
+        basis["diverged"] = ("its ranks report no loss or gradient norm, so steps that trained a model already blown "
+                             "up cannot be told from the others: they are in productive, data_wait and sync_wait")
     run_of, starts = _runs(v, rows, steps > 0)
     if starts == [None]:
         basis["restart"] = ("the telemetry has no process start times (an older monitor), so runs are not "
@@ -248,7 +255,8 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
                 mine[_I[category], :, after.start - span.start:] = 0.0
                 after_last[category] = sum(s.seconds for s in stretches(
                     parts[_I[category], :, after] * cells[:, after], (cells & present)[:, after]))
-        split = _step_split(mine, steps[:, span] * cells[:, span], gauge["global_step"][:, span], cells[:, span], nxt)
+        split = _step_split(mine, steps[:, span] * cells[:, span], gauge["global_step"][:, span], cells[:, span], nxt,
+                            blown[:, span])
         blocked = [(_I[category], s) for category in APART
                    for s in stretches(mine[_I[category]], (cells & present)[:, span])]
         done = _spread(held * cover(begin, last), span, split, cells[:, span].sum(axis=0),
@@ -283,9 +291,9 @@ def _ledger(v: Views, rows: np.ndarray, held: np.ndarray, stalled: StalledConfig
         hours["lost_progress"] = None
         basis["lost_progress"] = ("a run restarted but the next run did not report the step it resumed from: "
                                   "steps computed again are counted as productive")
-    for category in COUNTED:
-        if category.name in basis:
-            hours[category.name] = None
+    for name in (*(c.name for c in COUNTED), "diverged"):
+        if name in basis:
+            hours[name] = None
     run_hours = [{name: float(per_run[k, i]) / 3600 for i, name in enumerate(NAMES)} for k in range(len(runs))]
     held_bins = np.flatnonzero(held > 0)
     saves, save_seconds = _saves(v, rows, parts[_I["checkpoint"]], held_bins)
@@ -468,23 +476,29 @@ def _int(value: float | None) -> int | None:
 
 
 def _step_split(parts: np.ndarray, steps: np.ndarray, global_step: np.ndarray, cells: np.ndarray,
-                resumed_next: int | None) -> np.ndarray:
+                resumed_next: int | None, blown: np.ndarray) -> np.ndarray:
     """(category, bin) rank-seconds of one run's stepping span, with the steps computed again
-    after the next run's resume point moved to lost_progress."""
+    after the next run's resume point moved to lost_progress, and of the others those in bins
+    where a rank reported its model blown up (`blown`: diverging.non_finite) to diverged: the
+    ranks of a job train one model."""
     split = parts.sum(axis=1)
-    if resumed_next is None:
-        return split
-    number = np.where(cells, global_step, -np.inf).max(axis=0)
-    number = np.maximum.accumulate(np.where(np.isfinite(number), number, -np.inf))
-    ranks = np.maximum(cells.sum(axis=0), 1)
-    made = steps.sum(axis=0) / ranks                     # steps per rank in each bin
-    before = number - made
-    with np.errstate(invalid="ignore", divide="ignore"):
-        lost = np.clip((number - np.maximum(before, resumed_next)) / made, 0.0, 1.0)
-    lost = np.where((made > 0) & np.isfinite(lost), lost, 0.0)
-    step_parts = split[[_I["productive"], _I["data_wait"], _I["sync_wait"]]]
-    split[_I["lost_progress"]] = step_parts.sum(axis=0) * lost
-    split[[_I["productive"], _I["data_wait"], _I["sync_wait"]]] = step_parts * (1.0 - lost)
+    own = [_I["productive"], _I["data_wait"], _I["sync_wait"]]
+    step_parts = split[own]
+    lost = np.zeros(split.shape[1])
+    if resumed_next is not None:
+        number = np.where(cells, global_step, -np.inf).max(axis=0)
+        number = np.maximum.accumulate(np.where(np.isfinite(number), number, -np.inf))
+        ranks = np.maximum(cells.sum(axis=0), 1)
+        made = steps.sum(axis=0) / ranks                     # steps per rank in each bin
+        before = number - made
+        with np.errstate(invalid="ignore", divide="ignore"):
+            lost = np.clip((number - np.maximum(before, resumed_next)) / made, 0.0, 1.0)
+        lost = np.where((made > 0) & np.isfinite(lost), lost, 0.0)
+        split[_I["lost_progress"]] = step_parts.sum(axis=0) * lost
+    kept = step_parts * (1.0 - lost)
+    diverged = (blown & cells).any(axis=0)
+    split[_I["diverged"]] = kept.sum(axis=0) * diverged
+    split[own] = kept * ~diverged
     return split
 
 
@@ -550,26 +564,34 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
     stalls[span] = stall
     out[_I["stalled"]] = held * stalls
     rest = held * (1.0 - stalls)
-    # The steps that count, then those computed again at the end: each stretch split by its own
-    # totals, the second taking the last of the held time in proportion to its rank-seconds (a
-    # save before the first lost step reports with it, but is the first stretch's).
+    # The run's stretch in the order it went: the steps that count, from the first bin whose
+    # model had blown up on (diverged), from the first step computed again on (lost_progress).
+    # Each stretch is split by its own totals and takes the held time in its place, in
+    # proportion to its rank-seconds (a save reported with a stretch's first bin came before
+    # it: the earlier stretch's).
     total = split.sum(axis=1)
-    lost = np.flatnonzero(split[_I["lost_progress"]] > 0)
-    if not len(lost) or total.sum() <= 0:
-        if total.sum() > 0:
-            out += np.outer(total / total.sum(), rest)
+    if total.sum() <= 0:
         return out
-    tail = split[:, lost[0]:].sum(axis=1)
-    for category in APART:
-        tail[_I[category]] -= split[_I[category], lost[0]]
-    head = total - tail
-    target = rest.sum() * tail.sum() / total.sum()
+    firsts = sorted({int(np.argmax(split[_I[c]] > 0)) for c in ("diverged", "lost_progress")
+                     if (split[_I[c]] > 0).any()} - {0})
+    stretch_totals = []
+    for a, b in zip([0, *firsts], [*firsts, n]):
+        totals = split[:, a:b].sum(axis=1)
+        if a > 0:
+            totals[[_I[c] for c in APART]] -= split[[_I[c] for c in APART], a]
+        if b < n:
+            totals[[_I[c] for c in APART]] += split[[_I[c] for c in APART], b]
+        stretch_totals.append(totals)
     after = np.cumsum(rest[::-1])[::-1] - rest          # held seconds after each bin
-    with np.errstate(invalid="ignore", divide="ignore"):
-        late = np.where(rest > 0, np.clip((target - after) / rest, 0.0, 1.0), 0.0)
-    for totals, weight in ((tail, late), (head, 1.0 - late)):
+    later = 0.0                                         # held seconds the stretches after this one take
+    for totals in reversed(stretch_totals):
+        take = rest.sum() * totals.sum() / total.sum()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            weight = np.where(rest > 0, np.clip((later + take - after) / rest, 0.0, 1.0)
+                              - np.clip((later - after) / rest, 0.0, 1.0), 0.0)
         if totals.sum() > 0:
             out += np.outer(totals / totals.sum(), rest * weight)
+        later += take
     return out
 
 

@@ -39,6 +39,20 @@ def _first_finite_seen(values: np.ndarray, present: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(present & np.isfinite(values), axis=1)
 
 
+def non_finite(v: Views, rows: np.ndarray) -> np.ndarray:
+    """(rank, bin) True where a rank reported a loss or a gradient norm that is infinite, or NaN
+    after finite ones (NaN alone may be a gauge never set): the model it trains has blown up,
+    or its optimizer skipped the step. The finding starts no later than the first; the
+    ledger's `diverged` is the step time of the steps they report (docs/ledger.md)."""
+    present = v.rank.present[rows]
+    bad = np.zeros(present.shape, dtype=bool)
+    for name in ("loss", "grad_norm"):
+        if name in v.rank.values:
+            values = v.rank.values[name][rows]
+            bad |= present & (np.isinf(values) | _first_finite_seen(values, present) & np.isnan(values))
+    return bad
+
+
 def _sustained_spike(values: np.ndarray, mean: np.ndarray, fresh: np.ndarray, ratio: float, count: int) -> int:
     """The first bin from which `count` reports in a row stay at or above `ratio` times
     the mean before that bin, or -1. The level is held from the spike's start: a
@@ -82,11 +96,8 @@ def detect(data: Frames | Views, config: Config = Config()) -> list[Finding]:
         present = rank.present[rows]
         loss = rank.values["loss"][rows].astype(np.float64)
         grad = rank.values["grad_norm"][rows].astype(np.float64) if "grad_norm" in rank.values else None
-        bad = present & _first_finite_seen(loss, present) & ~np.isfinite(loss)
-        if grad is not None:
-            bad |= present & _first_finite_seen(grad, present) & ~np.isfinite(grad)
         onsets: dict[str, int] = {}
-        nonfinite = bad.any(axis=0)
+        nonfinite = non_finite(v, rows).any(axis=0)
         if nonfinite.any():
             onsets["non_finite"] = int(np.argmax(nonfinite))
         # One loss per job: ranks report the same all-reduced loss, or their own; the median is robust.
