@@ -128,6 +128,22 @@ def _say_in_panel(fig: go.Figure, row: int, text: str) -> None:
     fig.update_yaxes(visible=False, row=row, col=1, secondary_y=True)
 
 
+def _pair_title(left: str, left_values: np.ndarray, right: str, right_values: np.ndarray) -> str:
+    """A panel of two series on two axes, titled by those reported ("MFU (no tokens/s reported)")."""
+    if _any_finite(left_values) == _any_finite(right_values):
+        return f"{left} and {right}"
+    shown, missing = (left, right) if _any_finite(left_values) else (right, left)
+    return f"{shown} (no {missing} reported)"
+
+
+def _hide_unreported(fig: go.Figure, row: int, left_values: np.ndarray, right_values: np.ndarray) -> None:
+    """The axis of a series the ranks did not report is not drawn: its default range (-1 to 4)
+    reads as figures that are not there."""
+    for values, secondary in ((left_values, False), (right_values, True)):
+        if not _any_finite(values):
+            fig.update_yaxes(visible=False, row=row, col=1, secondary_y=secondary)
+
+
 GPU_PANELS = (("GPU util %", "util"), ("memory used MiB", "memory"), ("power W", "power"), ("NVLink MB/s", "nvlink"))
 GPU_PANEL_NAMES = {"util": "utilization", "memory": "memory use", "power": "power draw", "nvlink": "NVLink traffic"}
 
@@ -139,7 +155,8 @@ def job_timeline(detail: JobDetail, simulated: bool, shown: tuple[float, float] 
     (unix seconds: a range the user picked) or else on the job's own life. `pending` says,
     in the training and findings panels, that their figures are still to come."""
     panels = [(t, key) for t, key in GPU_PANELS if key in detail.gpu_series]
-    titles = [t for t, _ in panels] + ["MFU and " + detail.throughput_unit, "loss and grad norm", "findings"]
+    titles = [t for t, _ in panels] + [_pair_title("MFU", detail.mfu, detail.throughput_unit, detail.throughput),
+                                       _pair_title("loss", detail.loss, "grad norm", detail.grad_norm), "findings"]
     rows = len(titles)
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.045, subplot_titles=titles,
                         specs=[[{"secondary_y": True}]] * rows)
@@ -167,12 +184,16 @@ def job_timeline(detail: JobDetail, simulated: bool, shown: tuple[float, float] 
     fig.update_yaxes(tickformat=".3~p", row=row, col=1, secondary_y=False)
     if pending or not _any_finite(detail.mfu, detail.throughput):
         _say_in_panel(fig, row, pending or f"no MFU or {detail.throughput_unit} reported by this job's ranks")
+    else:
+        _hide_unreported(fig, row, detail.mfu, detail.throughput)
     row += 1
     fig.add_trace(go.Scatter(x=detail.times, y=detail.loss, name="loss", line={"color": "#d63031"}), row=row, col=1)
     fig.add_trace(go.Scatter(x=detail.times, y=detail.grad_norm, name="grad norm", line={"color": "#636e72"}),
                   row=row, col=1, secondary_y=True)
     if pending or not _any_finite(detail.loss, detail.grad_norm):
         _say_in_panel(fig, row, pending or "no loss or grad norm reported by this job's ranks")
+    else:
+        _hide_unreported(fig, row, detail.loss, detail.grad_norm)
     row += 1
     for f in detail.findings:
         start, end = _datetimes([f.start, f.end])

@@ -847,6 +847,14 @@ def test_training_panels_without_figures_say_why_on_no_axis(analysis):
     assert _panel_notes(figures.job_timeline(untold, False)) == [
         (f"no MFU or {detail.throughput_unit} reported by this job's ranks", True, True),
         ("no loss or grad norm reported by this job's ranks", True, True)]
+    # One series of a pair missing (a job that counts no tokens): its axis is not drawn, and the
+    # title says which is missing; the other's is.
+    fig = figures.job_timeline(replace(detail, throughput=nan), False)
+    mfu_row = [a.text for a in fig.layout.annotations if a.text.startswith("MFU")]
+    assert mfu_row == [f"MFU (no {detail.throughput_unit} reported)"]
+    axes = {t.yaxis for t in fig.data if t.name in ("MFU", detail.throughput_unit)}
+    left, right = sorted(axes, key=lambda a: int(a[1:]))
+    assert fig.layout["yaxis" + right[1:]].visible is False and fig.layout["yaxis" + left[1:]].visible is not False
     # The page's first paint: the training figures and findings are to come, not missing.
     assert _panel_notes(figures.job_timeline(detail, False, pending="follows")) == [("follows", True, True)] * 3
 
