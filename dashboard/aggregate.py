@@ -14,6 +14,7 @@ import pandas as pd
 
 from burnrate.analyzer.costing.cost import GpuPrices, JobCost
 from burnrate.analyzer.detectors import idle_gpu
+from burnrate.analyzer.detectors.diverging import non_finite
 from burnrate.analyzer.grid.views import RankSteps, Views, build_grid
 from burnrate.analyzer.detectors.findings import Finding
 from burnrate.analyzer.costing.ledger import Ledger
@@ -249,6 +250,9 @@ class JobDetail:
     steps: RankSteps
     findings: list[Finding] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)   # from the job's ledger's runs
+    # Per bucket, whether a rank reported a loss or gradient norm that was not finite: the model
+    # had blown up there, and the ledger's `diverged` holds its steps (diverging.non_finite).
+    blown: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     @property
     def empty(self) -> bool:
@@ -326,10 +330,12 @@ def job_detail(views: Views, report: Report, namespace: str, training_job: str,
         saved = f.loc[(f["namespace"] == namespace) & (f["training_job"] == training_job), "last_checkpoint_time"]
         saved = np.unique(saved.to_numpy()[np.isfinite(saved.to_numpy())])
         checkpoints = [float(t) for t in saved if views.start <= t <= views.frames.window.end]
+    blown = bucket_sum(non_finite(views, rows).astype(np.float64), k).sum(axis=0) > 0 if len(rows) else nothing > 0
     return JobDetail(namespace, training_job, times, labels, series, over_ranks("mfu"), throughput, unit,
                      first_rank("loss"), first_rank("grad_norm"), checkpoints, views.rank_steps(rows),
                      [f for f in report.findings if f.job == job],
-                     restarts(next((j.ledger for j in report.jobs if (j.namespace, j.training_job) == job), None)))
+                     restarts(next((j.ledger for j in report.jobs if (j.namespace, j.training_job) == job), None)),
+                     blown)
 
 
 @dataclass(frozen=True)

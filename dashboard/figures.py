@@ -31,6 +31,7 @@ LEDGER_COLORS = dict(zip(("productive", "data_wait", "sync_wait", "checkpoint", 
                           "#e84393", "#2d3436", "#6c5ce7", "#636e72")))
 MEANINGS = {c.name: c.meaning for c in CATEGORIES}
 RESTART_COLOR = "#d63031"
+BLOWN_COLOR = LEDGER_COLORS["diverged"]
 NO_FINDINGS = "No findings for this job"
 
 
@@ -194,6 +195,7 @@ def job_timeline(detail: JobDetail, simulated: bool, shown: tuple[float, float] 
         _say_in_panel(fig, row, pending or "no loss or grad norm reported by this job's ranks")
     else:
         _hide_unreported(fig, row, detail.loss, detail.grad_norm)
+    loss_row = row
     row += 1
     for f in detail.findings:
         start, end = _datetimes([f.start, f.end])
@@ -214,6 +216,8 @@ def job_timeline(detail: JobDetail, simulated: bool, shown: tuple[float, float] 
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="checkpoint",
                                  line={"color": "#b2bec3", "dash": "dash"}), row=1, col=1)
     _mark_restarts(fig, detail)
+    if not pending:
+        _mark_blown(fig, detail, loss_row)
     # A date axis over the job's own time on every row: a row without traces (no findings)
     # would otherwise make the shared axis linear and squeeze every panel into the edge.
     # Every panel shows its time ticks: shared axes would keep them for the bottom one only,
@@ -274,6 +278,18 @@ def _mark_restarts(fig: go.Figure, detail: JobDetail) -> None:
                            bgcolor="rgba(255,255,255,0.85)", name="restart")
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="restart",
                              line={"color": RESTART_COLOR, "width": 6}, opacity=0.4), row=1, col=1)
+
+
+def _mark_blown(fig: go.Figure, detail: JobDetail, row: int) -> None:
+    """A band over the loss panel where the ranks reported a loss or gradient norm that was not
+    finite, which the panel cannot draw: the model had blown up, and the ledger's `diverged`
+    holds those steps."""
+    edges = np.flatnonzero(np.diff(np.r_[False, detail.blown, False]))
+    for a, b in zip(edges[::2], edges[1::2]):
+        end = detail.times[b] if b < len(detail.times) else detail.times[-1] + (detail.times[-1] - detail.times[-2])
+        fig.add_vrect(x0=detail.times[a], x1=end, row=row, col=1, fillcolor=BLOWN_COLOR, opacity=0.15,
+                      line_width=0, layer="below", annotation_text="loss or grad norm not finite" if a == edges[0] else None,
+                      annotation_position="top left", annotation_font={"size": 11, "color": BLOWN_COLOR})
 
 
 def _datetimes(seconds: list[float]) -> pd.DatetimeIndex:

@@ -913,3 +913,27 @@ def test_every_finding_kind_has_its_own_colour():
 
     assert set(KIND_COLORS) == set(KINDS)
     assert len(set(KIND_COLORS.values())) == len(KINDS)
+
+
+def test_the_loss_panel_marks_where_the_model_blew_up(analysis, recording):
+    """Where the ranks reported a loss that is not finite the panel draws nothing: a band says
+    why, over the buckets the ledger's `diverged` comes from (diverging.non_finite)."""
+    _, truth = recording
+    hit = next(t for t in truth if t["kind"] == "diverging")
+    job = (hit["namespace"], hit["training_job"])
+    detail = aggregate.job_detail(analysis.views, analysis.report, *job)
+    ledger = next(j.ledger for j in analysis.report.jobs if (j.namespace, j.training_job) == job)
+    assert detail.blown.any() and ledger.gpu_hours["diverged"] > 0
+    # No loss is drawn in the marked buckets; before the first of them, one is.
+    first = int(np.argmax(detail.blown))
+    assert not np.isfinite(detail.loss[detail.blown]).any() and np.isfinite(detail.loss[:first]).any()
+    fig = figures.job_timeline(detail, False)
+    bands = [s for s in fig.layout.shapes if s.type == "rect" and s.yref.endswith("domain")]
+    assert len(bands) == len(np.flatnonzero(np.diff(np.r_[False, detail.blown, False]))) // 2
+    assert pd.Timestamp(bands[0].x0) == pd.Timestamp(detail.times[first])
+    assert [a.text for a in fig.layout.annotations if a.text == "loss or grad norm not finite"]
+    # A job whose model never blew up has no band.
+    calm = aggregate.job_detail(analysis.views, analysis.report, "ml-research", "dlrm-1")
+    assert not calm.blown.any()
+    assert not [s for s in figures.job_timeline(calm, False).layout.shapes if s.type == "rect"
+                and s.yref.endswith("domain")]
