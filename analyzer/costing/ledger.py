@@ -486,7 +486,10 @@ def _step_split(parts: np.ndarray, steps: np.ndarray, global_step: np.ndarray, c
     step_parts = split[own]
     lost = np.zeros(split.shape[1])
     if resumed_next is not None:
-        number = np.where(cells, global_step, -np.inf).max(axis=0)
+        # A step number counts where its rank made steps: before a run's first step, the agent may
+        # still hold the number its rank's previous process reached (stale step gauges), far above
+        # where this run resumed from.
+        number = np.where(cells & (steps > 0), global_step, -np.inf).max(axis=0)
         number = np.maximum.accumulate(np.where(np.isfinite(number), number, -np.inf))
         ranks = np.maximum(cells.sum(axis=0), 1)
         made = steps.sum(axis=0) / ranks                     # steps per rank in each bin
