@@ -532,9 +532,22 @@ def hung_at_close() -> JobSpec:
         before_s=186.76, after_s=0.0, jitter_s=1.2, phase_s=6.0, seed=0)
 
 
+def closed_mid_sample() -> JobSpec:
+    """A drawn job on four GPUs scraped every 60 s whose monitor closes with its last step, 8 s
+    before its pod goes. The last step and the close fall in one 60 s sample, which holds the
+    tail after the step: the ledger read a quarter of that sample as stalled (its share after
+    the step times its share before the close), 59 GPU-seconds of a stall that never was."""
+    return JobSpec(nodes=(("gpu-node-a", 4),), interval_s=60.0, runs=(
+        RunSpec(steps=236, step_s=2.388, startup_s=565.47, compute=(0.654, 0.6415, 0.6284, 0.6028),
+                data_wait=(0.0,) * 4, diverge_after=23),),
+        checkpoint_every=258, checkpoint_s=68.88, eval_every=456, eval_s=44.51, alloc_start=1748822400.0,
+        pod_skew_s=(7.559,), schedule_s=68.88, keep_s=0.0, before_s=810.65, after_s=1222.35, jitter_s=0.5,
+        phase_s=33.933, bystander=True, saves_on_rank0=True, stale_step_gauges=False, seed=33149)
+
+
 # Jobs drawn at random that once failed, each as it was drawn.
 DRAWN = {case.__name__: case for case in (behind, evaluating, saved_after, stall_edges, eval_reported_apart,
-                                           kept_after_exit, hung_at_close)}
+                                           kept_after_exit, hung_at_close, closed_mid_sample)}
 
 
 @pytest.mark.slow

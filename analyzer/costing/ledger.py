@@ -371,7 +371,11 @@ def _alive(v: Views, reporting: np.ndarray, last_samples: tuple[int, float], hea
         taken, slack = last_samples
         if kept and not ended and seen[taken] - latest <= slack + 2 * KEEPALIVE_S:
             return np.ones(v.n)
-        return cover(-np.inf, latest)
+        # Of each bin's part after the last step, the part up to the last message: in the bin
+        # that holds both, the time between them, not the product of their shares of the bin.
+        after = cover(cursor, np.inf)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(after > 0, np.clip(cover(cursor, latest) / after, 0.0, 1.0), 0.0)
     # Without those times (an older agent), a process is alive while its ranks report: the
     # monitor reports while its process lives, hung or not (trainer.keepalive). The agent keeps
     # a rank's series for --forget-after after its last report, so series that go while the
