@@ -347,6 +347,14 @@ def _last_samples(v: Views, rank: Grid, rows: np.ndarray, cells: np.ndarray, unt
     return (int(bins[-1]) if len(bins) else until), v.step * max(float(np.median(apart)) if apart else 1.0, 1.0)
 
 
+def _until(cover: Callable[[float, float], np.ndarray], cursor: float, end: float) -> np.ndarray:
+    """(bin,) of each bin's part after `cursor`, the share before `end`: in a bin that holds
+    both, the time between them, not the product of their shares of the bin."""
+    after = cover(cursor, np.inf)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(after > 0, np.clip(cover(cursor, end) / after, 0.0, 1.0), 0.0)
+
+
 def _alive(v: Views, reporting: np.ndarray, last_samples: tuple[int, float], heard: np.ndarray, ended: bool,
            tail: np.ndarray, cursor: float, cover: Callable[[float, float], np.ndarray], lo: np.ndarray,
            seen: np.ndarray, usual: float, stalled: StalledConfig) -> np.ndarray:
@@ -371,11 +379,7 @@ def _alive(v: Views, reporting: np.ndarray, last_samples: tuple[int, float], hea
         taken, slack = last_samples
         if kept and not ended and seen[taken] - latest <= slack + 2 * KEEPALIVE_S:
             return np.ones(v.n)
-        # Of each bin's part after the last step, the part up to the last message: in the bin
-        # that holds both, the time between them, not the product of their shares of the bin.
-        after = cover(cursor, np.inf)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(after > 0, np.clip(cover(cursor, latest) / after, 0.0, 1.0), 0.0)
+        return _until(cover, cursor, latest)
     # Without those times (an older agent), a process is alive while its ranks report: the
     # monitor reports while its process lives, hung or not (trainer.keepalive). The agent keeps
     # a rank's series for --forget-after after its last report, so series that go while the
@@ -386,7 +390,7 @@ def _alive(v: Views, reporting: np.ndarray, last_samples: tuple[int, float], hea
     if len(held_bins) and not kept:
         # (From the earliest its last sample can have been: a process that exited at its
         # last step, the usual case, has no stalled time after it.)
-        alive *= cover(-np.inf, lo[went[-1]] - FORGET_AFTER_S) if len(went) else 0.0
+        alive *= _until(cover, cursor, lo[went[-1]] - FORGET_AFTER_S) if len(went) else 0.0
     # Series still there --forget-after (and a sample's slack) after the last step say the
     # process lived on, whenever its GPUs went; only series gone by then leave it open.
     lived_on = len(went) > 0 and lo[went[-1]] - FORGET_AFTER_S - v.step > cursor
