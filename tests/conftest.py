@@ -35,7 +35,8 @@ def pytest_configure(config):
 # alone after the others, which share the cores two at a time. A module whose other tests do
 # not time anything marks its timed tests `serial` one by one instead (test_trainer_ddp).
 SERIAL = {"test_demo", "test_alert_delivery", "test_ledger_torchrun", "test_trainer_agent",
-          "test_server_slow_clients", "test_agent_memory", "test_recording_full_disk", "test_budgets_serve"}
+          "test_server_slow_clients", "test_agent_memory", "test_recording_full_disk", "test_budgets_serve",
+          "test_huggingface_ledger"}
 
 
 def pytest_ignore_collect(collection_path, config):
