@@ -87,7 +87,7 @@ class RunSpec:
     stall_s: float = 0.0
     hang_s: float = 0.0               # alive after its last step with no step (a last run: until its pods go, or keep_s before)
     final_save: bool = False          # a last run: a save, then an evaluation (if the job evaluates), after its last step
-    diverge_after: int | None = None  # the model blows up at this step of the run (0-based): its loss and every later one is NaN
+    diverge_after: int | None = None  # the model blows up at this step of the run (0-based): this loss and later ones not finite
     # how this run follows the one before (ignored for the first run)
     new_pods: bool = False            # False: the same pods, the trainer restarts in them
     gap_s: float = 60.0               # same pods: previous process's end -> this process's start

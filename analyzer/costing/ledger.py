@@ -17,8 +17,9 @@ bin is given to the categories by what the job's ranks were doing:
 - in between, the held time is split in proportion to the rank-seconds the run's counters
   grew by: compute, data wait, the rest of the step time (sync wait), checkpoint and
   evaluation. The split is over the run's whole stretch of steps (and, apart and in their
-  place, over its steps on a blown-up model and those computed again), not sample by sample: a save or an evaluation reports
-  its time only when it ends, often a sample or more after it began. A save or an
+  place, over its steps on a blown-up model and those computed again), not sample by sample:
+  a save or an evaluation reports its time only when it ends, often a sample or more after it
+  began. A save or an
   evaluation counts on every rank for as long as its slowest rank reported it (grid.apart):
   the others' wait, which they report as step time, is taken back out of their steps;
 - a stretch of samples that report nothing new for longer than `stalled.Config.interval_factor`
