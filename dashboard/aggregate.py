@@ -330,7 +330,8 @@ def job_detail(views: Views, report: Report, namespace: str, training_job: str,
         saved = f.loc[(f["namespace"] == namespace) & (f["training_job"] == training_job), "last_checkpoint_time"]
         saved = np.unique(saved.to_numpy()[np.isfinite(saved.to_numpy())])
         checkpoints = [float(t) for t in saved if views.start <= t <= views.frames.window.end]
-    blown = bucket_sum(non_finite(views, rows).astype(np.float64), k).sum(axis=0) > 0 if len(rows) else nothing > 0
+    blown = (bucket_sum(non_finite(views, rows).astype(np.float64), k).sum(axis=0) > 0 if len(rows)
+             else np.zeros(nb, dtype=bool))
     return JobDetail(namespace, training_job, times, labels, series, over_ranks("mfu"), throughput, unit,
                      first_rank("loss"), first_rank("grad_norm"), checkpoints, views.rank_steps(rows),
                      [f for f in report.findings if f.job == job],

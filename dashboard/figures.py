@@ -284,11 +284,13 @@ def _mark_blown(fig: go.Figure, detail: JobDetail, row: int) -> None:
     """A band over the loss panel where the ranks reported a loss or gradient norm that was not
     finite, which the panel cannot draw: the model had blown up, and the ledger's `diverged`
     holds those steps."""
+    times = detail.times
+    bucket = times[1] - times[0] if len(times) > 1 else np.timedelta64(0, "s")
     edges = np.flatnonzero(np.diff(np.r_[False, detail.blown, False]))
     for a, b in zip(edges[::2], edges[1::2]):
-        end = detail.times[b] if b < len(detail.times) else detail.times[-1] + (detail.times[-1] - detail.times[-2])
-        fig.add_vrect(x0=detail.times[a], x1=end, row=row, col=1, fillcolor=BLOWN_COLOR, opacity=0.15,
-                      line_width=0, layer="below", annotation_text="loss or grad norm not finite" if a == edges[0] else None,
+        fig.add_vrect(x0=times[a], x1=times[b] if b < len(times) else times[-1] + bucket, row=row, col=1,
+                      fillcolor=BLOWN_COLOR, opacity=0.15, line_width=0, layer="below",
+                      annotation_text="loss or grad norm not finite" if a == edges[0] else None,
                       annotation_position="top left", annotation_font={"size": 11, "color": BLOWN_COLOR})
 
 

@@ -19,9 +19,9 @@ bin is given to the categories by what the job's ranks were doing:
   evaluation. The split is over the run's whole stretch of steps (and, apart and in their
   place, over its steps on a blown-up model and those computed again), not sample by sample:
   a save or an evaluation reports its time only when it ends, often a sample or more after it
-  began. A save or an
-  evaluation counts on every rank for as long as its slowest rank reported it (grid.apart):
-  the others' wait, which they report as step time, is taken back out of their steps;
+  began. A save or an evaluation counts on every rank for as long as its slowest rank
+  reported it (grid.apart): the others' wait, which they report as step time, is taken back
+  out of their steps;
 - a stretch of samples that report nothing new for longer than `stalled.Config.interval_factor`
   usual step times is a stall: its time beyond the usual step and beyond the save or
   evaluation that ended it is `stalled`, and is taken back out of the step time that
@@ -50,6 +50,8 @@ from ..grid.views import Grid, Views
 _I = {name: i for i, name in enumerate(NAMES)}
 # The categories a step's own time is split into; a stall is taken out of them.
 _STEP_PARTS = [_I[n] for n in ("productive", "data_wait", "sync_wait", "lost_progress", "diverged")]
+# The categories of time apart from the steps (saves, evaluations).
+_APART = [_I[n] for n in APART]
 
 
 @dataclass(frozen=True)
@@ -542,7 +544,7 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
             _take_back(split, bins, s.waited, usual_mix)
             split[category, s.last] += s.waited
     steps_time = split[_STEP_PARTS].sum(axis=0)
-    apart = split[[_I[category] for category in APART]].sum(axis=0)
+    apart = split[_APART].sum(axis=0)
     moved = steps_time + apart > 0
     with np.errstate(invalid="ignore", divide="ignore"):
         unreported = np.where(ranks > 0, np.clip(1.0 - (steps_time + apart) / (ranks * step), 0.0, 1.0), 0.0)
@@ -590,9 +592,9 @@ def _spread(held: np.ndarray, span: slice, split: np.ndarray, ranks: np.ndarray,
     for a, b in zip([0, *firsts], [*firsts, n]):
         totals = split[:, a:b].sum(axis=1)
         if a > 0:
-            totals[[_I[c] for c in APART]] -= split[[_I[c] for c in APART], a]
+            totals[_APART] -= split[_APART, a]
         if b < n:
-            totals[[_I[c] for c in APART]] += split[[_I[c] for c in APART], b]
+            totals[_APART] += split[_APART, b]
         stretch_totals.append(totals)
     after = np.cumsum(rest[::-1])[::-1] - rest          # held seconds after each bin
     later = 0.0                                         # held seconds the stretches after this one take

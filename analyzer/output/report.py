@@ -301,7 +301,8 @@ def _held_after(minutes: float, e: dict) -> str:
 
 def _key_figure(e: dict) -> str:
     for key, fmt in (("data_wait_share", "data wait {:.0%}"), ("low_util_share", "GPU idle {:.0%} of samples"),
-                     ("slowdown", "{:.2f}x slower compute"), ("stalled_minutes", lambda minutes, _: _stalled_for(minutes)),
+                     ("slowdown", "{:.2f}x slower compute"),
+                     ("stalled_minutes", lambda minutes, _: _stalled_for(minutes)),
                      ("clock_ratio", "clock at {:.0%}"), ("mfu", "MFU {:.1%}"),
                      ("peak_replicas", "peak needs {:d} of {fleet_replicas} replicas"),
                      ("held_gpu_hours", "GPU at {mean_util_pct:.0f}% over {held_gpu_hours:.1f} GPU-h"), ("idle_hours", "idle {:.1f} GPU-h"),
